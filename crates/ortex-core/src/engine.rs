@@ -1,0 +1,680 @@
+//! The owner: requests, the block pool, the scheduler, the retained events and the executor.
+//!
+//! `run` either drains retained events (no model work) or executes at most one transaction:
+//! `plan` (scheduler) -> `execute` (executor) -> `commit` (here). The transaction can leave the
+//! engine ([`RunStart::Execute`]) so a binding can execute it on another thread while the engine
+//! keeps accepting begin / cancel / close calls; [`Engine::run_commit`] applies it afterwards.
+
+use crate::error::{ErrorCode, OrtexError, Result};
+use crate::events::{flags, Event, EventErrorCode, FinishReason, RetainedEvents, EVENT_STRIDE_WORDS};
+use crate::executor::{ExecError, Executor, KvGeometry, StepOutput, StepPlan};
+use crate::ids::{RequestId, TurnId};
+use crate::kv::{blocks_for_tokens, BlockPool};
+use crate::options::{EngineConfig, EngineOptions, RequestOptions, SimOptions, TurnOptions};
+use crate::request::{Request, RequestState};
+use crate::request_table::RequestTable;
+use crate::rng::{hash2, Rng};
+use crate::sampling;
+use crate::scheduler::{PlanInput, PlanReport, Scheduler};
+use crate::sim::SimExecutor;
+use crate::text::{SimText, TextCodec};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EngineStats {
+    pub total_blocks: u32,
+    /// Blocks held only by a prefix cache count as free (ortex has no prefix cache yet).
+    pub free_blocks: u32,
+    pub active_requests: u32,
+    pub pending_turns: u32,
+    pub retained_events: u32,
+    pub steps: u64,
+    pub prompt_tokens: u64,
+    pub generated_tokens: u64,
+    pub virtual_time_us: u64,
+}
+
+/// What `run_begin` decided.
+pub enum RunStart {
+    /// The call is complete: this many events were written (drained, or a no-op).
+    Done(usize),
+    /// A transaction to execute (on any thread) and hand back to `run_commit`.
+    Execute(Transaction),
+}
+
+/// One planned step, carrying the executor while it is away from the engine.
+pub struct Transaction {
+    plan: StepPlan,
+    output: StepOutput,
+    executor: Box<dyn Executor>,
+    result: Option<std::result::Result<(), ExecError>>,
+}
+
+impl Transaction {
+    /// Runs the model. The only part of a `run` that may happen off the owner thread.
+    pub fn execute(&mut self) {
+        self.result = Some(self.executor.execute(&self.plan, &mut self.output));
+    }
+
+    pub fn plan(&self) -> &StepPlan {
+        &self.plan
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Health {
+    Healthy,
+    Unhealthy(String),
+}
+
+pub struct Engine {
+    config: EngineConfig,
+    seed: u64,
+    requests: RequestTable,
+    pool: BlockPool,
+    scheduler: Scheduler,
+    retained: RetainedEvents,
+    executor: Option<Box<dyn Executor>>,
+    codec: Box<dyn TextCodec>,
+    spare: Option<(StepPlan, StepOutput)>,
+    /// Events of the transaction being committed, before they reach the buffer or the queue.
+    staged: Vec<Event>,
+    abandoned: Vec<RequestId>,
+    /// Closed requests whose blocks are still pinned (by the step in flight or a static batch).
+    closed_unreleased: Vec<RequestId>,
+    sample_scratch: Vec<(u32, f32)>,
+    next_request_id: u32,
+    /// Transaction number of the step in flight, if one is.
+    in_flight: Option<u64>,
+    health: Health,
+    closed: bool,
+    stats: EngineStats,
+}
+
+impl Engine {
+    pub fn new(
+        options: &EngineOptions,
+        mut executor: Box<dyn Executor>,
+        codec: Box<dyn TextCodec>,
+        seed: u64,
+    ) -> Result<Engine> {
+        let config = EngineConfig::resolve(options, &executor.model_info())?;
+        let full_block_tables = executor.needs_full_block_tables();
+        executor.attach_kv(KvGeometry { num_blocks: config.num_blocks, block_size: config.block_size })?;
+        let retained_bound = 2 * config.max_requests as usize + 2;
+        Ok(Engine {
+            pool: BlockPool::new(config.num_blocks),
+            stats: EngineStats { total_blocks: config.num_blocks, ..EngineStats::default() },
+            config,
+            seed,
+            requests: RequestTable::default(),
+            scheduler: Scheduler::new(full_block_tables),
+            retained: RetainedEvents::with_capacity(retained_bound),
+            executor: Some(executor),
+            codec,
+            spare: Some(Default::default()),
+            staged: Vec::new(),
+            abandoned: Vec::new(),
+            closed_unreleased: Vec::new(),
+            sample_scratch: Vec::new(),
+            next_request_id: 1,
+            in_flight: None,
+            health: Health::Healthy,
+            closed: false,
+        })
+    }
+
+    /// An engine over the deterministic simulated model.
+    pub fn simulated(options: &SimOptions) -> Result<Engine> {
+        let executor = SimExecutor::new(options)?;
+        let codec = SimText { vocab_size: executor.model_info().vocab_size };
+        Engine::new(&options.engine, Box::new(executor), Box::new(codec), options.seed.unwrap_or(0))
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Requests and turns
+    // ----------------------------------------------------------------------------------------
+
+    pub fn create_request(&mut self, options: &RequestOptions) -> Result<RequestId> {
+        self.check_usable()?;
+        self.reclaim_abandoned();
+        let max_length = self.config.max_length;
+        let max_session_tokens = match options.max_session_tokens {
+            None | Some(0) => max_length,
+            Some(n) if n > max_length => {
+                return Err(OrtexError::invalid(format!(
+                    "maxSessionTokens {n} is above the model's max length {max_length}"
+                )))
+            }
+            Some(n) => n,
+        };
+        if self.requests.len() >= self.config.max_requests as usize {
+            return Err(OrtexError::new(
+                ErrorCode::CapacityExhausted,
+                format!("{} requests are alive, the engine's maxRequests; close one first", self.config.max_requests),
+            ));
+        }
+        if self.next_request_id == i32::MAX as u32 {
+            return Err(OrtexError::new(ErrorCode::CapacityExhausted, "request ids are exhausted"));
+        }
+        let id = RequestId(self.next_request_id);
+        self.next_request_id += 1;
+        self.requests.insert(id, Request::new(id, max_session_tokens));
+        Ok(id)
+    }
+
+    pub fn begin_turn(&mut self, id: RequestId, tokens: &[i32], options: &TurnOptions) -> Result<TurnId> {
+        self.check_usable()?;
+        let resolved = options.resolve(self.config.vocab_size)?;
+        let request = self.open_request(id)?;
+        if request.running_turn().is_some() {
+            return Err(OrtexError::new(
+                ErrorCode::TurnActive,
+                format!("request {} already has a turn queued or running", id.0),
+            ));
+        }
+        if request.retained_events > 0 {
+            return Err(OrtexError::new(
+                ErrorCode::EventsPending,
+                format!(
+                    "request {} still has {} undelivered event(s); run the engine first",
+                    id.0, request.retained_events
+                ),
+            ));
+        }
+        self.check_input(id, tokens)?;
+        let waiting_seq = self.scheduler.take_waiting_seq();
+        let engine_seed = self.seed;
+        let request = self.requests.get_mut(&id).expect("checked");
+        let turn_number = request.last_turn_id + 1;
+        let rng_seed =
+            resolved.seed.unwrap_or_else(|| hash2(hash2(engine_seed, u64::from(id.0)), u64::from(turn_number)));
+        if !request.needs_compute() {
+            request.waiting_seq = waiting_seq;
+            request.starved_steps = 0;
+        }
+        request.tokens.extend_from_slice(tokens);
+        Ok(request.transition_to_queued(resolved, tokens.len() as u32, Rng::new(rng_seed)))
+    }
+
+    /// Adds context without starting a turn; the scheduler prefills it like a prompt.
+    pub fn prefill(&mut self, id: RequestId, tokens: &[i32]) -> Result<()> {
+        self.check_usable()?;
+        let request = self.open_request(id)?;
+        if request.running_turn().is_some() {
+            return Err(OrtexError::new(
+                ErrorCode::TurnActive,
+                format!("request {} has a turn running; prefill after it ends", id.0),
+            ));
+        }
+        self.check_input(id, tokens)?;
+        let waiting_seq = self.scheduler.take_waiting_seq();
+        let request = self.requests.get_mut(&id).expect("checked");
+        if !request.needs_compute() {
+            request.waiting_seq = waiting_seq;
+            request.starved_steps = 0;
+        }
+        request.tokens.extend_from_slice(tokens);
+        request.prefill_target = request.token_count();
+        Ok(())
+    }
+
+    /// Cancels the request's queued or active turn `turn`. Publishes exactly one TurnFinished
+    /// (reason cancelled), merged into a still-undelivered token event when there is one.
+    pub fn cancel_turn(&mut self, id: RequestId, turn: TurnId) -> Result<bool> {
+        self.check_open()?;
+        let request = self.open_request(id)?;
+        if request.running_turn().map(|t| t.id) != Some(turn) {
+            return Ok(false);
+        }
+        self.finish_turn_now(id, FinishReason::Cancelled);
+        Ok(true)
+    }
+
+    /// Closes a request: idempotent, from every state. Its blocks are freed at once unless a step
+    /// in flight or a static batch still holds its row; then when that ends.
+    pub fn close_request(&mut self, id: RequestId) -> Result<()> {
+        self.check_known(id)?;
+        let Some(request) = self.requests.get_mut(&id) else {
+            return Ok(());
+        };
+        if request.closed {
+            return Ok(());
+        }
+        request.transition_to_closed();
+        let dropped = self.retained.remove_request(id) as u32;
+        assert_eq!(dropped, request.retained_events, "retained event count of request {} drifted", id.0);
+        request.retained_events = 0;
+        self.closed_unreleased.push(id);
+        self.release_closed();
+        Ok(())
+    }
+
+    /// The caller dropped its last handle: the request is closed at the next owner boundary.
+    pub fn abandon_request(&mut self, id: RequestId) {
+        if let Some(request) = self.requests.get_mut(&id) {
+            if !request.closed && !request.abandoned {
+                request.abandoned = true;
+                self.abandoned.push(id);
+            }
+        }
+    }
+
+    pub fn request_state(&self, id: RequestId) -> Result<RequestState> {
+        self.check_known(id)?;
+        Ok(self.requests.get(&id).map_or(RequestState::Closed, |r| r.state()))
+    }
+
+    pub fn token_count(&self, id: RequestId) -> Result<u32> {
+        self.check_known(id)?;
+        Ok(self.requests.get(&id).map_or(0, |r| r.token_count()))
+    }
+
+    /// The request's whole context (prompts, prefills and generated tokens).
+    pub fn request_tokens(&self, id: RequestId) -> Result<&[i32]> {
+        self.check_known(id)?;
+        Ok(self.requests.get(&id).map_or(&[][..], |r| &r.tokens))
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // run: drain or execute
+    // ----------------------------------------------------------------------------------------
+
+    /// Runs synchronously: drains retained events or executes one transaction on this thread.
+    pub fn run(&mut self, out: &mut [i32], capacity: usize) -> Result<usize> {
+        match self.run_begin(out, capacity)? {
+            RunStart::Done(count) => Ok(count),
+            RunStart::Execute(mut transaction) => {
+                transaction.execute();
+                Ok(self.run_commit(transaction, out, capacity))
+            }
+        }
+    }
+
+    /// The owner-thread half before execution. The buffer is validated before any progress.
+    pub fn run_begin(&mut self, out: &mut [i32], capacity: usize) -> Result<RunStart> {
+        self.check_open()?;
+        if out.len() < capacity.saturating_mul(EVENT_STRIDE_WORDS) {
+            return Err(OrtexError::invalid(format!(
+                "event buffer of {} words cannot hold {capacity} events of {EVENT_STRIDE_WORDS} words",
+                out.len()
+            )));
+        }
+        if self.in_flight.is_some() {
+            return Err(OrtexError::new(ErrorCode::RunInProgress, "a transaction is still executing"));
+        }
+        if capacity == 0 {
+            return Ok(RunStart::Done(0));
+        }
+        self.check_healthy()?;
+        self.reclaim_abandoned();
+        self.requests.compact_if_sparse();
+        if !self.retained.is_empty() {
+            return Ok(RunStart::Done(self.drain_retained(out, capacity)));
+        }
+        let (mut plan, output) = self.spare.take().expect("spare step buffers");
+        plan.step = self.stats.steps;
+        let report = self.scheduler.plan(
+            &mut PlanInput { config: &self.config, requests: &mut self.requests, pool: &mut self.pool },
+            &mut plan,
+        );
+        self.stage_plan_report(&report);
+        if plan.rows.is_empty() {
+            self.spare = Some((plan, output));
+            return Ok(RunStart::Done(self.publish(out, capacity)));
+        }
+        self.in_flight = Some(plan.step);
+        let executor = self.executor.take().expect("executor is home when nothing is in flight");
+        Ok(RunStart::Execute(Transaction { plan, output, executor, result: None }))
+    }
+
+    /// The owner-thread half after execution: commit or roll back, publish events.
+    pub fn run_commit(&mut self, transaction: Transaction, out: &mut [i32], capacity: usize) -> usize {
+        let Transaction { plan, output, executor, result } = transaction;
+        assert_eq!(self.in_flight, Some(plan.step), "a transaction returned to the wrong engine state");
+        self.executor = Some(executor);
+        self.in_flight = None;
+        self.stats.steps += 1;
+        self.stats.virtual_time_us = self.executor.as_ref().map_or(0, |e| e.virtual_time_us());
+        match result.expect("a transaction is executed before it is committed") {
+            Ok(()) if output.matches(plan.sampled_rows()) => self.commit_rows(&plan, &output),
+            Ok(()) => {
+                self.rollback(&plan);
+                self.fail_engine(
+                    EventErrorCode::EngineContractFailure,
+                    "executor output does not match the plan".into(),
+                );
+            }
+            Err(error) => {
+                self.rollback(&plan);
+                self.stage_execution_error(error);
+            }
+        }
+        self.spare = Some((plan, output));
+        self.release_closed();
+        if self.closed {
+            self.staged.clear();
+            return 0;
+        }
+        let capacity = capacity.min(out.len() / EVENT_STRIDE_WORDS);
+        self.publish(out, capacity)
+    }
+
+    pub fn has_pending_work(&mut self) -> bool {
+        if self.closed || self.health != Health::Healthy {
+            return false;
+        }
+        self.reclaim_abandoned();
+        self.in_flight.is_some() || !self.retained.is_empty() || self.requests.values().any(Request::needs_compute)
+    }
+
+    /// Closes every request; afterwards only `close` and `close_request` are accepted.
+    pub fn close(&mut self) {
+        if self.closed {
+            return;
+        }
+        let ids: Vec<RequestId> = self.requests.keys().copied().collect();
+        for id in ids {
+            self.close_request(id).expect("a live request closes");
+        }
+        self.closed = true;
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    pub fn is_healthy(&self) -> bool {
+        self.health == Health::Healthy
+    }
+
+    /// Marks the engine unhealthy from outside (a binding caught a panic, say).
+    pub fn mark_unhealthy(&mut self, reason: &str) {
+        self.health = Health::Unhealthy(reason.to_string());
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            free_blocks: self.pool.num_free_blocks(),
+            active_requests: self.requests.values().filter(|r| !r.closed).count() as u32,
+            pending_turns: self.requests.values().filter(|r| r.running_turn().is_some()).count() as u32,
+            retained_events: self.retained.len() as u32,
+            ..self.stats
+        }
+    }
+
+    pub fn tokenize(&self, text: &str) -> Result<Vec<i32>> {
+        self.check_open()?;
+        self.codec.tokenize(text)
+    }
+
+    pub fn detokenize(&self, tokens: &[i32]) -> Result<String> {
+        self.check_open()?;
+        self.codec.detokenize(tokens)
+    }
+
+    /// Accounting invariants, checked by tests after every step: the pool balances, every block
+    /// is in at most one table, tables cover the computed KV, retained counts agree.
+    pub fn check_invariants(&self) {
+        self.pool.check_invariants();
+        let mut owner = vec![None; self.config.num_blocks as usize];
+        let mut held = 0u32;
+        for request in self.requests.values() {
+            for block in &request.blocks {
+                assert!(
+                    owner[block.0 as usize].is_none(),
+                    "block {} in the tables of {:?} and {}",
+                    block.0,
+                    owner[block.0 as usize],
+                    request.id.0
+                );
+                owner[block.0 as usize] = Some(request.id.0);
+            }
+            held += request.blocks.len() as u32;
+            assert!(request.kv_len <= request.token_count(), "request {} computed past its tokens", request.id.0);
+            assert!(
+                blocks_for_tokens(request.kv_len, self.config.block_size) <= request.blocks.len() as u32,
+                "request {} KV outside its table",
+                request.id.0
+            );
+            assert!(
+                request.token_count() <= request.max_session_tokens,
+                "request {} over its session limit",
+                request.id.0
+            );
+        }
+        assert_eq!(held, self.pool.num_reserved_blocks() + self.pool.num_committed_blocks(), "blocks held by no table");
+        if self.in_flight.is_none() {
+            assert_eq!(self.pool.num_reserved_blocks(), 0, "reservations outlived their transaction");
+        }
+        for request in self.requests.values() {
+            assert_eq!(
+                request.retained_events as usize,
+                self.retained.count_for(request.id),
+                "retained count of request {} drifted",
+                request.id.0
+            );
+        }
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Internals
+    // ----------------------------------------------------------------------------------------
+
+    fn check_open(&self) -> Result<()> {
+        if self.closed {
+            return Err(OrtexError::new(ErrorCode::EngineClosed, "the engine is closed"));
+        }
+        Ok(())
+    }
+
+    fn check_healthy(&self) -> Result<()> {
+        match &self.health {
+            Health::Healthy => Ok(()),
+            Health::Unhealthy(reason) => {
+                Err(OrtexError::new(ErrorCode::EngineUnhealthy, format!("the engine is unhealthy: {reason}")))
+            }
+        }
+    }
+
+    fn check_usable(&self) -> Result<()> {
+        self.check_open()?;
+        self.check_healthy()
+    }
+
+    /// Known = ever created by this engine.
+    fn check_known(&self, id: RequestId) -> Result<()> {
+        if id.0 == 0 || id.0 >= self.next_request_id {
+            return Err(OrtexError::invalid(format!("request {} does not exist in this engine", id.0)));
+        }
+        Ok(())
+    }
+
+    fn open_request(&self, id: RequestId) -> Result<&Request> {
+        self.check_known(id)?;
+        match self.requests.get(&id) {
+            Some(r) if !r.closed => Ok(r),
+            _ => Err(OrtexError::new(ErrorCode::RequestClosed, format!("request {} is closed", id.0))),
+        }
+    }
+
+    fn check_input(&self, id: RequestId, tokens: &[i32]) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(OrtexError::invalid("input is empty"));
+        }
+        let vocab = self.config.vocab_size;
+        if let Some((i, t)) = tokens.iter().enumerate().find(|(_, &t)| t < 0 || t as u32 >= vocab) {
+            return Err(OrtexError::invalid(format!("token {t} at index {i} is outside the vocabulary of {vocab}")));
+        }
+        let request = &self.requests[&id];
+        let total = u64::from(request.token_count()) + tokens.len() as u64;
+        if total >= u64::from(request.max_session_tokens) {
+            return Err(OrtexError::invalid(format!(
+                "request {} would hold {total} tokens, leaving no room to generate under its limit of {}",
+                id.0, request.max_session_tokens
+            )));
+        }
+        Ok(())
+    }
+
+    /// Ends a running turn outside a transaction (cancel): one finish event, merged into a
+    /// pending token event of the same turn when there is one.
+    fn finish_turn_now(&mut self, id: RequestId, reason: FinishReason) {
+        let request = self.requests.get_mut(&id).expect("open request");
+        let (turn, usage) = request.transition_to_turn_complete(reason);
+        if let Some(event) = self.retained.last_for_mut(id).filter(|e| e.turn == turn && e.flags == flags::TOKEN) {
+            event.finish(reason, usage);
+            return;
+        }
+        let mut event = Event::request(id, turn, 0, EventErrorCode::None);
+        event.finish(reason, usage);
+        self.retained.push(event);
+        request.retained_events += 1;
+    }
+
+    fn reclaim_abandoned(&mut self) {
+        for id in std::mem::take(&mut self.abandoned) {
+            self.close_request(id).expect("abandoned ids are known");
+        }
+    }
+
+    /// Removes closed requests whose blocks nothing pins any more, freeing their blocks.
+    fn release_closed(&mut self) {
+        let in_flight = self.in_flight;
+        let mut i = 0;
+        while i < self.closed_unreleased.len() {
+            let id = self.closed_unreleased[i];
+            let Some(request) = self.requests.get(&id) else {
+                self.closed_unreleased.swap_remove(i); // a static batch recycled it meanwhile
+                continue;
+            };
+            let pinned = (in_flight.is_some() && request.planned_step == in_flight) || self.scheduler.pins(id);
+            if pinned {
+                i += 1;
+                continue;
+            }
+            let request = self.requests.remove(&id).expect("present");
+            self.pool.free(&request.blocks);
+            self.closed_unreleased.swap_remove(i);
+        }
+    }
+
+    fn drain_retained(&mut self, out: &mut [i32], capacity: usize) -> usize {
+        let mut written = 0;
+        while written < capacity {
+            let Some(event) = self.retained.pop() else { break };
+            if let Some(request) = event.request.and_then(|id| self.requests.get_mut(&id)) {
+                request.retained_events -= 1;
+            }
+            event.encode(&mut out[written * EVENT_STRIDE_WORDS..]);
+            written += 1;
+        }
+        written
+    }
+
+    /// Writes staged events into the buffer up to its capacity and retains the rest.
+    fn publish(&mut self, out: &mut [i32], capacity: usize) -> usize {
+        let mut written = 0;
+        for event in self.staged.drain(..) {
+            if written < capacity {
+                event.encode(&mut out[written * EVENT_STRIDE_WORDS..]);
+                written += 1;
+            } else {
+                if let Some(request) = event.request.and_then(|id| self.requests.get_mut(&id)) {
+                    request.retained_events += 1;
+                }
+                self.retained.push(event);
+            }
+        }
+        written
+    }
+
+    fn stage_plan_report(&mut self, report: &PlanReport) {
+        for &id in &report.unserviceable {
+            let request = self.requests.get_mut(&id).expect("planned request exists");
+            if request.running_turn().is_some() {
+                let (turn, usage) = request.transition_to_turn_complete(FinishReason::Failed);
+                let mut event = Event::request(id, turn, 0, EventErrorCode::RequestUnserviceable);
+                event.finish(FinishReason::Failed, usage);
+                self.staged.push(event);
+            } else {
+                request.prefill_target = 0;
+                self.staged.push(Event::request(id, TurnId(0), flags::FAILED, EventErrorCode::RequestUnserviceable));
+            }
+        }
+        for &id in &report.deferred {
+            let request = self.requests.get_mut(&id).expect("planned request exists");
+            if !request.capacity_notified {
+                request.capacity_notified = true;
+                let turn = request.running_turn().map_or(TurnId(0), |t| t.id);
+                self.staged.push(Event::request(id, turn, flags::CAPACITY_BLOCKED, EventErrorCode::CapacityDeferred));
+            }
+        }
+    }
+
+    fn commit_rows(&mut self, plan: &StepPlan, output: &StepOutput) {
+        let mut sampled_index = 0;
+        for row in &plan.rows {
+            let planned_turn = row.turn;
+            let request = self.requests.at_mut(row.request_position as usize);
+            let before = request.blocks_before_step as usize;
+            self.pool.commit(&request.blocks[before..]);
+            request.kv_len += row.token_count;
+            if !request.is_decoding() || !row.sample {
+                self.stats.prompt_tokens += u64::from(row.token_count);
+            }
+            if request.prefill_target <= request.kv_len {
+                request.prefill_target = 0;
+            }
+            if !row.sample {
+                continue;
+            }
+            let logits = output.row(sampled_index);
+            sampled_index += 1;
+            if request.closed || request.running_turn().map(|t| t.id) != Some(planned_turn) {
+                continue; // closed or cancelled while the step was in flight
+            }
+            let turn = request.running_turn_mut().expect("checked");
+            let token =
+                sampling::sample(logits, &turn.options.sampling, &mut turn.rng, &mut self.sample_scratch) as i32;
+            turn.generated_tokens += 1;
+            request.tokens.push(token);
+            self.stats.generated_tokens += 1;
+            let mut event = Event::token(row.request, planned_turn, token);
+            if let Some(reason) = request.finish_reason_after(token, &self.config.eos_token_ids) {
+                let (_, usage) = request.transition_to_turn_complete(reason);
+                event.finish(reason, usage);
+            }
+            self.staged.push(event);
+        }
+    }
+
+    fn rollback(&mut self, plan: &StepPlan) {
+        for row in &plan.rows {
+            let request = self.requests.at_mut(row.request_position as usize);
+            let before = request.blocks_before_step as usize;
+            self.pool.rollback(&request.blocks[before..]);
+            request.blocks.truncate(before);
+        }
+    }
+
+    fn stage_execution_error(&mut self, error: ExecError) {
+        match error {
+            ExecError::Retryable(_) => {
+                self.staged.push(Event::engine(flags::RETRYABLE, EventErrorCode::RetryableExecution))
+            }
+            ExecError::CapacityExceeded(_) => {
+                self.staged.push(Event::engine(flags::CAPACITY_BLOCKED, EventErrorCode::ExecutionCapacityExceeded))
+            }
+            ExecError::Fatal(reason) => self.fail_engine(EventErrorCode::EngineExecutionFailure, reason),
+        }
+    }
+
+    fn fail_engine(&mut self, code: EventErrorCode, reason: String) {
+        self.staged.push(Event::engine(flags::FAILED, code));
+        self.health = Health::Unhealthy(reason);
+    }
+}

@@ -1,0 +1,219 @@
+//! The event record, its encoding into a caller's buffer, and the bounded queue of retained
+//! events (those a transaction produced beyond the caller's buffer capacity).
+//!
+//! Encoding: one event is `EVENT_STRIDE_WORDS` little 32-bit words, so the TypeScript side can
+//! read an `Int32Array` lazily without any per-event allocation across the boundary:
+//!
+//! ```text
+//! word  0 flags        (Token 1 | TurnFinished 2 | CapacityBlocked 4 | Failed 8 | Retryable 16)
+//!       1 request id   (0: engine-level event)
+//!       2 turn id      (0: none)
+//!       3 token        (-1: none)
+//!       4 finish reason code, 5 error code
+//!       6 prompt tokens, 7 generated tokens, 8 cached prompt tokens   (usage; set on TurnFinished)
+//!       9 usage present (1) or not (0)
+//! ```
+
+use std::collections::VecDeque;
+
+use crate::ids::{RequestId, TurnId};
+
+pub const EVENT_STRIDE_WORDS: usize = 10;
+
+pub mod flags {
+    pub const TOKEN: u32 = 1;
+    pub const TURN_FINISHED: u32 = 2;
+    pub const CAPACITY_BLOCKED: u32 = 4;
+    pub const FAILED: u32 = 8;
+    pub const RETRYABLE: u32 = 16;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u8)]
+pub enum FinishReason {
+    #[default]
+    None = 0,
+    Eos = 1,
+    Stop = 2,
+    MaxGeneratedTokens = 3,
+    MaxSessionTokens = 4,
+    Cancelled = 5,
+    Failed = 6,
+}
+
+impl FinishReason {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::None => "none",
+            FinishReason::Eos => "eos",
+            FinishReason::Stop => "stop",
+            FinishReason::MaxGeneratedTokens => "max-generated-tokens",
+            FinishReason::MaxSessionTokens => "max-session-tokens",
+            FinishReason::Cancelled => "cancelled",
+            FinishReason::Failed => "failed",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u8)]
+pub enum EventErrorCode {
+    #[default]
+    None = 0,
+    CapacityDeferred = 1,
+    ExecutionCapacityExceeded = 2,
+    RetryableExecution = 3,
+    RequestUnserviceable = 4,
+    EngineContractFailure = 5,
+    EngineExecutionFailure = 6,
+}
+
+impl EventErrorCode {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            EventErrorCode::None => "none",
+            EventErrorCode::CapacityDeferred => "capacity-deferred",
+            EventErrorCode::ExecutionCapacityExceeded => "execution-capacity-exceeded",
+            EventErrorCode::RetryableExecution => "retryable-execution",
+            EventErrorCode::RequestUnserviceable => "request-unserviceable",
+            EventErrorCode::EngineContractFailure => "engine-contract-failure",
+            EventErrorCode::EngineExecutionFailure => "engine-execution-failure",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Usage {
+    /// This turn's new input only.
+    pub prompt_tokens: u32,
+    pub generated_tokens: u32,
+    pub cached_prompt_tokens: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Event {
+    pub flags: u32,
+    pub request: Option<RequestId>,
+    pub turn: TurnId,
+    pub token: i32,
+    pub finish_reason: FinishReason,
+    pub error: EventErrorCode,
+    pub usage: Option<Usage>,
+}
+
+impl Event {
+    pub fn token(request: RequestId, turn: TurnId, token: i32) -> Event {
+        Event {
+            flags: flags::TOKEN,
+            request: Some(request),
+            turn,
+            token,
+            finish_reason: FinishReason::None,
+            error: EventErrorCode::None,
+            usage: None,
+        }
+    }
+
+    /// A request-less event: capacity, retryable, contract or fatal failures of a transaction.
+    pub fn engine(flags: u32, error: EventErrorCode) -> Event {
+        Event {
+            flags,
+            request: None,
+            turn: TurnId(0),
+            token: -1,
+            finish_reason: FinishReason::None,
+            error,
+            usage: None,
+        }
+    }
+
+    /// A request-scoped event without a token (capacity deferral, a finish with no token).
+    pub fn request(request: RequestId, turn: TurnId, flags: u32, error: EventErrorCode) -> Event {
+        Event { flags, request: Some(request), turn, token: -1, finish_reason: FinishReason::None, error, usage: None }
+    }
+
+    /// Marks this event as the turn's last: adds TurnFinished, the reason and the usage.
+    pub fn finish(&mut self, reason: FinishReason, usage: Usage) {
+        self.flags |= flags::TURN_FINISHED;
+        self.finish_reason = reason;
+        self.usage = Some(usage);
+        if reason == FinishReason::Failed {
+            self.flags |= flags::FAILED;
+        }
+    }
+
+    pub fn is_turn_finished(&self) -> bool {
+        self.flags & flags::TURN_FINISHED != 0
+    }
+
+    pub fn encode(&self, out: &mut [i32]) {
+        let usage = self.usage.unwrap_or_default();
+        out[..EVENT_STRIDE_WORDS].copy_from_slice(&[
+            self.flags as i32,
+            self.request.map_or(0, |r| r.0 as i32),
+            self.turn.0 as i32,
+            self.token,
+            self.finish_reason as i32,
+            self.error as i32,
+            usage.prompt_tokens as i32,
+            usage.generated_tokens as i32,
+            usage.cached_prompt_tokens as i32,
+            i32::from(self.usage.is_some()),
+        ]);
+    }
+
+    /// A 64-bit digest of every field, for cross-target trace comparison.
+    pub fn digest(&self, seed: u64) -> u64 {
+        let mut words = [0i32; EVENT_STRIDE_WORDS];
+        self.encode(&mut words);
+        words.iter().fold(seed, |h, &w| crate::rng::hash2(h, w as u32 as u64))
+    }
+}
+
+/// FIFO of events a transaction could not hand over. Bounded at construction: the engine drains
+/// it before executing again, so it never holds more than one event per live request per
+/// transaction plus one cancellation event per turn and one engine-level event.
+#[derive(Debug)]
+pub struct RetainedEvents {
+    queue: VecDeque<Event>,
+    capacity: usize,
+}
+
+impl RetainedEvents {
+    pub fn with_capacity(capacity: usize) -> Self {
+        RetainedEvents { queue: VecDeque::new(), capacity }
+    }
+
+    pub fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    pub fn push(&mut self, event: Event) {
+        assert!(self.queue.len() < self.capacity, "retained event queue over its bound of {}", self.capacity);
+        self.queue.push_back(event);
+    }
+
+    pub fn pop(&mut self) -> Option<Event> {
+        self.queue.pop_front()
+    }
+
+    /// The newest retained event of `request`, for merging a cancellation into a pending token.
+    pub fn last_for_mut(&mut self, request: RequestId) -> Option<&mut Event> {
+        self.queue.iter_mut().rev().find(|e| e.request == Some(request))
+    }
+
+    pub fn count_for(&self, request: RequestId) -> usize {
+        self.queue.iter().filter(|e| e.request == Some(request)).count()
+    }
+
+    /// Drops every event of `request` (it was closed), returning how many were dropped.
+    pub fn remove_request(&mut self, request: RequestId) -> usize {
+        let before = self.queue.len();
+        self.queue.retain(|e| e.request != Some(request));
+        before - self.queue.len()
+    }
+}

@@ -1,0 +1,220 @@
+//! Options as callers give them (camelCase, every field optional, as in docs/api.md) and the
+//! resolved, validated configuration the engine runs with. Options are snapshotted: the engine
+//! copies them, so a caller changing its object later changes nothing.
+
+use serde::Deserialize;
+
+use crate::error::{OrtexError, Result};
+use crate::executor::ModelInfo;
+
+/// Largest value any count option may take; keeps every product of two counts inside u64 and
+/// every single count inside JavaScript's 31-bit small-integer range.
+pub const MAX_COUNT: u32 = i32::MAX as u32;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum BatchingMode {
+    /// Continuous batching: rows join and leave the batch at every step.
+    #[default]
+    Dynamic,
+    /// A batch is formed at once and recycled only when all its rows are done.
+    Static,
+}
+
+impl BatchingMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BatchingMode::Dynamic => "dynamic",
+            BatchingMode::Static => "static",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EngineOptions {
+    pub batching: Option<BatchingMode>,
+    pub block_size: Option<u32>,
+    pub num_blocks: Option<u32>,
+    pub max_batch_size: Option<u32>,
+    pub max_scheduled_tokens: Option<u32>,
+    pub prefill_chunk_size: Option<u32>,
+    /// Steps a waiting prefill may go without progress before it is scheduled ahead of decodes.
+    pub max_prefill_wait_steps: Option<u32>,
+    /// Most requests alive at once (bounds the engine's tables and its retained-event queue).
+    pub max_requests: Option<u32>,
+}
+
+/// Injected failures of the simulated executor, for simulation tests.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SimFaults {
+    /// Transaction numbers (0-based, counting every executed transaction) that fail retryably.
+    #[serde(default)]
+    pub retryable_steps: Vec<u64>,
+    /// Transaction numbers that fail fatally (the engine becomes unhealthy).
+    #[serde(default)]
+    pub fatal_steps: Vec<u64>,
+    /// Transaction numbers that report execution capacity exceeded.
+    #[serde(default)]
+    pub capacity_steps: Vec<u64>,
+    /// Chance per transaction of a retryable failure, decided by a hash of (seed, step).
+    #[serde(default)]
+    pub retryable_rate: f64,
+    /// Chance per transaction of an execution-capacity failure.
+    #[serde(default)]
+    pub capacity_rate: f64,
+    /// Chance per transaction of a fatal failure.
+    #[serde(default)]
+    pub fatal_rate: f64,
+    /// Seed of the rate decisions (independent of the model seed).
+    #[serde(default)]
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SimOptions {
+    #[serde(flatten)]
+    pub engine: EngineOptions,
+    pub seed: Option<u64>,
+    pub vocab_size: Option<u32>,
+    pub eos_token_id: Option<u32>,
+    pub max_length: Option<u32>,
+    pub eos_probability: Option<f64>,
+    pub faults: Option<SimFaults>,
+    /// Virtual cost of one step and of one token, accumulated in `virtualTimeUs` (nothing sleeps).
+    pub step_cost_us: Option<u64>,
+    pub token_cost_us: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RequestOptions {
+    /// 0 or absent: the model's max length. Bounds prompt + generated + continuation tokens.
+    pub max_session_tokens: Option<u32>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TurnOptions {
+    /// 0 or absent: until the session limit.
+    pub max_generated_tokens: Option<u32>,
+    /// Absent: greedy decoding.
+    pub temperature: Option<f64>,
+    pub top_k: Option<u32>,
+    pub top_p: Option<f64>,
+    pub seed: Option<u64>,
+    pub ignore_eos: Option<bool>,
+    pub stop_token_ids: Option<Vec<Vec<i32>>>,
+}
+
+/// The resolved configuration an engine runs with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    pub batching: BatchingMode,
+    pub block_size: u32,
+    pub num_blocks: u32,
+    pub max_batch_size: u32,
+    pub max_scheduled_tokens: u32,
+    pub prefill_chunk_size: u32,
+    pub max_prefill_wait_steps: u32,
+    pub max_requests: u32,
+    pub vocab_size: u32,
+    pub eos_token_ids: Vec<i32>,
+    pub max_length: u32,
+}
+
+const DEFAULT_BLOCK_SIZE: u32 = 16;
+const DEFAULT_MAX_BATCH_SIZE: u32 = 16;
+const DEFAULT_MAX_SCHEDULED_TOKENS: u32 = 512;
+const DEFAULT_MAX_PREFILL_WAIT_STEPS: u32 = 4;
+const DEFAULT_MAX_REQUESTS: u32 = 65_536;
+/// The pool must stay addressable by u32 block ids and by a 32-bit wasm memory.
+const MAX_NUM_BLOCKS: u32 = 1 << 24;
+const MAX_BLOCK_SIZE: u32 = 4096;
+
+fn positive(name: &str, value: Option<u32>, default: u32, max: u32) -> Result<u32> {
+    match value {
+        None => Ok(default),
+        Some(0) => Err(OrtexError::invalid(format!("{name} must be a positive integer"))),
+        Some(v) if v > max => Err(OrtexError::invalid(format!("{name} must be at most {max}, got {v}"))),
+        Some(v) => Ok(v),
+    }
+}
+
+impl EngineConfig {
+    pub fn resolve(options: &EngineOptions, model: &ModelInfo) -> Result<EngineConfig> {
+        let block_size = positive("blockSize", options.block_size, DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE)?;
+        let max_batch_size = positive("maxBatchSize", options.max_batch_size, DEFAULT_MAX_BATCH_SIZE, 65_536)?;
+        let max_scheduled_tokens =
+            positive("maxScheduledTokens", options.max_scheduled_tokens, DEFAULT_MAX_SCHEDULED_TOKENS, MAX_COUNT)?;
+        let prefill_chunk_size =
+            positive("prefillChunkSize", options.prefill_chunk_size, max_scheduled_tokens, MAX_COUNT)?;
+        let blocks_per_row = model.max_length.div_ceil(block_size);
+        let default_blocks =
+            (u64::from(max_batch_size) * u64::from(blocks_per_row)).min(u64::from(MAX_NUM_BLOCKS)) as u32;
+        let num_blocks = positive("numBlocks", options.num_blocks, default_blocks.max(1), MAX_NUM_BLOCKS)?;
+        let max_prefill_wait_steps = match options.max_prefill_wait_steps {
+            None => DEFAULT_MAX_PREFILL_WAIT_STEPS,
+            Some(v) if v > 1_000_000 => return Err(OrtexError::invalid("maxPrefillWaitSteps must be at most 1000000")),
+            Some(v) => v,
+        };
+        let max_requests = positive("maxRequests", options.max_requests, DEFAULT_MAX_REQUESTS, 1 << 22)?;
+        Ok(EngineConfig {
+            batching: options.batching.unwrap_or_default(),
+            block_size,
+            num_blocks,
+            max_batch_size,
+            max_scheduled_tokens,
+            prefill_chunk_size,
+            max_prefill_wait_steps,
+            max_requests,
+            vocab_size: model.vocab_size,
+            eos_token_ids: model.eos_token_ids.clone(),
+            max_length: model.max_length,
+        })
+    }
+}
+
+/// Per-turn options after validation, in the units the engine uses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResolvedTurnOptions {
+    /// 0: no per-turn limit (the session limit applies).
+    pub max_generated_tokens: u32,
+    pub sampling: crate::sampling::SamplingParams,
+    pub seed: Option<u64>,
+    pub ignore_eos: bool,
+    pub stop_token_ids: Vec<Vec<i32>>,
+}
+
+impl TurnOptions {
+    pub fn resolve(&self, vocab_size: u32) -> Result<ResolvedTurnOptions> {
+        let max_generated_tokens = self.max_generated_tokens.unwrap_or(0);
+        if max_generated_tokens > MAX_COUNT {
+            return Err(OrtexError::invalid("maxGeneratedTokens is too large"));
+        }
+        let sampling = crate::sampling::SamplingParams::new(self.temperature, self.top_k, self.top_p)?;
+        let stop_token_ids = self.stop_token_ids.clone().unwrap_or_default();
+        for sequence in &stop_token_ids {
+            if sequence.is_empty() {
+                return Err(OrtexError::invalid("stopTokenIds may not contain an empty sequence"));
+            }
+            if let Some(bad) = sequence.iter().find(|&&t| t < 0 || t as u32 >= vocab_size) {
+                return Err(OrtexError::invalid(format!(
+                    "stopTokenIds contains {bad}, outside the vocabulary of {vocab_size}"
+                )));
+            }
+        }
+        if stop_token_ids.len() > 1024 {
+            return Err(OrtexError::invalid("stopTokenIds holds at most 1024 sequences"));
+        }
+        Ok(ResolvedTurnOptions {
+            max_generated_tokens,
+            sampling,
+            seed: self.seed,
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+            stop_token_ids,
+        })
+    }
+}

@@ -1,0 +1,93 @@
+//! Text <-> token ids. Real models use their tokenizer.json (ortex-ort); the simulated model uses
+//! [`SimText`]: bytes are tokens `3 + byte`, and every id past the bytes reads as a made-up
+//! syllable pair, so generated text is readable in demos and multi-byte characters really do span
+//! tokens.
+
+use crate::error::{OrtexError, Result};
+
+pub trait TextCodec: Send {
+    fn tokenize(&self, text: &str) -> Result<Vec<i32>>;
+    /// Decodes ids to text; an incomplete UTF-8 sequence at the end decodes to U+FFFD, which a
+    /// streaming caller holds back until the next token completes it.
+    fn detokenize(&self, tokens: &[i32]) -> Result<String>;
+}
+
+/// The simulated model's text codec.
+#[derive(Debug, Clone)]
+pub struct SimText {
+    pub vocab_size: u32,
+}
+
+/// Ids 0, 1 and 2 are pad, bos and eos; bytes follow.
+pub const SIM_BYTE_OFFSET: u32 = 3;
+const SIM_FIRST_WORD: u32 = SIM_BYTE_OFFSET + 256;
+const CONSONANTS: &[u8; 16] = b"bdfgklmnprstvzhj";
+const VOWELS: &[u8; 5] = b"aeiou";
+
+impl SimText {
+    fn push_word(&self, id: u32, out: &mut Vec<u8>) {
+        let n = id - SIM_FIRST_WORD;
+        out.push(b' ');
+        out.push(CONSONANTS[(n % 16) as usize]);
+        out.push(VOWELS[((n / 16) % 5) as usize]);
+        out.push(CONSONANTS[((n / 80) % 16) as usize]);
+        out.push(VOWELS[((n / 1280) % 5) as usize]);
+    }
+}
+
+impl TextCodec for SimText {
+    fn tokenize(&self, text: &str) -> Result<Vec<i32>> {
+        if self.vocab_size < SIM_FIRST_WORD {
+            return Err(OrtexError::invalid(format!(
+                "the simulated vocabulary of {} ids is too small for text (it needs at least {SIM_FIRST_WORD})",
+                self.vocab_size
+            )));
+        }
+        Ok(text.bytes().map(|b| (SIM_BYTE_OFFSET + u32::from(b)) as i32).collect())
+    }
+
+    fn detokenize(&self, tokens: &[i32]) -> Result<String> {
+        let mut bytes = Vec::with_capacity(tokens.len() * 2);
+        for &t in tokens {
+            if t < 0 || t as u32 >= self.vocab_size {
+                return Err(OrtexError::invalid(format!("token {t} is outside the vocabulary of {}", self.vocab_size)));
+            }
+            let id = t as u32;
+            if id >= SIM_FIRST_WORD {
+                self.push_word(id, &mut bytes);
+            } else if id >= SIM_BYTE_OFFSET {
+                bytes.push((id - SIM_BYTE_OFFSET) as u8);
+            }
+        }
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_round_trips_through_byte_tokens() {
+        let codec = SimText { vocab_size: 32000 };
+        let ids = codec.tokenize("héllo ✓").unwrap();
+        assert_eq!(ids.len(), "héllo ✓".len());
+        assert_eq!(codec.detokenize(&ids).unwrap(), "héllo ✓");
+    }
+
+    #[test]
+    fn a_split_multibyte_character_decodes_to_replacement_until_complete() {
+        let codec = SimText { vocab_size: 32000 };
+        let ids = codec.tokenize("é").unwrap();
+        assert!(codec.detokenize(&ids[..1]).unwrap().ends_with('\u{FFFD}'));
+        assert_eq!(codec.detokenize(&ids).unwrap(), "é");
+    }
+
+    #[test]
+    fn word_ids_read_as_syllables() {
+        let codec = SimText { vocab_size: 32000 };
+        assert_eq!(codec.detokenize(&[259]).unwrap(), " baba");
+        assert!(codec.detokenize(&[32000]).is_err());
+        assert!(SimText { vocab_size: 100 }.tokenize("a").is_err());
+    }
+}

@@ -544,6 +544,9 @@ impl Engine {
     /// Removes closed requests whose blocks nothing pins any more, freeing their blocks.
     fn release_closed(&mut self) {
         let in_flight = self.in_flight;
+        if in_flight.is_none() && !self.scheduler.static_batch().is_empty() {
+            self.scheduler.recycle_static_batch_if_done(&mut self.requests, &mut self.pool);
+        }
         let mut i = 0;
         while i < self.closed_unreleased.len() {
             let id = self.closed_unreleased[i];
@@ -673,8 +676,10 @@ impl Engine {
         }
     }
 
+    /// The engine-level Failed event goes first: later runs refuse with ENGINE_UNHEALTHY without
+    /// draining, so it must fit in this run's buffer (whose capacity is at least one).
     fn fail_engine(&mut self, code: EventErrorCode, reason: String) {
-        self.staged.push(Event::engine(flags::FAILED, code));
+        self.staged.insert(0, Event::engine(flags::FAILED, code));
         self.health = Health::Unhealthy(reason);
     }
 }

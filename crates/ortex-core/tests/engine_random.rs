@@ -34,7 +34,8 @@ fn check_seed(seed: u64) {
     let faults =
         if rng.below(3) == 0 { r#","faults":{"retryableRate":0.05,"capacityRate":0.03,"seed":7}"# } else { "" };
     let json = format!(
-        r#"{{"seed":{seed},"maxLength":64,"blockSize":{block_size},"numBlocks":{num_blocks},"maxBatchSize":{},"maxScheduledTokens":{},"eosProbability":{}{faults}}}"#,
+        r#"{{"seed":{seed},"batching":"{}","maxLength":64,"blockSize":{block_size},"numBlocks":{num_blocks},"maxBatchSize":{},"maxScheduledTokens":{},"eosProbability":{}{faults}}}"#,
+        if rng.below(3) == 0 { "static" } else { "dynamic" },
         1 + rng.below(6),
         1 + rng.below(24),
         rng.below(3) as f64 * 0.05,

@@ -102,19 +102,26 @@ impl Scheduler {
         report
     }
 
-    /// Static mode: recycle the batch once no row has work left, then form the next one.
-    fn refresh_static_batch(&mut self, input: &mut PlanInput<'_>) {
-        let busy = self.static_batch.iter().any(|id| input.requests.get(id).is_some_and(|r| r.needs_compute()));
+    /// Static mode: recycles the batch when no row has work left, releasing its closed rows.
+    /// Returns whether the batch is (now) empty.
+    pub fn recycle_static_batch_if_done(&mut self, requests: &mut RequestTable, pool: &mut BlockPool) -> bool {
+        let busy = self.static_batch.iter().any(|id| requests.get(id).is_some_and(|r| r.needs_compute()));
         if busy {
-            return;
+            return false;
         }
         for id in self.static_batch.drain(..) {
-            if let Some(request) = input.requests.get(&id) {
-                if request.closed {
-                    let request = input.requests.remove(&id).expect("present");
-                    input.pool.free(&request.blocks);
-                }
+            if requests.get(&id).is_some_and(|r| r.closed) {
+                let request = requests.remove(&id).expect("present");
+                pool.free(&request.blocks);
             }
+        }
+        true
+    }
+
+    /// Static mode: recycle the batch once no row has work left, then form the next one.
+    fn refresh_static_batch(&mut self, input: &mut PlanInput<'_>) {
+        if !self.recycle_static_batch_if_done(input.requests, input.pool) {
+            return;
         }
         let mut waiting: Vec<(u64, RequestId)> =
             input.requests.values().filter(|r| r.needs_compute()).map(|r| (r.waiting_seq, r.id)).collect();
@@ -238,20 +245,23 @@ fn push_row(
 }
 
 impl Scheduler {
-    /// Frees the KV of idle requests and of running requests younger than `target` (idle first, then
-    /// youngest first) until `target`'s next token fits. A victim moves to the back of the waiting
+    /// Frees the KV of idle requests, of running requests younger than `target` and, in static mode,
+    /// of requests outside the batch (idle first, then youngest first) until `target`'s next token fits. A victim moves to the back of the waiting
     /// order. Returns whether anything was preempted.
     fn preempt_for(&mut self, target: RequestId, input: &mut PlanInput<'_>, report: &mut PlanReport) -> bool {
         let block_size = input.config.block_size;
+        let mut preempted_any = self.release_closed_static_rows(input);
+        let is_static = input.config.batching == BatchingMode::Static;
         let mut victims: Vec<(bool, std::cmp::Reverse<RequestId>)> = input
             .requests
             .values()
             .filter(|r| r.id != target && !r.closed && !r.blocks.is_empty())
-            .filter(|r| !r.needs_compute() || r.id > target)
+            // Idle requests, younger ones, and (static mode) requests outside the batch, which
+            // cannot run before it is recycled anyway.
+            .filter(|r| !r.needs_compute() || r.id > target || (is_static && !self.static_batch.contains(&r.id)))
             .map(|r| (r.needs_compute(), std::cmp::Reverse(r.id)))
             .collect();
         victims.sort_unstable();
-        let mut preempted_any = false;
         for (_, std::cmp::Reverse(id)) in victims {
             let fits = {
                 let t = &input.requests[&target];
@@ -272,5 +282,18 @@ impl Scheduler {
             preempted_any = true;
         }
         preempted_any
+    }
+
+    /// A closed row of a static batch keeps its blocks only to mirror a physical batch row. When
+    /// nothing can run otherwise, it is released early rather than deadlock the batch.
+    fn release_closed_static_rows(&mut self, input: &mut PlanInput<'_>) -> bool {
+        let closed: Vec<RequestId> =
+            self.static_batch.iter().copied().filter(|id| input.requests.get(id).is_some_and(|r| r.closed)).collect();
+        for id in &closed {
+            let request = input.requests.remove(id).expect("present");
+            input.pool.free(&request.blocks);
+        }
+        self.static_batch.retain(|id| !closed.contains(id));
+        !closed.is_empty()
     }
 }

@@ -58,6 +58,12 @@ impl Transaction {
     pub fn plan(&self) -> &StepPlan {
         &self.plan
     }
+
+    /// Records a failure that happened outside the executor's own error path (a binding caught a
+    /// panic in `execute`): `run_commit` then rolls back and publishes a fatal Failed event.
+    pub fn fail(&mut self, reason: String) {
+        self.result = Some(Err(ExecError::Fatal(reason)));
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -625,10 +631,10 @@ impl Engine {
             let request = self.requests.at_mut(row.request_position as usize);
             let before = request.blocks_before_step as usize;
             self.pool.commit(&request.blocks[before..]);
-            request.kv_len += row.token_count;
-            if !request.is_decoding() || !row.sample {
+            if !request.is_decoding() {
                 self.stats.prompt_tokens += u64::from(row.token_count);
             }
+            request.kv_len += row.token_count;
             if request.prefill_target <= request.kv_len {
                 request.prefill_target = 0;
             }

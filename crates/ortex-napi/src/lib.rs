@@ -1,0 +1,299 @@
+//! ortex's Node-API addon: a thin napi-rs binding over ortex-core. The interface it exports is
+//! ts/binding.ts (`NativeBinding`); the TypeScript facade is its only caller.
+//!
+//! Shape: the logic of each method is a plain function in [`ops`]; the `#[napi]` wrappers below
+//! only convert arguments, run the call under [`guarded`] (a panic becomes an ENGINE_UNHEALTHY
+//! error and marks the engine unhealthy: it never unwinds into Node) and turn an
+//! [`OrtexError`] into a JS `Error` whose `code` is the core's `ErrorCode::as_str()`.
+//!
+//! Threads: the engine lives on the JS thread. `run` plans on the JS thread (`run_begin`), sends
+//! only the [`Transaction`] (which carries the executor) to the libuv thread pool, and commits on
+//! the JS thread again (`run_commit`), which is also where the events are written into the
+//! caller's `Int32Array`. Between the two halves every other method keeps working; the core
+//! applies them at the transaction boundary. The engine sits in an `Arc<Mutex<_>>` only so the
+//! task can find it again in `resolve`; the lock is never taken off the JS thread, so it is
+//! never contended.
+
+mod ops;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use napi::bindgen_prelude::*;
+use napi_derive::napi;
+use ortex_core::{Engine, ErrorCode, OrtexError, RunStart, Transaction};
+
+/// A JS error carrying the core's code (`err.code === error.code.as_str()`). Spelled
+/// `napi::Result<T, String>` at each method: napi-derive recognizes a result by its name.
+type CodedError = napi::Error<String>;
+
+fn coded(error: OrtexError) -> CodedError {
+    napi::Error::new(error.code.as_str().to_string(), error.message)
+}
+
+/// The same error as a `napi::Error` holding the JS error object, for the places napi-rs wants
+/// its default status type (an async task's settlement).
+fn coded_js(env: &Env, error: OrtexError) -> napi::Error {
+    // SAFETY: `env` is the live environment of the JS thread this runs on.
+    let value = unsafe { ToNapiValue::to_napi_value(env.raw(), coded(error)) }
+        .and_then(|value| unsafe { Unknown::from_napi_value(env.raw(), value) });
+    match value {
+        Ok(value) => napi::Error::from(value),
+        Err(error) => error,
+    }
+}
+
+fn unhealthy_after_panic(message: &str) -> OrtexError {
+    OrtexError::new(ErrorCode::EngineUnhealthy, format!("the engine panicked and is unhealthy: {message}"))
+}
+
+/// Runs one call into the core. A panic marks the engine unhealthy and becomes an error, so no
+/// panic ever unwinds into Node.
+fn guarded<T>(engine: &mut Engine, call: impl FnOnce(&mut Engine) -> ortex_core::Result<T>) -> ortex_core::Result<T> {
+    match catch_unwind(AssertUnwindSafe(|| call(&mut *engine))) {
+        Ok(result) => result,
+        Err(payload) => {
+            let message = ops::panic_message(payload.as_ref());
+            let _ = catch_unwind(AssertUnwindSafe(|| engine.mark_unhealthy(&message)));
+            Err(unhealthy_after_panic(&message))
+        }
+    }
+}
+
+fn lock(engine: &Mutex<Engine>) -> MutexGuard<'_, Engine> {
+    // Calls into the core unwind inside `guarded`, under the guard, so the lock is never
+    // poisoned; recover anyway rather than panic here.
+    engine.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[napi]
+pub struct CoreEngine {
+    engine: Arc<Mutex<Engine>>,
+}
+
+impl CoreEngine {
+    fn call<T>(&self, call: impl FnOnce(&mut Engine) -> ortex_core::Result<T>) -> napi::Result<T, String> {
+        guarded(&mut lock(&self.engine), call).map_err(coded)
+    }
+}
+
+#[napi]
+impl CoreEngine {
+    /// An engine over the deterministic simulated model; `optionsJson` is SimOptions as JSON.
+    #[napi(factory)]
+    pub fn simulated(options_json: String) -> napi::Result<Self, String> {
+        let engine = catch_unwind(|| ops::simulated_impl(&options_json))
+            .unwrap_or_else(|payload| Err(unhealthy_after_panic(&ops::panic_message(payload.as_ref()))))
+            .map_err(coded)?;
+        Ok(CoreEngine { engine: Arc::new(Mutex::new(engine)) })
+    }
+
+    #[napi]
+    pub fn config_json(&self) -> napi::Result<String, String> {
+        self.call(|engine| Ok(ops::config_json_impl(engine)))
+    }
+
+    #[napi]
+    pub fn create_request(&self, options_json: String) -> napi::Result<u32, String> {
+        self.call(|engine| ops::create_request_impl(engine, &options_json))
+    }
+
+    #[napi]
+    pub fn begin_turn(&self, request_id: u32, tokens: &[i32], options_json: String) -> napi::Result<u32, String> {
+        self.call(|engine| ops::begin_turn_impl(engine, request_id, tokens, &options_json))
+    }
+
+    #[napi]
+    pub fn prefill(&self, request_id: u32, tokens: &[i32]) -> napi::Result<(), String> {
+        self.call(|engine| ops::prefill_impl(engine, request_id, tokens))
+    }
+
+    #[napi]
+    pub fn cancel_turn(&self, request_id: u32, turn_id: u32) -> napi::Result<bool, String> {
+        self.call(|engine| ops::cancel_turn_impl(engine, request_id, turn_id))
+    }
+
+    #[napi]
+    pub fn close_request(&self, request_id: u32) -> napi::Result<(), String> {
+        self.call(|engine| ops::close_request_impl(engine, request_id))
+    }
+
+    #[napi]
+    pub fn abandon_request(&self, request_id: u32) -> napi::Result<(), String> {
+        self.call(|engine| {
+            ops::abandon_request_impl(engine, request_id);
+            Ok(())
+        })
+    }
+
+    #[napi]
+    pub fn request_state(&self, request_id: u32) -> napi::Result<u32, String> {
+        self.call(|engine| ops::request_state_impl(engine, request_id))
+    }
+
+    #[napi]
+    pub fn request_token_count(&self, request_id: u32) -> napi::Result<u32, String> {
+        self.call(|engine| ops::request_token_count_impl(engine, request_id))
+    }
+
+    /// Drains retained events or executes one transaction on the JS thread.
+    #[napi]
+    pub fn run_sync(&self, mut events: Int32ArraySlice<'_>, capacity: u32) -> napi::Result<u32, String> {
+        // SAFETY: the JS thread is inside this call; nothing else touches the buffer now.
+        let buffer = unsafe { events.as_mut() };
+        self.call(|engine| ops::run_sync_impl(engine, buffer, capacity))
+    }
+
+    /// Drains retained events at once (an already-settled promise), or executes one transaction
+    /// on the libuv thread pool and writes its events into `events` when it commits.
+    #[napi(ts_return_type = "Promise<number>")]
+    pub fn run<'env>(
+        &self,
+        env: &'env Env,
+        mut events: Int32Array,
+        capacity: u32,
+    ) -> napi::Result<Either<AsyncTask<RunTask>, PromiseRaw<'env, u32>>> {
+        // SAFETY: the JS thread is inside this call; nothing else touches the buffer now.
+        let buffer = unsafe { events.as_mut() };
+        let start = guarded(&mut lock(&self.engine), |engine| engine.run_begin(buffer, capacity as usize));
+        match start {
+            Ok(RunStart::Done(count)) => Ok(Either::B(PromiseRaw::resolve(env, count as u32)?)),
+            Ok(RunStart::Execute(transaction)) => Ok(Either::A(AsyncTask::new(RunTask {
+                engine: Arc::clone(&self.engine),
+                transaction: Some(transaction),
+                events: Some(events),
+                capacity,
+            }))),
+            Err(error) => Ok(Either::B(PromiseRaw::reject(env, coded(error))?)),
+        }
+    }
+
+    #[napi]
+    pub fn has_pending_work(&self) -> napi::Result<bool, String> {
+        self.call(|engine| Ok(ops::has_pending_work_impl(engine)))
+    }
+
+    #[napi]
+    pub fn stats_json(&self) -> napi::Result<String, String> {
+        self.call(|engine| Ok(ops::stats_json_impl(engine)))
+    }
+
+    #[napi]
+    pub fn tokenize(&self, text: String) -> napi::Result<Int32Array, String> {
+        self.call(|engine| ops::tokenize_impl(engine, &text)).map(Int32Array::new)
+    }
+
+    #[napi]
+    pub fn detokenize(&self, tokens: &[i32]) -> napi::Result<String, String> {
+        self.call(|engine| ops::detokenize_impl(engine, tokens))
+    }
+
+    #[napi]
+    pub fn close(&self) -> napi::Result<(), String> {
+        self.call(|engine| {
+            ops::close_impl(engine);
+            Ok(())
+        })
+    }
+
+    /// Test hook: a broken invariant (a core assertion) comes back as an ENGINE_UNHEALTHY error.
+    #[napi]
+    pub fn check_invariants(&self) -> napi::Result<(), String> {
+        self.call(|engine| {
+            ops::check_invariants_impl(engine);
+            Ok(())
+        })
+    }
+}
+
+/// One `run` transaction away from the JS thread. It holds the `Int32Array` (a napi reference,
+/// so the buffer stays alive) but touches it only in `resolve`, on the JS thread.
+pub struct RunTask {
+    engine: Arc<Mutex<Engine>>,
+    transaction: Option<Transaction>,
+    events: Option<Int32Array>,
+    capacity: u32,
+}
+
+impl Task for RunTask {
+    type Output = ();
+    type JsValue = u32;
+
+    /// On the libuv thread pool: the model step, and nothing else.
+    fn compute(&mut self) -> napi::Result<()> {
+        let transaction = self.transaction.as_mut().expect("a run task executes its transaction once");
+        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| transaction.execute())) {
+            // The commit rolls the step back and publishes a fatal Failed event.
+            transaction.fail(format!("panic in the executor: {}", ops::panic_message(payload.as_ref())));
+        }
+        Ok(())
+    }
+
+    /// On the JS thread: commit and write the events into the caller's buffer.
+    fn resolve(&mut self, env: Env, _: ()) -> napi::Result<u32> {
+        let transaction = self.transaction.take().expect("a run task commits its transaction once");
+        let events = self.events.take().expect("a run task holds its event buffer until it commits");
+        // Look the buffer up again instead of trusting the pointer taken before the hop: JS may
+        // have detached (transferred) it meanwhile, and then it reads as empty and the events
+        // stay retained in the engine.
+        // SAFETY: `env` is the JS thread's; the reference is turned back into its value once.
+        let value = unsafe { Int32Array::to_napi_value(env.raw(), events)? };
+        let buffer = unsafe { <&mut [i32]>::from_napi_value(env.raw(), value)? };
+        let capacity = self.capacity as usize;
+        let mut engine = lock(&self.engine);
+        guarded(&mut engine, |engine| Ok(engine.run_commit(transaction, buffer, capacity) as u32))
+            .map_err(|error| coded_js(&env, error))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn engine() -> Engine {
+        ops::simulated_impl(r#"{"seed":1}"#).unwrap()
+    }
+
+    #[test]
+    fn a_panic_in_the_core_becomes_engine_unhealthy_and_sticks() {
+        let mut engine = engine();
+        let error = guarded(&mut engine, |_| -> ortex_core::Result<()> { panic!("boom") }).unwrap_err();
+        assert_eq!(error.code, ErrorCode::EngineUnhealthy);
+        assert!(error.message.contains("boom"), "{}", error.message);
+        assert!(!engine.is_healthy());
+        let later = guarded(&mut engine, |engine| engine.create_request(&Default::default())).unwrap_err();
+        assert_eq!(later.code, ErrorCode::EngineUnhealthy);
+    }
+
+    #[test]
+    fn a_transaction_that_panicked_rolls_back_and_reports_a_fatal_event() {
+        let mut engine = engine();
+        let request = ops::create_request_impl(&mut engine, "{}").unwrap();
+        ops::begin_turn_impl(&mut engine, request, &[5, 6, 7], "{}").unwrap();
+        let mut events = vec![0; 10 * 8];
+        let RunStart::Execute(mut transaction) = engine.run_begin(&mut events, 8).unwrap() else {
+            panic!("a queued turn plans a transaction");
+        };
+        transaction.fail("executor blew up".to_string());
+        assert_eq!(engine.run_commit(transaction, &mut events, 8), 1);
+        assert_eq!((events[0], events[1], events[5]), (8, 0, 6), "an engine-level Failed event");
+        assert!(!engine.is_healthy());
+        engine.check_invariants();
+        let again = guarded(&mut engine, |engine| engine.run(&mut events, 8)).unwrap_err();
+        assert_eq!(again.code, ErrorCode::EngineUnhealthy, "{}", again.message);
+        engine.close();
+    }
+
+    #[test]
+    fn options_are_strict_json() {
+        for bad in ["", "nope", "[]", r#"{"seed":-1}"#, r#"{"unknown":1}"#, r#"{"seed":1.5}"#] {
+            let error = ops::simulated_impl(bad).err().unwrap_or_else(|| panic!("{bad} was accepted"));
+            assert_eq!(error.code, ErrorCode::InvalidArgument, "{bad}");
+        }
+        let mut engine = engine();
+        assert_eq!(
+            ops::create_request_impl(&mut engine, r#"{"maxSessionTokens":"1"}"#).unwrap_err().code,
+            ErrorCode::InvalidArgument
+        );
+    }
+}

@@ -1,0 +1,136 @@
+//! ortex's WebAssembly build: a thin wasm-bindgen binding over ortex-core and its simulated
+//! model. The interface it exports is ts/binding.ts (`WasmBinding`); the TypeScript facade is
+//! its only caller.
+//!
+//! Same shape as the native addon: the logic of each method is a plain function in `ops` (the
+//! very file crates/ortex-napi compiles, so both backends behave and answer alike); the wrappers
+//! below only convert, and turn an [`OrtexError`] into a JS `Error` whose `code` is the core's
+//! `ErrorCode::as_str()`. There is no asynchronous `run` (one thread), and a panic aborts
+//! (this build uses panic=abort), which traps as a `WebAssembly.RuntimeError`.
+
+#[path = "../../ortex-napi/src/ops.rs"]
+mod ops;
+
+use js_sys::{Int32Array, Reflect};
+use ortex_core::{Engine, OrtexError, EVENT_STRIDE_WORDS};
+use wasm_bindgen::prelude::*;
+
+fn coded(error: OrtexError) -> JsValue {
+    let js_error = js_sys::Error::new(&error.message);
+    // Setting a property on a fresh Error object cannot fail.
+    let _ = Reflect::set(&js_error, &JsValue::from_str("code"), &JsValue::from_str(error.code.as_str()));
+    js_error.into()
+}
+
+/// Words of an event buffer that `events` events take (saturating: wasm32's usize is 32 bits).
+fn event_words(events: u32) -> usize {
+    (events as usize).saturating_mul(EVENT_STRIDE_WORDS)
+}
+
+#[wasm_bindgen]
+pub struct CoreEngine {
+    engine: Engine,
+    /// Events are encoded here, in wasm memory, and only the written words are copied into the
+    /// caller's Int32Array: one copy out, none in.
+    scratch: Vec<i32>,
+}
+
+#[wasm_bindgen]
+impl CoreEngine {
+    /// An engine over the deterministic simulated model; `optionsJson` is SimOptions as JSON.
+    pub fn simulated(options_json: &str) -> Result<CoreEngine, JsValue> {
+        let engine = ops::simulated_impl(options_json).map_err(coded)?;
+        Ok(CoreEngine { engine, scratch: Vec::new() })
+    }
+
+    #[wasm_bindgen(js_name = configJson)]
+    pub fn config_json(&self) -> String {
+        ops::config_json_impl(&self.engine)
+    }
+
+    #[wasm_bindgen(js_name = createRequest)]
+    pub fn create_request(&mut self, options_json: &str) -> Result<u32, JsValue> {
+        ops::create_request_impl(&mut self.engine, options_json).map_err(coded)
+    }
+
+    #[wasm_bindgen(js_name = beginTurn)]
+    pub fn begin_turn(&mut self, request_id: u32, tokens: &[i32], options_json: &str) -> Result<u32, JsValue> {
+        ops::begin_turn_impl(&mut self.engine, request_id, tokens, options_json).map_err(coded)
+    }
+
+    pub fn prefill(&mut self, request_id: u32, tokens: &[i32]) -> Result<(), JsValue> {
+        ops::prefill_impl(&mut self.engine, request_id, tokens).map_err(coded)
+    }
+
+    #[wasm_bindgen(js_name = cancelTurn)]
+    pub fn cancel_turn(&mut self, request_id: u32, turn_id: u32) -> Result<bool, JsValue> {
+        ops::cancel_turn_impl(&mut self.engine, request_id, turn_id).map_err(coded)
+    }
+
+    #[wasm_bindgen(js_name = closeRequest)]
+    pub fn close_request(&mut self, request_id: u32) -> Result<(), JsValue> {
+        ops::close_request_impl(&mut self.engine, request_id).map_err(coded)
+    }
+
+    #[wasm_bindgen(js_name = abandonRequest)]
+    pub fn abandon_request(&mut self, request_id: u32) {
+        ops::abandon_request_impl(&mut self.engine, request_id);
+    }
+
+    #[wasm_bindgen(js_name = requestState)]
+    pub fn request_state(&self, request_id: u32) -> Result<u32, JsValue> {
+        ops::request_state_impl(&self.engine, request_id).map_err(coded)
+    }
+
+    #[wasm_bindgen(js_name = requestTokenCount)]
+    pub fn request_token_count(&self, request_id: u32) -> Result<u32, JsValue> {
+        ops::request_token_count_impl(&self.engine, request_id).map_err(coded)
+    }
+
+    /// Drains retained events or executes one transaction, writing the events into `events`.
+    #[wasm_bindgen(js_name = runSync)]
+    pub fn run_sync(&mut self, events: &Int32Array, capacity: u32) -> Result<u32, JsValue> {
+        // The scratch buffer has the caller's length (up to what `capacity` needs), so the core
+        // sees, and rejects, a buffer too small for `capacity` exactly as the native addon does.
+        let words = (events.length() as usize).min(event_words(capacity));
+        if self.scratch.len() < words {
+            self.scratch.resize(words, 0);
+        }
+        let scratch = &mut self.scratch[..words];
+        let written = ops::run_sync_impl(&mut self.engine, scratch, capacity).map_err(coded)?;
+        let written_words = event_words(written);
+        if written_words > 0 {
+            events.subarray(0, written_words as u32).copy_from(&scratch[..written_words]);
+        }
+        Ok(written)
+    }
+
+    #[wasm_bindgen(js_name = hasPendingWork)]
+    pub fn has_pending_work(&mut self) -> bool {
+        ops::has_pending_work_impl(&mut self.engine)
+    }
+
+    #[wasm_bindgen(js_name = statsJson)]
+    pub fn stats_json(&self) -> String {
+        ops::stats_json_impl(&self.engine)
+    }
+
+    /// Returns an Int32Array.
+    pub fn tokenize(&self, text: &str) -> Result<Vec<i32>, JsValue> {
+        ops::tokenize_impl(&self.engine, text).map_err(coded)
+    }
+
+    pub fn detokenize(&self, tokens: &[i32]) -> Result<String, JsValue> {
+        ops::detokenize_impl(&self.engine, tokens).map_err(coded)
+    }
+
+    pub fn close(&mut self) {
+        ops::close_impl(&mut self.engine);
+    }
+
+    /// Test hook: a broken invariant panics, which traps (panic=abort).
+    #[wasm_bindgen(js_name = checkInvariants)]
+    pub fn check_invariants(&self) {
+        ops::check_invariants_impl(&self.engine);
+    }
+}

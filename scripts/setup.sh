@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Installs what the build needs, skipping whatever is already present, so a second run takes
+# about a second: Debian's Rust for WebAssembly (rustc-web, cargo-web, rust-web-src, lld-19),
+# wasm-pack and the wasm-bindgen CLI (cargo install, pinned), and the npm dependencies.
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$ORTEX_ROOT"
+
+setup_debian_rust() {
+  local missing=() package
+  for package in "${DEBIAN_PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'ok installed'; then
+      missing+=("$package")
+    fi
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    log "setup: Debian Rust for wasm present (${DEBIAN_PACKAGES[*]})"
+    return
+  fi
+  log "setup: apt-get install ${missing[*]}"
+  as_root apt-get update
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}"
+}
+
+# cargo_install_pinned CRATE VERSION BINARY: `cargo install` unless BINARY reports VERSION.
+cargo_install_pinned() {
+  local crate=$1 version=$2 binary=$3 installed
+  installed="$("$binary" --version 2>/dev/null | awk '{print $2}' || true)"
+  if [ "$installed" = "$version" ]; then
+    log "setup: $binary $version present"
+    return
+  fi
+  log "setup: cargo install $crate --version =$version (found: ${installed:-none}; takes minutes)"
+  # Not --locked: the crates' own lockfiles name a webpki-roots version crates.io no longer has.
+  cargo install "$crate" --version "=$version"
+}
+
+setup_npm() {
+  local stamp=node_modules/.package-lock.json
+  if [ -f "$stamp" ] && ! [ package.json -nt "$stamp" ] && ! { [ -f package-lock.json ] && [ package-lock.json -nt "$stamp" ]; }; then
+    log "setup: node_modules up to date"
+    return
+  fi
+  log "setup: npm install"
+  npm install --no-audit --no-fund
+}
+
+setup_debian_rust
+cargo_install_pinned wasm-pack "$WASM_PACK_VERSION" wasm-pack
+cargo_install_pinned wasm-bindgen-cli "$WASM_BINDGEN_VERSION" wasm-bindgen
+setup_npm

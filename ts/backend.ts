@@ -1,0 +1,36 @@
+// What the Engine needs from a binding, whichever it is: make a core engine, and run one
+// transaction asynchronously. backend-native.ts and backend-wasm.ts provide the two.
+
+import path from 'node:path'
+import { fileURLToPath } from 'node:url'
+
+import type { CoreEngine } from './binding'
+import type { BackendKind } from './types'
+
+export interface Backend {
+  readonly kind: BackendKind
+  /** optionsJson: SimulatedOptions as the core takes them. Throws OrtexError. */
+  simulated(optionsJson: string): CoreEngine
+  /** An ONNX model folder. Rejects with OrtexError. */
+  load(modelDir: string, optionsJson: string): Promise<CoreEngine>
+  /** Drains retained events or executes one transaction; resolves with the event count. */
+  run(core: CoreEngine, events: Int32Array, capacity: number): Promise<number>
+}
+
+/** The folder this module's file lives in: dist/ when built, ts/ when run from source. Both sit
+ *  directly under the package root. */
+function moduleDir(): string {
+  // The CommonJS build has __dirname; the ESM build (and the sources under vitest) has
+  // import.meta.url. Never both, so the unreachable branch is harmless in each format.
+  if (typeof __dirname === 'string') return __dirname
+  return path.dirname(fileURLToPath(import.meta.url))
+}
+
+/** The package root (the folder holding package.json, dist/, native/ and wasm-pkg/). */
+export function packageRoot(): string {
+  return path.resolve(moduleDir(), '..')
+}
+
+export function fromPackageRoot(relative: string): string {
+  return path.join(packageRoot(), relative)
+}

@@ -1,0 +1,256 @@
+// Reference generation on onnxruntime-node, straight on a model folder: no engine, no paging.
+//
+// - naiveGenerate / referenceGenerate: a plain single-request loop (batch 1, the previous step's
+//   present fed back as past). Its greedy tokens are the ground truth that the engine's batched,
+//   paged output must match token for token; the benchmark uses naiveGenerate as the "what
+//   transformers.js-style code does" baseline.
+// - forwardBatch: one model invocation over several rows with different past lengths, built with
+//   the padding contract of docs/model-format.md (the one the engine's executor implements). The
+//   tests use it to prove that batched rows equal each row alone.
+
+import ort from 'onnxruntime-node'
+import type { InferenceSession, Tensor } from 'onnxruntime-node'
+import { join } from 'node:path'
+import { layerName, readModelConfig, type ModelConfig } from './genai-config'
+
+export interface ReferenceLoadOptions {
+  /** ONNX Runtime intra-op threads; default 1. */
+  intraOpThreads?: number
+}
+
+export class ReferenceModel {
+  private constructor(
+    readonly config: ModelConfig,
+    readonly session: InferenceSession,
+    /** 'gqa' when the model takes no position_ids (GroupQueryAttention, rotary inside), else 'mha'. */
+    readonly attention: 'mha' | 'gqa',
+  ) {}
+
+  static async load(modelDir: string, options: ReferenceLoadOptions = {}): Promise<ReferenceModel> {
+    const config = readModelConfig(modelDir)
+    const session = await ort.InferenceSession.create(join(modelDir, config.filename), {
+      executionProviders: ['cpu'],
+      intraOpNumThreads: options.intraOpThreads ?? 1,
+      interOpNumThreads: 1,
+      executionMode: 'sequential',
+      graphOptimizationLevel: 'all',
+      extra: { session: { intra_op: { allow_spinning: '0' }, inter_op: { allow_spinning: '0' } } },
+    })
+    return new ReferenceModel(config, session, config.positionIds ? 'mha' : 'gqa')
+  }
+
+  /** Past tensors of length 0 for a batch. */
+  emptyPast(batch: number): Record<string, Tensor> {
+    const c = this.config
+    const feeds: Record<string, Tensor> = {}
+    for (let l = 0; l < c.numLayers; l++) {
+      const dims = [batch, c.numKvHeads, 0, c.headSize]
+      feeds[layerName(c.pastKeyNames, l)] = new ort.Tensor('float32', new Float32Array(0), dims)
+      feeds[layerName(c.pastValueNames, l)] = new ort.Tensor('float32', new Float32Array(0), dims)
+    }
+    return feeds
+  }
+
+  async run(feeds: Record<string, Tensor>): Promise<Record<string, Tensor>> {
+    return this.session.run(feeds)
+  }
+
+  async release(): Promise<void> {
+    await this.session.release()
+  }
+}
+
+export interface GenerateOptions {
+  greedy?: true
+  /** Keep going after an EOS token (default false: stop after emitting it). */
+  ignoreEos?: boolean
+  /** Called with each new token as soon as it is known. */
+  onToken?: (token: number, index: number) => void
+  /** Chooses the next token from the last position's logits; default greedy (lowest id on ties). */
+  pick?: (logits: Float32Array) => number
+}
+
+/** Index of the largest value; the lowest index wins ties. */
+export function argmax(values: ArrayLike<number>, start = 0, end = values.length): number {
+  let best = start
+  let bestValue = values[start]!
+  for (let i = start + 1; i < end; i++) {
+    if (values[i]! > bestValue) {
+      bestValue = values[i]!
+      best = i
+    }
+  }
+  return best - start
+}
+
+const i64 = (values: number[], dims: number[]) => new ort.Tensor('int64', BigInt64Array.from(values, BigInt), dims)
+
+/**
+ * The plain single-request loop: prefill the whole prompt in one run (batch 1, empty past), then
+ * one run per new token with the previous present as past and an all-ones attention mask.
+ */
+export async function naiveGenerate(
+  model: ReferenceModel,
+  promptTokens: ArrayLike<number>,
+  maxNewTokens: number,
+  options: GenerateOptions = {},
+): Promise<number[]> {
+  const c = model.config
+  const prompt = Array.from(promptTokens)
+  if (prompt.length === 0) throw new Error('the prompt must have at least one token')
+  if (prompt.length + maxNewTokens > c.contextLength) throw new Error('prompt + new tokens exceed the context length')
+  const pick = options.pick ?? ((logits: Float32Array) => argmax(logits))
+  const out: number[] = []
+  let past = model.emptyPast(1)
+  let pastLen = 0
+  let input = prompt
+  while (out.length < maxNewTokens) {
+    const S = input.length
+    const feeds: Record<string, Tensor> = { ...past }
+    feeds[c.inputIds] = i64(input, [1, S])
+    feeds[c.attentionMask] = i64(new Array(pastLen + S).fill(1), [1, pastLen + S])
+    if (c.positionIds) feeds[c.positionIds] = i64(Array.from({ length: S }, (_, j) => pastLen + j), [1, S])
+    const result = await model.run(feeds)
+    const logits = result[c.logits]!.data as Float32Array
+    const V = c.vocabSize
+    const token = pick(logits.subarray((S - 1) * V, S * V))
+    for (const t of Object.values(past)) t.dispose()
+    past = {}
+    for (let l = 0; l < c.numLayers; l++) {
+      past[layerName(c.pastKeyNames, l)] = result[layerName(c.presentKeyNames, l)]!
+      past[layerName(c.pastValueNames, l)] = result[layerName(c.presentValueNames, l)]!
+    }
+    result[c.logits]!.dispose()
+    pastLen += S
+    out.push(token)
+    options.onToken?.(token, out.length - 1)
+    if (!options.ignoreEos && c.eosTokenIds.includes(token)) break
+    input = [token]
+  }
+  for (const t of Object.values(past)) t.dispose()
+  return out
+}
+
+/** Loads `modelDir`, runs naiveGenerate greedily, releases the session. */
+export async function referenceGenerate(
+  modelDir: string,
+  promptTokens: ArrayLike<number>,
+  maxNewTokens: number,
+  options: GenerateOptions & ReferenceLoadOptions = {},
+): Promise<number[]> {
+  const model = await ReferenceModel.load(modelDir, options)
+  try {
+    return await naiveGenerate(model, promptTokens, maxNewTokens, options)
+  } finally {
+    await model.release()
+  }
+}
+
+/** One sequence's KV cache, per layer [num_kv_heads, length, head_size] (contiguous). */
+export interface KvCache {
+  length: number
+  keys: Float32Array[]
+  values: Float32Array[]
+}
+
+export function emptyCache(config: ModelConfig): KvCache {
+  return {
+    length: 0,
+    keys: Array.from({ length: config.numLayers }, () => new Float32Array(0)),
+    values: Array.from({ length: config.numLayers }, () => new Float32Array(0)),
+  }
+}
+
+export interface BatchRow {
+  cache: KvCache
+  /** New tokens of this row (at least one). */
+  tokens: number[]
+}
+
+export interface BatchRowResult {
+  /** Logits of each new token, [tokens.length][vocab]. */
+  logits: Float32Array[]
+  /** The row's cache extended with the new tokens' keys and values. */
+  cache: KvCache
+}
+
+/**
+ * Runs several rows in one invocation with the padding contract of docs/model-format.md:
+ * P = longest past, S = most new tokens; past right-padded to P with zeros; new tokens
+ * right-padded to S with pad_token_id; attention_mask [B, P + S] = 1 on the row's past
+ * [0, past) and on its new tokens [P, P + n), 0 elsewhere; position_ids = past + j.
+ * New keys/values are read back from present at P + j ('mha': present = [past ; new]) or at
+ * past + j ('gqa': GroupQueryAttention writes each row at its own past length).
+ */
+export async function forwardBatch(model: ReferenceModel, rows: BatchRow[]): Promise<BatchRowResult[]> {
+  const c = model.config
+  const B = rows.length
+  const P = Math.max(...rows.map((r) => r.cache.length))
+  const S = Math.max(...rows.map((r) => r.tokens.length))
+  const T = P + S
+  const { numKvHeads: KH, headSize: D, vocabSize: V } = c
+  if (model.attention === 'gqa' && S > 1 && P > 0 && B > 1) {
+    throw new Error('GroupQueryAttention: rows with past context and more than one new token must run as batch 1')
+  }
+  const ids = new Array<number>(B * S).fill(c.padTokenId)
+  const mask = new Array<number>(B * T).fill(0)
+  const pos = new Array<number>(B * S).fill(0)
+  rows.forEach((r, b) => {
+    if (r.tokens.length === 0) throw new Error('every row needs at least one new token')
+    for (let i = 0; i < r.cache.length; i++) mask[b * T + i] = 1
+    r.tokens.forEach((t, j) => {
+      ids[b * S + j] = t
+      mask[b * T + P + j] = 1
+      pos[b * S + j] = r.cache.length + j
+    })
+  })
+  const feeds: Record<string, Tensor> = {
+    [c.inputIds]: i64(ids, [B, S]),
+    [c.attentionMask]: i64(mask, [B, T]),
+  }
+  if (c.positionIds) feeds[c.positionIds] = i64(pos, [B, S])
+  for (let l = 0; l < c.numLayers; l++) {
+    for (const [template, pick] of [
+      [c.pastKeyNames, (r: BatchRow) => r.cache.keys[l]!],
+      [c.pastValueNames, (r: BatchRow) => r.cache.values[l]!],
+    ] as const) {
+      const data = new Float32Array(B * KH * P * D)
+      rows.forEach((r, b) => {
+        const src = pick(r)
+        const len = r.cache.length
+        for (let h = 0; h < KH; h++) {
+          data.set(src.subarray(h * len * D, (h + 1) * len * D), ((b * KH + h) * P) * D)
+        }
+      })
+      feeds[layerName(template, l)] = new ort.Tensor('float32', data, [B, KH, P, D])
+    }
+  }
+  const result = await model.run(feeds)
+  const logits = result[c.logits]!.data as Float32Array
+  const out: BatchRowResult[] = rows.map((r, b) => {
+    const n = r.tokens.length
+    const past = r.cache.length
+    const at = model.attention === 'mha' ? P : past
+    const extend = (old: Float32Array, presentTensor: Tensor): Float32Array => {
+      const present = presentTensor.data as Float32Array
+      const width = presentTensor.dims[2]! // P + S for both forms
+      const next = new Float32Array(KH * (past + n) * D)
+      for (let h = 0; h < KH; h++) {
+        next.set(old.subarray(h * past * D, (h + 1) * past * D), h * (past + n) * D)
+        const from = ((b * KH + h) * width + at) * D
+        next.set(present.subarray(from, from + n * D), (h * (past + n) + past) * D)
+      }
+      return next
+    }
+    return {
+      logits: Array.from({ length: n }, (_, j) => logits.slice((b * S + j) * V, (b * S + j + 1) * V)),
+      cache: {
+        length: past + n,
+        keys: r.cache.keys.map((k, l) => extend(k, result[layerName(c.presentKeyNames, l)]!)),
+        values: r.cache.values.map((v, l) => extend(v, result[layerName(c.presentValueNames, l)]!)),
+      },
+    }
+  })
+  for (const t of Object.values(result)) t.dispose()
+  return out
+}

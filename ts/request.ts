@@ -1,0 +1,138 @@
+// A Request: one sequence in the engine (its KV stays resident between turns) and its turns.
+//
+// The engine tracks requests only through WeakRefs; a Request the program drops without close()
+// is collected, and a FinalizationRegistry tells the core (abandonRequest), which reclaims it at
+// its next owner boundary. A Request holds its current Turn, and a Turn holds its Request, so a
+// program may keep either.
+
+import { OrtexError } from './errors'
+import type { Engine } from './engine'
+import { Turn, TurnState } from './turn'
+import type { RequestState, TurnOptions } from './types'
+import * as v from './validate'
+
+const STATES: readonly RequestState[] = ['created', 'queued', 'active', 'turn-complete', 'closed']
+
+/** The FinalizationRegistry's held value: what the engine needs once the Request is gone. It
+ *  must not point at the Request, or the Request could never be collected. */
+export interface RequestRecord {
+  readonly id: number
+  closed: boolean
+}
+
+export class Request {
+  readonly id: number
+  /** @internal */
+  readonly _engine: Engine
+  /** @internal */
+  readonly _record: RequestRecord
+  /** @internal The latest turn (finished or not). */
+  _turn: Turn | null = null
+  private closedTokenCount = 0
+
+  private constructor(engine: Engine, id: number) {
+    this._engine = engine
+    this.id = id
+    this._record = { id, closed: false }
+  }
+
+  /** @internal */
+  static _create(engine: Engine, id: number): Request {
+    return new Request(engine, id)
+  }
+
+  get state(): RequestState {
+    if (this._record.closed || this._engine._closed) return 'closed'
+    return STATES[this._engine._call(() => this._engine._core.requestState(this.id))] ?? 'closed'
+  }
+
+  /** Every prompt and generated token of this request so far (kept after close). */
+  get tokenCount(): number {
+    if (this._record.closed || this._engine._closed) return this.closedTokenCount
+    return this._engine._call(() => this._engine._core.requestTokenCount(this.id))
+  }
+
+  /** Adds context without starting a turn; a later beginTurn continues after it. */
+  prefill(input: string | ArrayLike<number>): void {
+    const checked = v.input('input', input)
+    this.checkOpen()
+    const tokens = this._engine._inputTokens(checked)
+    this._engine._call(() => this._engine._core.prefill(this.id, tokens))
+    this._engine._wake()
+  }
+
+  beginTurn(input: string | ArrayLike<number>, options?: TurnOptions): Turn {
+    const checkedInput = v.input('input', input)
+    const checked = v.turnOptions('options', v.options('options', options, v.TURN_KEYS))
+    return this._begin(checkedInput, checked, false)
+  }
+
+  /** True only for this request's queued or active turn. */
+  cancelTurn(turnId: number): boolean {
+    v.integer('turnId', turnId)
+    this._engine._checkOpen()
+    const cancelled = this._engine._call(() => this._engine._core.cancelTurn(this.id, turnId))
+    if (cancelled) this._engine._wake()
+    return cancelled
+  }
+
+  /** Idempotent, also after Engine.close(). A pending turn's `done` resolves 'cancelled'. */
+  close(): void {
+    if (this._record.closed) return
+    if (this._engine._closed) {
+      this._closeForEngine()
+      return
+    }
+    try {
+      this.closedTokenCount = this._engine._core.requestTokenCount(this.id)
+    } catch {
+      // The count is informative only.
+    }
+    // Closed first: finishing the turn may call back into close() (a generate() turn).
+    this._record.closed = true
+    this._turn?._state.finish('cancelled', 'none', null)
+    try {
+      this._engine._core.closeRequest(this.id)
+    } catch {
+      // Closing never fails for a request this engine made; nothing useful to report if it did.
+    }
+    this._engine._requestClosed(this)
+  }
+
+  // ---------------------------------------------------------------------------------------------
+  // Internal
+  // ---------------------------------------------------------------------------------------------
+
+  /** @internal beginTurn after validation; `owned`: engine.generate closes the request when
+   *  the turn finishes. */
+  _begin(input: string | Int32Array, checked: v.CheckedTurnOptions, owned: boolean): Turn {
+    this._engine._checkUsable()
+    this.checkOpen()
+    const tokens = this._engine._inputTokens(input)
+    const optionsJson = JSON.stringify(checked.json)
+    const turnId = this._engine._call(() => this._engine._core.beginTurn(this.id, tokens, optionsJson))
+    const state = new TurnState(this._engine, this.id, turnId, tokens.length, checked.stop, owned ? this : null)
+    const turn = Turn._create(this, state)
+    this._turn = turn
+    this._engine._turnBegun(state, this)
+    if (checked.signal !== null) state.attachSignal(checked.signal)
+    return turn
+  }
+
+  /** @internal The engine is closing: no core call (the core closes every request itself). */
+  _closeForEngine(): void {
+    if (this._record.closed) return
+    try {
+      this.closedTokenCount = this._engine._core.requestTokenCount(this.id)
+    } catch {
+      // As in close().
+    }
+    this._record.closed = true
+    this._turn?._state.finish('cancelled', 'none', null)
+  }
+
+  private checkOpen(): void {
+    this._engine._checkOpen()
+    if (this._record.closed) throw new OrtexError('REQUEST_CLOSED', `request ${this.id} is closed`)
+  }
+}

@@ -1,0 +1,159 @@
+// The public option, configuration and result shapes (docs/api.md). Every option is optional, and
+// an option set to `undefined` counts as absent. Option objects are checked strictly: an unknown
+// key (a misspelling such as `maxTokens`) throws INVALID_ARGUMENT naming it, because a silently
+// ignored option is a trap; see validate.ts.
+
+export type Batching = 'dynamic' | 'static'
+export type BackendKind = 'native' | 'wasm'
+
+export interface EngineOptions {
+  /** Default 'dynamic' (continuous batching). */
+  batching?: Batching
+  /** Tokens per KV block; default 16. */
+  blockSize?: number
+  /** KV pool size; default maxBatchSize * ceil(maxLength / blockSize). */
+  numBlocks?: number
+  /** Rows per step; default 16. */
+  maxBatchSize?: number
+  /** Token budget per step (chunked prefill falls out of it); default 512. */
+  maxScheduledTokens?: number
+  /** Most prompt tokens one request may prefill in one step; default: the step budget. */
+  prefillChunkSize?: number
+  /** Addition: steps a waiting prefill may go without progress before it is scheduled ahead of
+   *  decodes; default 4. */
+  maxPrefillWaitSteps?: number
+  /** Addition: most requests alive at once; default 65536. */
+  maxRequests?: number
+  executionProvider?: 'cpu' | 'cuda'
+  intraOpThreads?: number
+}
+
+/** Injected failures of the simulated model, for simulation tests. Step numbers count every
+ *  executed transaction from 0. */
+export interface SimulatedFaults {
+  /** Transactions that fail retryably (an engine-level Retryable event; nothing is lost). */
+  retryableSteps?: number[]
+  /** Transactions that fail fatally (an engine-level Failed event; the engine becomes unhealthy). */
+  fatalSteps?: number[]
+  /** Transactions that report execution capacity exceeded (engine-level CapacityBlocked). */
+  capacitySteps?: number[]
+  /** Chance per transaction of each failure kind, decided by a hash of (faults.seed, step). */
+  retryableRate?: number
+  capacityRate?: number
+  fatalRate?: number
+  seed?: number
+}
+
+export interface SimulatedOptions extends EngineOptions {
+  /** Default 0; drives the simulated logits and EOS decisions. */
+  seed?: number
+  /** Default 32000. */
+  vocabSize?: number
+  /** Default 2. */
+  eosTokenId?: number
+  /** Default 2048. */
+  maxLength?: number
+  /** Chance per generated token of ending naturally; default 0. */
+  eosProbability?: number
+  faults?: SimulatedFaults
+  /** Addition: virtual cost of one step and of one token, summed in `stats().virtualTimeUs`
+   *  (nothing sleeps). */
+  stepCostUs?: number
+  tokenCostUs?: number
+}
+
+export interface RequestOptions {
+  /** 0 / absent = the model's maxLength; above maxLength throws INVALID_ARGUMENT. */
+  maxSessionTokens?: number
+}
+
+export interface TurnOptions {
+  /** 0 / absent = until the session limit. */
+  maxGeneratedTokens?: number
+  /** Absent (or 0) = greedy. */
+  temperature?: number
+  topK?: number
+  topP?: number
+  /** Sampler seed; unseeded sampled turns derive one from (engine seed, request id, turn id). */
+  seed?: number
+  /** Keep generating past EOS. */
+  ignoreEos?: boolean
+  /** Token sequences that end the turn with finishReason 'stop' (matched by the core). */
+  stopTokenIds?: number[][]
+  /** Strings that end the turn with finishReason 'stop' (matched by the facade in the streamed
+   *  text; the text is cut before the stop string). */
+  stop?: string[]
+  /** Aborting cancels the turn. */
+  signal?: AbortSignal
+}
+
+export type GenerateOptions = TurnOptions & RequestOptions
+
+export interface EngineConfig {
+  batching: Batching
+  blockSize: number
+  numBlocks: number
+  maxBatchSize: number
+  maxScheduledTokens: number
+  prefillChunkSize: number
+  maxPrefillWaitSteps: number
+  maxRequests: number
+  vocabSize: number
+  eosTokenIds: number[]
+  maxLength: number
+}
+
+export interface EngineStats {
+  totalBlocks: number
+  /** Blocks held only by a prefix cache count as free. */
+  freeBlocks: number
+  activeRequests: number
+  pendingTurns: number
+  retainedEvents: number
+  steps: number
+  promptTokens: number
+  generatedTokens: number
+  /** Addition: the simulated model's virtual time (0 for real models). */
+  virtualTimeUs: number
+}
+
+export type RequestState = 'created' | 'queued' | 'active' | 'turn-complete' | 'closed'
+
+export type FinishReason =
+  | 'none'
+  | 'eos'
+  | 'stop'
+  | 'max-generated-tokens'
+  | 'max-session-tokens'
+  | 'cancelled'
+  | 'failed'
+
+export type EventErrorCode =
+  | 'none'
+  | 'capacity-deferred'
+  | 'execution-capacity-exceeded'
+  | 'retryable-execution'
+  | 'request-unserviceable'
+  | 'engine-contract-failure'
+  | 'engine-execution-failure'
+
+export interface TurnUsage {
+  /** This turn's new input only. */
+  promptTokens: number
+  generatedTokens: number
+  /** Prompt tokens served from a shared prefix; 0 without prefix sharing. */
+  cachedPromptTokens: number
+}
+
+export interface TurnChunk {
+  token: number
+  text: string
+}
+
+export interface TurnResult {
+  finishReason: FinishReason
+  errorCode: EventErrorCode
+  usage: TurnUsage
+  tokens: Int32Array
+  text: string
+}

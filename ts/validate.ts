@@ -1,0 +1,396 @@
+// Argument validation. Every public call checks its arguments here before anything reaches a
+// binding, so a wrong call throws OrtexError('INVALID_ARGUMENT') with a message that names the
+// argument, and the bindings only ever see the types they declare.
+//
+// Rules:
+// - Counts and ids are integers in [0, 2^31 - 1] (seeds up to Number.MAX_SAFE_INTEGER): NaN,
+//   Infinity, negatives, fractions, strings and bigints are refused.
+// - An option set to `undefined` counts as absent (api.md). `null` is a value, and a wrong one.
+// - Option objects are checked strictly: an own key this version does not know throws
+//   INVALID_ARGUMENT naming the key. Ignoring unknown keys would be friendlier to code written for
+//   a later version, but a misspelled option (`maxTokens`, `top_k`) silently ignored is a trap
+//   that costs far more; the core refuses unknown JSON fields for the same reason.
+
+import { invalidArgument } from './errors'
+import type {
+  EngineOptions,
+  RequestOptions,
+  SimulatedFaults,
+  SimulatedOptions,
+  TurnOptions,
+} from './types'
+
+export const MAX_INT32 = 2 ** 31 - 1
+/** Largest EventBuffer capacity. */
+export const MAX_EVENT_CAPACITY = 65_536
+/** Most stop strings / stop token sequences per turn. */
+export const MAX_STOP_ENTRIES = 1024
+
+/** INVALID_ARGUMENT for argument `name`: "`name` `what`". */
+export function invalidArgumentFor(name: string, what: string): ReturnType<typeof invalidArgument> {
+  return invalidArgument(`${name} ${what}`)
+}
+
+export function describe(value: unknown): string {
+  if (value === null) return 'null'
+  if (value === undefined) return 'undefined'
+  if (typeof value === 'number') return Number.isNaN(value) ? 'NaN' : String(value)
+  if (typeof value === 'string') return value.length > 40 ? `a string of ${value.length} chars` : JSON.stringify(value)
+  if (typeof value === 'bigint') return `${value}n`
+  if (Array.isArray(value)) return 'an array'
+  if (ArrayBuffer.isView(value)) return `a ${value.constructor.name}`
+  if (typeof value === 'function') return 'a function'
+  if (typeof value === 'object') return 'an object'
+  return typeof value
+}
+
+/** An integer in [min, max]. */
+export function integer(name: string, value: unknown, min = 0, max = MAX_INT32): number {
+  if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > max) {
+    throw invalidArgument(`${name} must be an integer in [${min}, ${max}], got ${describe(value)}`)
+  }
+  return value
+}
+
+/** A seed: an integer in [0, Number.MAX_SAFE_INTEGER]. */
+export function seed(name: string, value: unknown): number {
+  return integer(name, value, 0, Number.MAX_SAFE_INTEGER)
+}
+
+/** A finite number in [min, max], or (min, max] when minExclusive. */
+export function finite(name: string, value: unknown, min: number, max: number, minExclusive = false): number {
+  const ok = typeof value === 'number' && Number.isFinite(value) && (minExclusive ? value > min : value >= min) && value <= max
+  if (!ok) {
+    const range = `${minExclusive ? '(' : '['}${min}, ${max === Number.MAX_VALUE ? 'inf)' : `${max}]`}`
+    throw invalidArgument(`${name} must be a finite number in ${range}, got ${describe(value)}`)
+  }
+  return value as number
+}
+
+export function boolean(name: string, value: unknown): boolean {
+  if (typeof value !== 'boolean') throw invalidArgument(`${name} must be a boolean, got ${describe(value)}`)
+  return value
+}
+
+export function string(name: string, value: unknown): string {
+  if (typeof value !== 'string') throw invalidArgument(`${name} must be a string, got ${describe(value)}`)
+  return value
+}
+
+export function oneOf<T extends string>(name: string, value: unknown, allowed: readonly T[]): T {
+  if (typeof value !== 'string' || !(allowed as readonly string[]).includes(value)) {
+    throw invalidArgument(`${name} must be one of ${allowed.map((a) => `'${a}'`).join(', ')}, got ${describe(value)}`)
+  }
+  return value as T
+}
+
+/**
+ * Checks an options object and returns its own keys whose value is not undefined. `undefined`
+ * for the whole object means no options. Throws on a non-object and on an unknown key.
+ */
+export function options(name: string, value: unknown, known: readonly string[]): Map<string, unknown> {
+  const present = new Map<string, unknown>()
+  if (value === undefined) return present
+  if (typeof value !== 'object' || value === null || Array.isArray(value) || ArrayBuffer.isView(value)) {
+    throw invalidArgument(`${name} must be an object, got ${describe(value)}`)
+  }
+  for (const key of Object.keys(value)) {
+    const v = (value as Record<string, unknown>)[key]
+    if (v === undefined) continue
+    if (!known.includes(key)) {
+      throw invalidArgument(`${name} has an unknown option "${key}" (known: ${known.join(', ')})`)
+    }
+    present.set(key, v)
+  }
+  return present
+}
+
+/**
+ * A token sequence: an array of integers, a typed array, or another array-like of numbers (not a
+ * string). Returns an Int32Array (the Int32Array itself when given one: the bindings copy it).
+ * Range against the vocabulary is the core's check.
+ */
+export function tokens(name: string, value: unknown): Int32Array {
+  if (value instanceof Int32Array) return value
+  if (typeof value !== 'object' || value === null || typeof value === 'function') {
+    throw invalidArgument(`${name} must be an array of token ids, got ${describe(value)}`)
+  }
+  if (value instanceof BigInt64Array || value instanceof BigUint64Array) {
+    throw invalidArgument(`${name} must hold numbers, got a ${value.constructor.name}`)
+  }
+  if (ArrayBuffer.isView(value) && !('length' in value)) {
+    throw invalidArgument(`${name} must be an array of token ids, got a DataView`)
+  }
+  const length = (value as { length?: unknown }).length
+  if (typeof length !== 'number' || !Number.isInteger(length) || length < 0 || length > MAX_INT32) {
+    throw invalidArgument(`${name} must be an array of token ids, got ${describe(value)}`)
+  }
+  const out = new Int32Array(length)
+  const items = value as ArrayLike<unknown>
+  for (let i = 0; i < length; i++) {
+    const t = items[i]
+    if (typeof t !== 'number' || !Number.isInteger(t) || t < 0 || t > MAX_INT32) {
+      throw invalidArgument(`${name}[${i}] must be a token id (an integer in [0, ${MAX_INT32}]), got ${describe(t)}`)
+    }
+    out[i] = t
+  }
+  return out
+}
+
+/** Input of prefill / beginTurn / generate: text or token ids. Text is returned as is. */
+export function input(name: string, value: unknown): string | Int32Array {
+  if (typeof value === 'string') return value
+  return tokens(name, value)
+}
+
+export function capacity(name: string, value: unknown): number {
+  return integer(name, value, 0, MAX_EVENT_CAPACITY)
+}
+
+/** An AbortSignal (or anything shaped like one: `aborted` plus add/removeEventListener). */
+export function signal(name: string, value: unknown): AbortSignal {
+  const s = value as Partial<AbortSignal> | null
+  if (
+    typeof s !== 'object' ||
+    s === null ||
+    typeof s.aborted !== 'boolean' ||
+    typeof s.addEventListener !== 'function' ||
+    typeof s.removeEventListener !== 'function'
+  ) {
+    throw invalidArgument(`${name} must be an AbortSignal, got ${describe(value)}`)
+  }
+  return s as AbortSignal
+}
+
+// -----------------------------------------------------------------------------------------------
+// Option objects. Each returns the JSON object the core accepts (camelCase; the core refuses
+// unknown fields), built only from validated values.
+// -----------------------------------------------------------------------------------------------
+
+const ENGINE_KEYS = [
+  'batching',
+  'blockSize',
+  'numBlocks',
+  'maxBatchSize',
+  'maxScheduledTokens',
+  'prefillChunkSize',
+  'maxPrefillWaitSteps',
+  'maxRequests',
+  'executionProvider',
+  'intraOpThreads',
+] as const satisfies readonly (keyof EngineOptions)[]
+
+const SIM_KEYS = [
+  ...ENGINE_KEYS,
+  'seed',
+  'vocabSize',
+  'eosTokenId',
+  'maxLength',
+  'eosProbability',
+  'faults',
+  'stepCostUs',
+  'tokenCostUs',
+] as const satisfies readonly (keyof SimulatedOptions)[]
+
+const FAULT_KEYS = [
+  'retryableSteps',
+  'fatalSteps',
+  'capacitySteps',
+  'retryableRate',
+  'capacityRate',
+  'fatalRate',
+  'seed',
+] as const satisfies readonly (keyof SimulatedFaults)[]
+
+export const REQUEST_KEYS = ['maxSessionTokens'] as const satisfies readonly (keyof RequestOptions)[]
+
+export const TURN_KEYS = [
+  'maxGeneratedTokens',
+  'temperature',
+  'topK',
+  'topP',
+  'seed',
+  'ignoreEos',
+  'stopTokenIds',
+  'stop',
+  'signal',
+] as const satisfies readonly (keyof TurnOptions)[]
+
+type Json = Record<string, unknown>
+
+/** Engine options common to every model. `forSimulated` drops the ONNX Runtime settings, which
+ *  mean nothing to the simulated model (and which its core options do not have). */
+function engineFields(name: string, present: Map<string, unknown>, json: Json, forSimulated: boolean): void {
+  for (const [key, value] of present) {
+    const arg = `${name}.${key}`
+    switch (key) {
+      case 'batching':
+        json[key] = oneOf(arg, value, ['dynamic', 'static'])
+        break
+      case 'blockSize':
+      case 'numBlocks':
+      case 'maxBatchSize':
+      case 'maxScheduledTokens':
+      case 'prefillChunkSize':
+      case 'maxRequests':
+        json[key] = integer(arg, value, 1)
+        break
+      case 'maxPrefillWaitSteps':
+        json[key] = integer(arg, value, 0)
+        break
+      case 'executionProvider': {
+        const provider = oneOf(arg, value, ['cpu', 'cuda'])
+        if (!forSimulated) json[key] = provider
+        break
+      }
+      case 'intraOpThreads': {
+        const threads = integer(arg, value, 0, 1024)
+        if (!forSimulated) json[key] = threads
+        break
+      }
+    }
+  }
+}
+
+export function engineOptions(name: string, value: unknown): Json {
+  const json: Json = {}
+  engineFields(name, options(name, value, ENGINE_KEYS), json, false)
+  return json
+}
+
+function stepList(name: string, value: unknown): number[] {
+  if (!Array.isArray(value)) throw invalidArgument(`${name} must be an array of step numbers, got ${describe(value)}`)
+  if (value.length > 1_000_000) throw invalidArgument(`${name} holds at most 1000000 steps`)
+  return value.map((v, i) => seed(`${name}[${i}]`, v))
+}
+
+function faults(name: string, value: unknown): Json {
+  const json: Json = {}
+  for (const [key, v] of options(name, value, FAULT_KEYS)) {
+    const arg = `${name}.${key}`
+    switch (key) {
+      case 'retryableSteps':
+      case 'fatalSteps':
+      case 'capacitySteps':
+        json[key] = stepList(arg, v)
+        break
+      case 'retryableRate':
+      case 'capacityRate':
+      case 'fatalRate':
+        json[key] = finite(arg, v, 0, 1)
+        break
+      case 'seed':
+        json[key] = seed(arg, v)
+        break
+    }
+  }
+  return json
+}
+
+export function simulatedOptions(name: string, value: unknown): Json {
+  const present = options(name, value, SIM_KEYS)
+  const json: Json = {}
+  const engine = new Map<string, unknown>()
+  for (const [key, v] of present) {
+    const arg = `${name}.${key}`
+    switch (key) {
+      case 'seed':
+        json[key] = seed(arg, v)
+        break
+      case 'vocabSize':
+        json[key] = integer(arg, v, 2)
+        break
+      case 'eosTokenId':
+        json[key] = integer(arg, v, 0)
+        break
+      case 'maxLength':
+        json[key] = integer(arg, v, 1)
+        break
+      case 'eosProbability':
+        json[key] = finite(arg, v, 0, 1)
+        break
+      case 'faults':
+        json[key] = faults(arg, v)
+        break
+      case 'stepCostUs':
+      case 'tokenCostUs':
+        json[key] = seed(arg, v)
+        break
+      default:
+        engine.set(key, v)
+    }
+  }
+  engineFields(name, engine, json, true)
+  return json
+}
+
+export function requestOptions(name: string, present: Map<string, unknown>): Json {
+  const json: Json = {}
+  const value = present.get('maxSessionTokens')
+  if (value !== undefined) json.maxSessionTokens = integer(`${name}.maxSessionTokens`, value)
+  return json
+}
+
+export interface CheckedTurnOptions {
+  /** TurnOptions as the core takes them (without stop / signal). */
+  json: Json
+  stop: string[] | null
+  signal: AbortSignal | null
+}
+
+function stopTokenIds(name: string, value: unknown): number[][] {
+  if (!Array.isArray(value)) throw invalidArgument(`${name} must be an array of token id arrays, got ${describe(value)}`)
+  if (value.length > MAX_STOP_ENTRIES) throw invalidArgument(`${name} holds at most ${MAX_STOP_ENTRIES} sequences`)
+  return value.map((sequence, i) => {
+    const ids = tokens(`${name}[${i}]`, sequence)
+    if (ids.length === 0) throw invalidArgument(`${name}[${i}] is empty`)
+    return Array.from(ids)
+  })
+}
+
+function stopStrings(name: string, value: unknown): string[] | null {
+  if (!Array.isArray(value)) throw invalidArgument(`${name} must be an array of strings, got ${describe(value)}`)
+  if (value.length > MAX_STOP_ENTRIES) throw invalidArgument(`${name} holds at most ${MAX_STOP_ENTRIES} strings`)
+  const out = value.map((s, i) => {
+    if (typeof s !== 'string' || s.length === 0) {
+      throw invalidArgument(`${name}[${i}] must be a non-empty string, got ${describe(s)}`)
+    }
+    return s
+  })
+  return out.length > 0 ? out : null
+}
+
+export function turnOptions(name: string, present: Map<string, unknown>): CheckedTurnOptions {
+  const checked: CheckedTurnOptions = { json: {}, stop: null, signal: null }
+  for (const [key, value] of present) {
+    const arg = `${name}.${key}`
+    switch (key) {
+      case 'maxGeneratedTokens':
+      case 'topK':
+        checked.json[key] = integer(arg, value)
+        break
+      case 'temperature':
+        checked.json[key] = finite(arg, value, 0, Number.MAX_VALUE)
+        break
+      case 'topP':
+        checked.json[key] = finite(arg, value, 0, 1, true)
+        break
+      case 'seed':
+        checked.json[key] = seed(arg, value)
+        break
+      case 'ignoreEos':
+        checked.json[key] = boolean(arg, value)
+        break
+      case 'stopTokenIds':
+        checked.json[key] = stopTokenIds(arg, value)
+        break
+      case 'stop':
+        checked.stop = stopStrings(arg, value)
+        break
+      case 'signal':
+        checked.signal = signal(arg, value)
+        break
+    }
+  }
+  return checked
+}

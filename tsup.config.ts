@@ -1,0 +1,60 @@
+// Builds the TypeScript facade into dist/.
+//
+// One implementation serves both module systems, so `ortex` imported as ESM and required as
+// CommonJS share every class (one OrtexError, one Request): no dual-package hazard.
+// - The code is built once, as CommonJS (dist/index.js, dist/wasm.js, dist/cli.js), with code
+//   splitting so the two entry points and the CLI share one chunk.
+// - dist/index.mjs and dist/wasm.mjs are small ESM wrappers that re-export the CommonJS build;
+//   they are written after the build from the CommonJS modules' own export lists.
+// - Types: .d.ts for `require`, .d.mts for `import`.
+// Outputs stay flat in dist/, which the backends rely on to find native/ and wasm-pkg/ at the
+// package root (ts/backend.ts).
+import { rmSync, writeFileSync } from 'node:fs'
+import { createRequire } from 'node:module'
+import path from 'node:path'
+import { defineConfig } from 'tsup'
+
+const ENTRY_POINTS = { index: 'ts/index.ts', wasm: 'ts/wasm.ts' }
+const dist = path.resolve('dist')
+
+// The configurations below build in parallel, so neither cleans; this runs once, before both.
+rmSync(dist, { recursive: true, force: true })
+
+function writeEsmWrappers(): void {
+  const require = createRequire(path.join(dist, 'index.js'))
+  for (const name of Object.keys(ENTRY_POINTS)) {
+    const file = path.join(dist, `${name}.js`)
+    delete require.cache[file]
+    const names = Object.keys(require(file) as object).filter((n) => n !== '__esModule' && n !== 'default')
+    const source =
+      `// ESM entry point: re-exports the CommonJS build, so both module systems share one copy.\n` +
+      `import cjs from './${name}.js'\n` +
+      `export const { ${names.join(', ')} } = cjs\n`
+    writeFileSync(path.join(dist, `${name}.mjs`), source)
+  }
+}
+
+export default defineConfig([
+  {
+    entry: { ...ENTRY_POINTS, cli: 'ts/cli.ts' },
+    format: ['cjs'],
+    outDir: 'dist',
+    target: 'node20',
+    platform: 'node',
+    splitting: true,
+    shims: true,
+    dts: { entry: ENTRY_POINTS },
+    sourcemap: true,
+    clean: false,
+    onSuccess: async () => writeEsmWrappers(),
+  },
+  {
+    entry: ENTRY_POINTS,
+    format: ['esm'],
+    outDir: 'dist',
+    target: 'node20',
+    platform: 'node',
+    dts: { entry: ENTRY_POINTS, only: true },
+    clean: false,
+  },
+])

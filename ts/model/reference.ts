@@ -185,6 +185,7 @@ export interface BatchRowResult {
 export async function forwardBatch(model: ReferenceModel, rows: BatchRow[]): Promise<BatchRowResult[]> {
   const c = model.config
   const B = rows.length
+  if (B === 0) throw new Error('forwardBatch needs at least one row')
   const P = Math.max(...rows.map((r) => r.cache.length))
   const S = Math.max(...rows.map((r) => r.tokens.length))
   const T = P + S

@@ -47,6 +47,16 @@ interface EngineInit {
 
 function noop(): void {}
 
+/**
+ * One registry for every engine, never collected: Node 20's V8 stops running FinalizationRegistry
+ * cleanups for good once a registry is collected while one of its cleanups is queued, so a
+ * registry per engine could silently end reclamation in the whole process. The held value points
+ * at the engine weakly, so the registry keeps no engine alive.
+ */
+const REQUEST_REGISTRY = new FinalizationRegistry<{ engine: WeakRef<Engine>; record: RequestRecord }>(
+  ({ engine, record }) => engine.deref()?._onRequestCollected(record),
+)
+
 export class Engine implements EventOwner {
   /** @internal The backend of this entry point's Engine class (set by the subclass). */
   static _backend: Backend | null = null
@@ -90,9 +100,10 @@ export class Engine implements EventOwner {
   private readonly backendImpl: Backend
   /** Every Request the program may still hold, by id. Weak: the facade never keeps one alive. */
   private readonly requests = new Map<number, WeakRef<Request>>()
+  /** Collected by the first garbage collection after it is made; see dropEventsOfCollectedRequests. */
+  private gcSentinel = new WeakRef({})
   /** The unfinished turn of each request, by request id: where run() routes events. */
   private readonly turns = new Map<number, TurnState>()
-  private readonly registry: FinalizationRegistry<RequestRecord>
   private readonly driver: Driver
   private driverBuffer: EventBuffer | null = null
   /** The last run() in the queue; run() calls execute one after another. */
@@ -109,7 +120,6 @@ export class Engine implements EventOwner {
     this.backendImpl = backend
     this.backend = backend.kind
     this.config = Object.freeze(parseConfig(core.configJson()))
-    this.registry = new FinalizationRegistry((record) => this.onRequestCollected(record))
     const host: DriverHost = {
       _driveOnce: () => this.driveOnce(),
       _hasWorkQuietly: () => this.hasWorkQuietly(),
@@ -147,7 +157,8 @@ export class Engine implements EventOwner {
     if (this.runsQueued > 0) {
       throw new OrtexError('RUN_IN_PROGRESS', 'a run() of this engine has not finished yet; await it first')
     }
-    const count = this._call(() => this._core.runSync(buffer._words, buffer.capacity))
+    const written = this._call(() => this._core.runSync(buffer._words, buffer.capacity))
+    const count = this.dropEventsOfCollectedRequests(buffer._words, written)
     buffer._count = count
     this.route(buffer._words, count)
     return count
@@ -175,6 +186,7 @@ export class Engine implements EventOwner {
       virtualTimeUs: raw.virtualTimeUs ?? 0,
     }
   }
+
 
   tokenize(text: string): Int32Array {
     v.string('text', text)
@@ -353,11 +365,12 @@ export class Engine implements EventOwner {
     this.requests.set(id, new WeakRef(request))
     // The record, not the Request, is the held value; it stays registered after close() so the
     // map entry goes when the Request does (events read after a close still name it).
-    this.registry.register(request, request._record)
+    REQUEST_REGISTRY.register(request, { engine: new WeakRef(this), record: request._record })
     return request
   }
 
-  private onRequestCollected(record: RequestRecord): void {
+  /** @internal Called by the shared FinalizationRegistry when a Request of this engine is gone. */
+  _onRequestCollected(record: RequestRecord): void {
     const ref = this.requests.get(record.id)
     if (ref !== undefined && ref.deref() === undefined) this.requests.delete(record.id)
     if (record.closed || this._closed) return
@@ -424,9 +437,48 @@ export class Engine implements EventOwner {
     } catch (error) {
       throw this.convertError(error)
     }
+    count = this.dropEventsOfCollectedRequests(buffer._words, count)
     buffer._count = count
     this.route(buffer._words, count)
     return count
+  }
+
+  /**
+   * Removes, in place, the events of requests the program dropped and the garbage collector took
+   * before the FinalizationRegistry said so: nobody can receive them, and an event whose request
+   * reads as null would pass for an engine-level one. Returns the new count.
+   *
+   * Finding collected requests needs WeakRef.deref(), which keeps a live target alive until the
+   * current job ends; doing it on every run would keep a dropped Request alive forever in a loop
+   * that collects garbage right after each run. So requests are swept only when a garbage
+   * collection has happened since the last sweep, which a weakly held sentinel object tells.
+   */
+  private dropEventsOfCollectedRequests(words: Int32Array, count: number): number {
+    if (this.gcSentinel.deref() === undefined) {
+      for (const [id, ref] of this.requests) {
+        if (ref.deref() === undefined) this.abandonCollected(id)
+      }
+      this.gcSentinel = new WeakRef({})
+    }
+    let kept = 0
+    for (let i = 0; i < count; i++) {
+      const base = i * EVENT_STRIDE
+      const requestId = words[base + W.request]!
+      if (requestId !== 0 && !this.requests.has(requestId)) continue
+      if (kept !== i) words.copyWithin(kept * EVENT_STRIDE, base, base + EVENT_STRIDE)
+      kept++
+    }
+    return kept
+  }
+
+  private abandonCollected(requestId: number): void {
+    this.requests.delete(requestId)
+    try {
+      this._core.abandonRequest(requestId)
+    } catch {
+      // An engine that cannot take the note has nothing left to reclaim.
+    }
+    this.turns.get(requestId)?.finish('cancelled', 'none', null)
   }
 
   /**

@@ -541,8 +541,8 @@ fn continuation_turns_reuse_the_resident_kv() {
     let prompt_before = e.stats().prompt_tokens;
     let t2 = e.begin_turn(r, &[6, 7], &turn_opts(r#"{"maxGeneratedTokens":2}"#)).unwrap();
     let ev = run_all(&mut e, 8);
-    // Only the last sampled token and the new input are computed, not the 20-token prompt.
-    assert_eq!(e.stats().prompt_tokens - prompt_before, 3 + 1);
+    // Only the last sampled token and the 2 new input tokens are prefilled, not the 20-token prompt.
+    assert_eq!(e.stats().prompt_tokens - prompt_before, 1 + 2);
     assert_eq!(finish_of(&ev, r, t2)[0].usage, Some((2, 2, 0)));
 }
 

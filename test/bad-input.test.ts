@@ -1,0 +1,317 @@
+// Wrong calls, table-driven, on both backends. Each case asserts the exact OrtexError code (and
+// `instanceof OrtexError`), then proves the engine still works: a short generation succeeds on a
+// fresh request, and the case's own request, if still unused, begins turn 1 (a refused call
+// consumed no turn id). Cases that close or break the engine by design check that close() still
+// works and that a fresh engine works.
+import { afterEach, describe, expect, it } from 'vitest'
+import { BACKENDS, ortex, type BackendName, type OrtexModule } from './helpers/backends'
+import { drain, expectCode, expectCodeAsync, expectRejects, smokeGeneration, type Engine, type EventBuffer, type Request } from './helpers/util'
+
+interface Ctx {
+  mod: OrtexModule
+  engine: Engine
+  /** A second engine (for cross-engine misuse). */
+  other: Engine
+  request: Request
+  buffer: EventBuffer
+}
+
+interface Case {
+  name: string
+  code: string
+  /** Options for ctx.engine (default { seed: 1 }). */
+  engine?: Record<string, unknown>
+  setup?: (ctx: Ctx) => void | Promise<void>
+  call: (ctx: Ctx) => unknown
+  /** The call returns a promise: accept a synchronous throw or a rejection. */
+  async?: 'throw-or-reject' | 'reject'
+  /** The case leaves ctx.engine closed or unhealthy on purpose. */
+  dead?: boolean
+  /** Runs before the smoke generation (to release what the case held on purpose). */
+  beforeSmoke?: (ctx: Ctx) => void
+  /** Only on this backend. */
+  only?: BackendName
+  /** The case may leave the engine driven (start() or generate()): stop() it before the smoke. */
+  driven?: boolean
+}
+
+const any = (v: unknown) => v as any
+
+const cases: Case[] = [
+  // ----- engine options -----
+  { name: 'options: negative blockSize', code: 'INVALID_ARGUMENT', call: ({ mod }) => mod.Engine.simulated({ blockSize: -1 }) },
+  { name: 'options: zero blockSize', code: 'INVALID_ARGUMENT', call: ({ mod }) => mod.Engine.simulated({ blockSize: 0 }) },
+  { name: 'options: fractional blockSize', code: 'INVALID_ARGUMENT', call: ({ mod }) => mod.Engine.simulated({ blockSize: 2.5 }) },
+  { name: 'options: blockSize above its maximum', code: 'INVALID_ARGUMENT', call: ({ mod }) => mod.Engine.simulated({ blockSize: 4097 }) },
+  { name: 'options: NaN numBlocks', code: 'INVALID_ARGUMENT', call: ({ mod }) => mod.Engine.simulated({ numBlocks: NaN }) },
+  { name: 'options: maxBatchSize past 2^31', code: 'INVALID_ARGUMENT', call: ({ mod }) => mod.Engine.simulated({ maxBatchSize: 2 ** 31 }) },
+  { name: 'options: unknown key', code: 'INVALID_ARGUMENT', call: ({ mod }) => mod.Engine.simulated(any({ blocksize: 16 })) },
+  { name: 'options: unknown batching mode', code: 'INVALID_ARGUMENT', call: ({ mod }) => mod.Engine.simulated(any({ batching: 'sometimes' })) },
+  { name: 'options: string maxScheduledTokens', code: 'INVALID_ARGUMENT', call: ({ mod }) => mod.Engine.simulated(any({ maxScheduledTokens: '512' })) },
+  { name: 'options: negative seed', code: 'INVALID_ARGUMENT', call: ({ mod }) => mod.Engine.simulated({ seed: -1 }) },
+  { name: 'options: vocabSize 1', code: 'INVALID_ARGUMENT', call: ({ mod }) => mod.Engine.simulated({ vocabSize: 1 }) },
+  { name: 'options: eosTokenId outside the vocabulary', code: 'INVALID_ARGUMENT', call: ({ mod }) => mod.Engine.simulated({ eosTokenId: 32000 }) },
+  { name: 'options: maxLength 0', code: 'INVALID_ARGUMENT', call: ({ mod }) => mod.Engine.simulated({ maxLength: 0 }) },
+  { name: 'options: eosProbability above 1', code: 'INVALID_ARGUMENT', call: ({ mod }) => mod.Engine.simulated({ eosProbability: 1.5 }) },
+  { name: 'options: negative fault rate', code: 'INVALID_ARGUMENT', call: ({ mod }) => mod.Engine.simulated(any({ faults: { retryableRate: -0.5 } })) },
+  { name: 'options: unknown fault key', code: 'INVALID_ARGUMENT', call: ({ mod }) => mod.Engine.simulated(any({ faults: { sometimes: true } })) },
+  { name: 'options: not an object', code: 'INVALID_ARGUMENT', call: ({ mod }) => mod.Engine.simulated(any('fast')) },
+
+  // ----- requests -----
+  { name: 'createRequest: maxSessionTokens above maxLength', code: 'INVALID_ARGUMENT', call: ({ engine }) => engine.createRequest({ maxSessionTokens: 2049 }) },
+  { name: 'createRequest: negative maxSessionTokens', code: 'INVALID_ARGUMENT', call: ({ engine }) => engine.createRequest({ maxSessionTokens: -1 }) },
+  { name: 'createRequest: fractional maxSessionTokens', code: 'INVALID_ARGUMENT', call: ({ engine }) => engine.createRequest({ maxSessionTokens: 1.5 }) },
+  { name: 'createRequest: NaN maxSessionTokens', code: 'INVALID_ARGUMENT', call: ({ engine }) => engine.createRequest({ maxSessionTokens: NaN }) },
+  { name: 'createRequest: unknown option', code: 'INVALID_ARGUMENT', call: ({ engine }) => engine.createRequest(any({ color: 'red' })) },
+  { name: 'createRequest: options not an object', code: 'INVALID_ARGUMENT', call: ({ engine }) => engine.createRequest(any(42)) },
+  {
+    name: 'createRequest: past maxRequests',
+    code: 'CAPACITY_EXHAUSTED',
+    engine: { maxRequests: 1 },
+    call: ({ engine }) => engine.createRequest(),
+    beforeSmoke: ({ request }) => request.close(),
+  },
+
+  // ----- event buffers -----
+  { name: 'createEventBuffer: negative capacity', code: 'INVALID_ARGUMENT', call: ({ engine }) => engine.createEventBuffer(-1) },
+  { name: 'createEventBuffer: NaN capacity', code: 'INVALID_ARGUMENT', call: ({ engine }) => engine.createEventBuffer(NaN) },
+  { name: 'createEventBuffer: fractional capacity', code: 'INVALID_ARGUMENT', call: ({ engine }) => engine.createEventBuffer(2.5) },
+  { name: 'createEventBuffer: capacity past 2^31', code: 'INVALID_ARGUMENT', call: ({ engine }) => engine.createEventBuffer(2 ** 31) },
+  { name: 'createEventBuffer: string capacity', code: 'INVALID_ARGUMENT', call: ({ engine }) => engine.createEventBuffer(any('16')) },
+  { name: 'EventBuffer.at(-1)', code: 'INVALID_ARGUMENT', call: ({ buffer }) => buffer.at(-1) },
+  { name: 'EventBuffer.at(count)', code: 'INVALID_ARGUMENT', call: ({ buffer }) => buffer.at(buffer.count) },
+  { name: 'EventBuffer.at(0.5)', code: 'INVALID_ARGUMENT', call: ({ buffer }) => buffer.at(0.5) },
+
+  // ----- turn input -----
+  { name: 'beginTurn: empty string', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn('') },
+  { name: 'beginTurn: empty array', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn([]) },
+  { name: 'beginTurn: empty Int32Array', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn(new Int32Array(0)) },
+  { name: 'beginTurn: token outside the vocabulary', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn([100, 32000]) },
+  { name: 'beginTurn: negative token', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn([-1]) },
+  { name: 'beginTurn: fractional token', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn([3.5]) },
+  { name: 'beginTurn: NaN token', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn([NaN]) },
+  { name: 'beginTurn: token 2^31', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn([2 ** 31]) },
+  { name: 'beginTurn: token 2^32 + 5 (would wrap to 5)', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn([2 ** 32 + 5]) },
+  { name: 'beginTurn: string tokens', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn(any(['a', 'b'])) },
+  { name: 'beginTurn: array-like with holes', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn(any({ length: 2 })) },
+  { name: 'beginTurn: a number as input', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn(any(12345)) },
+  { name: 'beginTurn: null input', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn(any(null)) },
+  { name: 'beginTurn: input that leaves no room to generate', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn(new Array(2048).fill(70)) },
+  {
+    name: 'beginTurn: input over the request maxSessionTokens',
+    code: 'INVALID_ARGUMENT',
+    setup: (ctx) => {
+      ctx.request.close()
+      ctx.request = ctx.engine.createRequest({ maxSessionTokens: 8 })
+    },
+    call: ({ request }) => request.beginTurn('12345678'),
+  },
+
+  // ----- turn options -----
+  { name: 'turn: temperature -1', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn('x', { temperature: -1 }) },
+  { name: 'turn: temperature NaN', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn('x', { temperature: NaN }) },
+  { name: 'turn: topP 0', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn('x', { temperature: 1, topP: 0 }) },
+  { name: 'turn: topP above 1', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn('x', { temperature: 1, topP: 1.5 }) },
+  { name: 'turn: negative topK', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn('x', { temperature: 1, topK: -1 }) },
+  { name: 'turn: fractional topK', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn('x', { temperature: 1, topK: 2.5 }) },
+  { name: 'turn: negative maxGeneratedTokens', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn('x', { maxGeneratedTokens: -1 }) },
+  { name: 'turn: maxGeneratedTokens 2^32', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn('x', { maxGeneratedTokens: 2 ** 32 }) },
+  { name: 'turn: fractional maxGeneratedTokens', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn('x', { maxGeneratedTokens: 1.5 }) },
+  { name: 'turn: empty stop sequence', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn('x', { stopTokenIds: [[]] }) },
+  { name: 'turn: stop token outside the vocabulary', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn('x', { stopTokenIds: [[32000]] }) },
+  { name: 'turn: stopTokenIds not nested', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn('x', any({ stopTokenIds: [5] })) },
+  { name: 'turn: negative sampler seed', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn('x', { temperature: 1, seed: -3 }) },
+  { name: 'turn: fractional sampler seed', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn('x', { temperature: 1, seed: 0.5 }) },
+  { name: 'turn: ignoreEos not a boolean', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn('x', any({ ignoreEos: 'yes' })) },
+  { name: 'turn: signal not an AbortSignal', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn('x', any({ signal: {} })) },
+  { name: 'turn: stop not an array', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn('x', any({ stop: 'END' })) },
+  { name: 'turn: unknown option', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn('x', any({ surprise: 1 })) },
+  { name: 'turn: options not an object', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn('x', any('greedy')) },
+
+  // ----- prefill -----
+  { name: 'prefill: empty input', code: 'INVALID_ARGUMENT', call: ({ request }) => request.prefill('') },
+  { name: 'prefill: token outside the vocabulary', code: 'INVALID_ARGUMENT', call: ({ request }) => request.prefill([40000]) },
+
+  // ----- turn state -----
+  {
+    name: 'beginTurn while a turn is queued',
+    code: 'TURN_ACTIVE',
+    setup: ({ request }) => void request.beginTurn('first', { maxGeneratedTokens: 2 }),
+    call: ({ request }) => request.beginTurn('second'),
+  },
+  {
+    name: 'prefill while a turn is queued',
+    code: 'TURN_ACTIVE',
+    setup: ({ request }) => void request.beginTurn('first', { maxGeneratedTokens: 2 }),
+    call: ({ request }) => request.prefill('more'),
+  },
+  {
+    name: 'beginTurn while the finish event is retained',
+    code: 'EVENTS_PENDING',
+    setup: (ctx) => {
+      const second = ctx.engine.createRequest()
+      ctx.request.beginTurn('aa', { maxGeneratedTokens: 1 })
+      second.beginTurn('bb', { maxGeneratedTokens: 1 })
+      const one = ctx.engine.createEventBuffer(1)
+      expect(ctx.engine.runSync(one)).toBe(1)
+      if (one.at(0).request === ctx.request) ctx.request = second
+    },
+    call: ({ request }) => request.beginTurn('cc', { maxGeneratedTokens: 1 }),
+  },
+
+  // ----- cancellation -----
+  { name: 'cancelTurn(1.5)', code: 'INVALID_ARGUMENT', call: ({ request }) => request.cancelTurn(1.5) },
+  { name: 'cancelTurn(-1)', code: 'INVALID_ARGUMENT', call: ({ request }) => request.cancelTurn(-1) },
+  { name: 'cancelTurn(NaN)', code: 'INVALID_ARGUMENT', call: ({ request }) => request.cancelTurn(NaN) },
+  { name: 'cancelTurn(2^32)', code: 'INVALID_ARGUMENT', call: ({ request }) => request.cancelTurn(2 ** 32) },
+  { name: "cancelTurn('1')", code: 'INVALID_ARGUMENT', call: ({ request }) => request.cancelTurn(any('1')) },
+
+  // ----- run -----
+  { name: 'runSync with a buffer from another engine', code: 'WRONG_ENGINE', call: ({ engine, other }) => engine.runSync(other.createEventBuffer(4)) },
+  { name: 'run with a buffer from another engine', code: 'WRONG_ENGINE', async: 'throw-or-reject', call: ({ engine, other }) => engine.run(other.createEventBuffer(4)) },
+  { name: 'runSync with a plain object', code: 'INVALID_ARGUMENT', call: ({ engine }) => engine.runSync(any({ capacity: 4, count: 0 })) },
+  { name: 'runSync without a buffer', code: 'INVALID_ARGUMENT', call: ({ engine }) => engine.runSync(any(undefined)) },
+  {
+    name: 'runSync on a driven engine',
+    code: 'ENGINE_DRIVEN',
+    driven: true,
+    setup: ({ engine }) => engine.start(),
+    call: ({ engine, buffer }) => engine.runSync(buffer),
+  },
+  {
+    name: 'run on a driven engine',
+    code: 'ENGINE_DRIVEN',
+    driven: true,
+    async: 'throw-or-reject',
+    setup: ({ engine }) => engine.start(),
+    call: ({ engine, buffer }) => engine.run(buffer),
+  },
+
+  // ----- text -----
+  { name: 'detokenize: id outside the vocabulary', code: 'INVALID_ARGUMENT', call: ({ engine }) => engine.detokenize([32000]) },
+  { name: 'detokenize: negative id', code: 'INVALID_ARGUMENT', call: ({ engine }) => engine.detokenize([-5]) },
+  { name: 'detokenize: a string', code: 'INVALID_ARGUMENT', call: ({ engine }) => engine.detokenize(any('abc')) },
+  { name: 'tokenize: a number', code: 'INVALID_ARGUMENT', call: ({ engine }) => engine.tokenize(any(42)) },
+
+  // ----- generate (its own request must not leak when refused) -----
+  {
+    name: 'generate: empty input',
+    code: 'INVALID_ARGUMENT',
+    driven: true,
+    call: ({ engine }) => engine.generate(''),
+    beforeSmoke: ({ engine }) => expect(engine.stats().activeRequests).toBe(1),
+  },
+  {
+    name: 'generate: maxSessionTokens above maxLength',
+    code: 'INVALID_ARGUMENT',
+    driven: true,
+    call: ({ engine }) => engine.generate('x', { maxSessionTokens: 5000 }),
+    beforeSmoke: ({ engine }) => expect(engine.stats().activeRequests).toBe(1),
+  },
+  {
+    name: 'generate: temperature -1',
+    code: 'INVALID_ARGUMENT',
+    driven: true,
+    call: ({ engine }) => engine.generate('x', { temperature: -1 }),
+    beforeSmoke: ({ engine }) => expect(engine.stats().activeRequests).toBe(1),
+  },
+
+  // ----- closed requests -----
+  { name: 'beginTurn on a closed request', code: 'REQUEST_CLOSED', setup: ({ request }) => request.close(), call: ({ request }) => request.beginTurn('x') },
+  { name: 'prefill on a closed request', code: 'REQUEST_CLOSED', setup: ({ request }) => request.close(), call: ({ request }) => request.prefill('x') },
+
+  // ----- a closed engine -----
+  { name: 'closed engine: createRequest', code: 'ENGINE_CLOSED', dead: true, setup: ({ engine }) => engine.close(), call: ({ engine }) => engine.createRequest() },
+  { name: 'closed engine: runSync', code: 'ENGINE_CLOSED', dead: true, setup: ({ engine }) => engine.close(), call: ({ engine, buffer }) => engine.runSync(buffer) },
+  {
+    name: 'closed engine: run',
+    code: 'ENGINE_CLOSED',
+    dead: true,
+    async: 'throw-or-reject',
+    setup: ({ engine }) => engine.close(),
+    call: ({ engine, buffer }) => engine.run(buffer),
+  },
+  { name: 'closed engine: beginTurn', code: 'ENGINE_CLOSED', dead: true, setup: ({ engine }) => engine.close(), call: ({ request }) => request.beginTurn('x') },
+  { name: 'closed engine: createEventBuffer', code: 'ENGINE_CLOSED', dead: true, setup: ({ engine }) => engine.close(), call: ({ engine }) => engine.createEventBuffer(4) },
+  { name: 'closed engine: tokenize', code: 'ENGINE_CLOSED', dead: true, setup: ({ engine }) => engine.close(), call: ({ engine }) => engine.tokenize('x') },
+  { name: 'closed engine: generate', code: 'ENGINE_CLOSED', dead: true, setup: ({ engine }) => engine.close(), call: ({ engine }) => engine.generate('x') },
+  { name: 'closed engine: start', code: 'ENGINE_CLOSED', dead: true, setup: ({ engine }) => engine.close(), call: ({ engine }) => engine.start() },
+
+  // ----- an unhealthy engine -----
+  {
+    name: 'unhealthy engine: createRequest',
+    code: 'ENGINE_UNHEALTHY',
+    dead: true,
+    engine: { faults: { fatalSteps: [0] } },
+    setup: ({ engine, request, buffer }) => {
+      request.beginTurn('x', { maxGeneratedTokens: 2 })
+      expect(engine.runSync(buffer)).toBe(1)
+      expect(buffer.at(0).errorCode).toBe('engine-execution-failure')
+    },
+    call: ({ engine }) => engine.createRequest(),
+  },
+  {
+    name: 'unhealthy engine: runSync',
+    code: 'ENGINE_UNHEALTHY',
+    dead: true,
+    engine: { faults: { fatalSteps: [0] } },
+    setup: ({ engine, request, buffer }) => {
+      request.beginTurn('x', { maxGeneratedTokens: 2 })
+      engine.runSync(buffer)
+    },
+    call: ({ engine, buffer }) => engine.runSync(buffer),
+  },
+
+  // ----- loading models -----
+  { name: 'Engine.load on wasm', code: 'UNSUPPORTED', only: 'wasm', async: 'reject', call: ({ mod }) => mod.Engine.load('/nonexistent/model') },
+  { name: 'Engine.load of a missing folder', code: 'MODEL_LOAD', only: 'native', async: 'reject', call: ({ mod }) => mod.Engine.load('/nonexistent/model') },
+]
+
+describe.each(BACKENDS)('bad input (%s)', (backend: BackendName) => {
+  const mod = ortex(backend)
+  const engines: Engine[] = []
+
+  afterEach(async () => {
+    for (const engine of engines.splice(0)) await engine.close()
+  })
+
+  function simulated(options?: Record<string, unknown>): Engine {
+    const engine = mod.Engine.simulated(options as any)
+    engines.push(engine)
+    return engine
+  }
+
+  it('has at least 40 distinct cases on this backend', () => {
+    const mine = cases.filter((c) => !c.only || c.only === backend)
+    expect(mine.length).toBeGreaterThanOrEqual(40)
+    expect(new Set(mine.map((c) => c.name)).size).toBe(mine.length)
+  })
+
+  it.each(cases.filter((c) => !c.only || c.only === backend).map((c) => [c.name, c] as const))('%s', async (_name, testCase) => {
+    const engine = simulated({ seed: 1, ...testCase.engine })
+    const ctx: Ctx = { mod, engine, other: simulated({ seed: 2 }), request: engine.createRequest(), buffer: engine.createEventBuffer(8) }
+    await testCase.setup?.(ctx)
+
+    if (testCase.async === 'reject') await expectRejects(mod, () => testCase.call(ctx), testCase.code)
+    else if (testCase.async) await expectCodeAsync(mod, () => testCase.call(ctx), testCase.code)
+    else expectCode(mod, () => testCase.call(ctx), testCase.code)
+
+    if (testCase.dead) {
+      // close() and Request.close() still work; a fresh engine works.
+      ctx.request.close()
+      await ctx.engine.close()
+      smokeGeneration(simulated())
+      return
+    }
+    if (testCase.driven) await ctx.engine.stop()
+    testCase.beforeSmoke?.(ctx)
+    ;(ctx.engine as any).checkInvariants()
+    smokeGeneration(ctx.engine)
+    if (ctx.request.state === 'created') {
+      // The refused call consumed no turn id and left the request usable.
+      expect(ctx.request.beginTurn('again', { maxGeneratedTokens: 1 }).id).toBe(1)
+      drain(ctx.engine, ctx.buffer)
+    }
+    ;(ctx.engine as any).checkInvariants()
+  })
+})

@@ -61,6 +61,14 @@ fn median_measure(rows: u32, steps: u64, repeats: usize) -> Measure {
 }
 
 fn main() {
+    // `-- --rows N` measures one row count once (for profilers such as callgrind).
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--rows") {
+        let rows: u32 = args[i + 1].parse().expect("--rows takes a number");
+        let m = measure(rows, 2_000);
+        println!("{} rows: {:.2} us/step", m.rows, m.us_per_step);
+        return;
+    }
     let cases = [(1u32, 20_000u64), (16, 10_000), (256, 2_000), (1024, 500)];
     let results: Vec<Measure> = cases.iter().map(|&(rows, steps)| median_measure(rows, steps, 9)).collect();
     println!("median of 9 runs per row count");

@@ -76,14 +76,25 @@ pub fn argmax(row: RowLogits<'_>) -> u32 {
     }
 }
 
-fn argmax_of(mut candidates: impl Iterator<Item = (u32, f32)>) -> u32 {
-    let mut best = candidates.next().expect("non-empty");
-    for c in candidates {
-        if ranks_before(c, best) {
-            best = c;
+/// Highest score, ties to the lower id; NaN never wins (if every score is NaN, the first id).
+fn argmax_of(candidates: impl Iterator<Item = (u32, f32)>) -> u32 {
+    let mut best_id = u32::MAX;
+    let mut first_id = u32::MAX;
+    let mut best = f32::NEG_INFINITY;
+    for (id, score) in candidates {
+        if first_id == u32::MAX {
+            first_id = id;
+        }
+        if score > best || (score == best && id < best_id) {
+            best = score;
+            best_id = id;
         }
     }
-    best.0
+    if best_id == u32::MAX {
+        first_id
+    } else {
+        best_id
+    }
 }
 
 /// Samples one token id. `scratch` is reused across calls to avoid allocation on the hot path.
@@ -148,6 +159,16 @@ mod tests {
         let ids = [9u32, 4, 7];
         let l = [1.0f32, 1.0, 0.0];
         assert_eq!(argmax(RowLogits::Sparse { ids: &ids, logits: &l }), 4);
+    }
+
+    #[test]
+    fn greedy_never_picks_nan_and_survives_all_nan() {
+        let logits = [f32::NAN, 1.0, f32::NAN];
+        assert_eq!(argmax(RowLogits::Dense(&logits)), 1);
+        let all_nan = [f32::NAN, f32::NAN];
+        assert_eq!(argmax(RowLogits::Dense(&all_nan)), 0);
+        let neg = [f32::NEG_INFINITY, f32::NEG_INFINITY];
+        assert_eq!(argmax(RowLogits::Dense(&neg)), 0);
     }
 
     #[test]

@@ -133,14 +133,14 @@ impl Scheduler {
     fn collect_candidates(&mut self, input: &PlanInput<'_>, report: &mut PlanReport) {
         self.decodes.clear();
         self.prefills.clear();
-        let total_blocks = input.pool.num_total_blocks();
+        let pool_tokens = u64::from(input.pool.num_total_blocks()) * u64::from(input.config.block_size);
         let in_scope =
             |r: &Request| input.config.batching == BatchingMode::Dynamic || self.static_batch.contains(&r.id);
         for (position, request) in input.requests.positions() {
             if !request.needs_compute() || !in_scope(request) {
                 continue;
             }
-            if blocks_for_tokens(request.compute_target(), input.config.block_size) > total_blocks {
+            if u64::from(request.compute_target()) > pool_tokens {
                 report.unserviceable.push(request.id);
             } else if request.is_decoding() {
                 self.decodes.push(position);
@@ -209,9 +209,12 @@ fn reserve_row(request: &mut Request, max_tokens: u32, block_size: u32, pool: &m
     if count == 0 {
         return None;
     }
-    let needed = blocks_for_tokens(request.kv_len + count, block_size) - request.blocks.len() as u32;
-    request.blocks_before_step = request.blocks.len() as u32;
-    assert!(pool.reserve(needed, &mut request.blocks), "reservation sized to the free blocks failed");
+    let held = request.blocks.len() as u32;
+    request.blocks_before_step = held;
+    if request.kv_len + count > held * block_size {
+        let needed = blocks_for_tokens(request.kv_len + count, block_size) - held;
+        assert!(pool.reserve(needed, &mut request.blocks), "reservation sized to the free blocks failed");
+    }
     Some(count)
 }
 

@@ -149,12 +149,6 @@ impl SimExecutor {
         }
         None
     }
-
-    /// Storage index of `position`, given the row's blocks starting at block number `first_block`.
-    fn slot(&self, blocks: &[crate::ids::BlockId], first_block: u32, position: u32) -> usize {
-        let bs = self.geometry.block_size;
-        (blocks[(position / bs - first_block) as usize].0 * bs + position % bs) as usize
-    }
 }
 
 impl Executor for SimExecutor {
@@ -188,18 +182,31 @@ impl Executor for SimExecutor {
         out.width = SIM_CANDIDATES;
         out.ids.reserve(plan.rows.len() * SIM_CANDIDATES);
         out.logits.reserve(plan.rows.len() * SIM_CANDIDATES);
+        let block_size = self.geometry.block_size;
         for row in &plan.rows {
             let blocks = plan.row_blocks(row);
-            let mut context = if row.start_position == 0 {
-                self.model.empty_context()
+            // Walk the row's positions as (block index in the row's table, offset in the block),
+            // starting at the position before the row: one division per row, not per token.
+            let (mut block, mut offset, mut context) = if row.start_position == 0 {
+                (0, 0, self.model.empty_context())
             } else {
-                self.slots[self.slot(blocks, row.first_block, row.start_position - 1)]
+                let previous = row.start_position - 1;
+                let (block, offset) = (previous / block_size - row.first_block, previous % block_size);
+                let context = self.slots[(blocks[block as usize].0 * block_size + offset) as usize];
+                if offset + 1 == block_size {
+                    (block + 1, 0, context)
+                } else {
+                    (block, offset + 1, context)
+                }
             };
-            for (offset, &token) in plan.row_tokens(row).iter().enumerate() {
-                let position = row.start_position + offset as u32;
-                context = self.model.extend(context, token, position);
-                let slot = self.slot(blocks, row.first_block, position);
-                self.slots[slot] = context;
+            for (i, &token) in plan.row_tokens(row).iter().enumerate() {
+                context = self.model.extend(context, token, row.start_position + i as u32);
+                self.slots[(blocks[block as usize].0 * block_size + offset) as usize] = context;
+                offset += 1;
+                if offset == block_size {
+                    block += 1;
+                    offset = 0;
+                }
             }
             if row.sample {
                 self.model.candidates(context, &mut out.ids, &mut out.logits);

@@ -100,8 +100,6 @@ export class Engine implements EventOwner {
   private readonly backendImpl: Backend
   /** Every Request the program may still hold, by id. Weak: the facade never keeps one alive. */
   private readonly requests = new Map<number, WeakRef<Request>>()
-  /** Collected by the first garbage collection after it is made; see dropEventsOfCollectedRequests. */
-  private gcSentinel = new WeakRef({})
   /** The unfinished turn of each request, by request id: where run() routes events. */
   private readonly turns = new Map<number, TurnState>()
   private readonly driver: Driver
@@ -448,23 +446,23 @@ export class Engine implements EventOwner {
    * before the FinalizationRegistry said so: nobody can receive them, and an event whose request
    * reads as null would pass for an engine-level one. Returns the new count.
    *
-   * Finding collected requests needs WeakRef.deref(), which keeps a live target alive until the
-   * current job ends; doing it on every run would keep a dropped Request alive forever in a loop
-   * that collects garbage right after each run. So requests are swept only when a garbage
-   * collection has happened since the last sweep, which a weakly held sentinel object tells.
+   * WeakRef.deref() keeps a live request alive until the current job ends (ECMAScript's
+   * KeepDuringJob), so a collection later in the same job as this run cannot take a request this
+   * run saw; the next job can. That is the price of never handing out an event without its request.
    */
   private dropEventsOfCollectedRequests(words: Int32Array, count: number): number {
-    if (this.gcSentinel.deref() === undefined) {
-      for (const [id, ref] of this.requests) {
-        if (ref.deref() === undefined) this.abandonCollected(id)
-      }
-      this.gcSentinel = new WeakRef({})
-    }
     let kept = 0
+    let lastId = 0
     for (let i = 0; i < count; i++) {
       const base = i * EVENT_STRIDE
       const requestId = words[base + W.request]!
-      if (requestId !== 0 && !this.requests.has(requestId)) continue
+      if (requestId !== 0 && requestId !== lastId) {
+        if (this.requests.get(requestId)?.deref() === undefined) {
+          this.abandonCollected(requestId)
+          continue
+        }
+        lastId = requestId
+      }
       if (kept !== i) words.copyWithin(kept * EVENT_STRIDE, base, base + EVENT_STRIDE)
       kept++
     }

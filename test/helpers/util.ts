@@ -145,13 +145,18 @@ export function requireGc(): () => void {
   return gc
 }
 
-/** Collects garbage until `done()` holds, giving FinalizationRegistry callbacks turns to run. */
+/**
+ * Collects garbage until `done()` holds, giving FinalizationRegistry callbacks turns to run. The
+ * collection happens in a later job than `poke()`: a run derefs the WeakRefs of the requests it
+ * routes events to, which keeps them alive until the end of that job (ECMAScript KeepDuringJob).
+ */
 export async function gcUntil(done: () => boolean, poke: () => void, rounds = 40): Promise<boolean> {
   const gc = requireGc()
   for (let i = 0; i < rounds; i++) {
     poke()
     if (done()) return true
     if (process.env.DEBUG_GC) console.log('gcUntil round', i)
+    await macrotask()
     gc()
     await macrotask()
     await new Promise((resolve) => setTimeout(resolve, 1))

@@ -39,6 +39,9 @@ export default defineConfig([
     entry: { ...ENTRY_POINTS, cli: 'ts/cli.ts' },
     format: ['cjs'],
     outDir: 'dist',
+    // A devDependency that the model tooling may reach (the reference loop): never bundle its
+    // native binding.
+    external: ['onnxruntime-node'],
     target: 'node20',
     platform: 'node',
     splitting: true,

@@ -117,6 +117,22 @@ export interface EngineStats {
   virtualTimeUs: number
 }
 
+/** Addition: where a real model's steps spend their time, cumulative since load (microseconds).
+ *  gatherUs: building the inputs, mostly copying each row's past out of the paged KV cache;
+ *  runUs: inside ONNX Runtime; scatterUs: copying logits out and the new keys/values into the
+ *  paged cache; executeUs: all of a step's executor time. */
+export interface ExecutorStats {
+  steps: number
+  /** Model runs: a step needs one per group of rows the attention form can batch. */
+  invocations: number
+  rows: number
+  tokens: number
+  gatherUs: number
+  runUs: number
+  scatterUs: number
+  executeUs: number
+}
+
 export type RequestState = 'created' | 'queued' | 'active' | 'turn-complete' | 'closed'
 
 export type FinishReason =

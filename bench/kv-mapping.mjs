@@ -1,0 +1,78 @@
+// What the paged-KV mapping costs on CPU: the ONNX executor's time gathering each row's past out of
+// the engine's blocks, inside ONNX Runtime, and scattering the new keys/values back, per step, with
+// present -> past carrying on (the default) and off (ORTEX_CARRY_PRESENT=0). See docs/performance.md.
+//
+//   node dist/cli.js make-model --out .cache/models/bench-gqa --size bench --attention gqa
+//   node bench/kv-mapping.mjs .cache/models/bench-gqa [--concurrency 1,4,16] [--tokens 128] [--repeats 3] [--threads 2]
+//
+// Prints one line per (concurrency, carry) with per-step medians and writes bench/out/kv-mapping.json.
+import { mkdirSync, writeFileSync } from 'node:fs'
+import { parseArgs } from 'node:util'
+import { Engine } from '../dist/index.mjs'
+
+const { values, positionals } = parseArgs({
+  allowPositionals: true,
+  options: {
+    concurrency: { type: 'string', default: '1,4,16' },
+    tokens: { type: 'string', default: '128' },
+    repeats: { type: 'string', default: '3' },
+    threads: { type: 'string', default: '2' },
+  },
+})
+const dir = positionals[0]
+if (!dir) {
+  console.error('usage: node bench/kv-mapping.mjs MODEL_DIR [--concurrency 1,4,16] [--tokens N] [--repeats N] [--threads N]')
+  process.exit(2)
+}
+const PROMPT = 'The river starts as a thin line of water high in the hills. In the morning the air is cold and'
+
+async function once(concurrency, tokens, threads, carry) {
+  process.env.ORTEX_CARRY_PRESENT = carry ? '1' : '0'
+  const engine = await Engine.load(dir, { intraOpThreads: threads, maxBatchSize: Math.max(16, concurrency) })
+  try {
+    const prompt = engine.tokenize(PROMPT)
+    const started = performance.now()
+    const turns = Array.from({ length: concurrency }, () =>
+      engine.generate(prompt, { maxGeneratedTokens: tokens, ignoreEos: true }),
+    )
+    await Promise.all(turns.map((t) => t.done))
+    const wallUs = (performance.now() - started) * 1000
+    return { wallUs, ...engine.executorStats() }
+  } finally {
+    await engine.close()
+  }
+}
+
+const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]
+const rows = []
+for (const concurrency of values.concurrency.split(',').map(Number)) {
+  const runs = { true: [], false: [] }
+  for (let r = 0; r < Number(values.repeats); r++) {
+    for (const carry of [true, false]) {
+      runs[carry].push(await once(concurrency, Number(values.tokens), Number(values.threads), carry))
+    }
+  }
+  for (const carry of [true, false]) {
+    const perStep = (key) => median(runs[carry].map((s) => s[key] / s.steps / 1000))
+    const row = {
+      concurrency,
+      carry,
+      steps: runs[carry][0].steps,
+      carried: runs[carry][0].carried,
+      runMs: perStep('runUs'),
+      gatherMs: perStep('gatherUs'),
+      scatterMs: perStep('scatterUs'),
+      stepMs: perStep('wallUs'),
+    }
+    row.mappingPctOfRun = (100 * (row.gatherMs + row.scatterMs)) / row.runMs
+    row.outsideRunPctOfStep = (100 * (row.stepMs - row.runMs)) / row.stepMs
+    rows.push(row)
+    console.log(
+      `concurrency ${String(concurrency).padStart(2)} carry ${carry ? 'on ' : 'off'}: per step run ${row.runMs.toFixed(2)} ms, ` +
+        `gather ${row.gatherMs.toFixed(2)} ms, scatter ${row.scatterMs.toFixed(2)} ms ` +
+        `(mapping ${row.mappingPctOfRun.toFixed(1)}% of run; outside the run ${row.outsideRunPctOfStep.toFixed(1)}% of the step)`,
+    )
+  }
+}
+mkdirSync(new URL('./out/', import.meta.url), { recursive: true })
+writeFileSync(new URL('./out/kv-mapping.json', import.meta.url), JSON.stringify({ dir, ...values, rows }, null, 2))

@@ -1,0 +1,84 @@
+//! ONNX model folders: `CoreEngine.load`. Native only, so it lives here and not in ops.rs (which
+//! the WebAssembly build compiles too, and which must not reach ONNX Runtime or tokenizers).
+//!
+//! Loading reads the config and the tokenizer, opens ONNX Runtime and builds the session: tens of
+//! milliseconds for a tiny model, about a second for a 250 MB one. It runs as an async task on the
+//! libuv thread pool, so the JS thread keeps going meanwhile.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use napi::bindgen_prelude::*;
+use napi_derive::napi;
+use ortex_core::{Engine, Result};
+use ortex_ort::ExecutorStats;
+use serde_json::json;
+
+use crate::{coded_js, ops, unhealthy_after_panic, CoreEngine};
+
+/// Builds the engine: `options_json` is EngineOptions plus `executionProvider` and
+/// `intraOpThreads`; `library` is the ONNX Runtime library to use when neither ORTEX_ORT_DYLIB
+/// nor ORT_DYLIB_PATH names one.
+pub fn load_impl(model_dir: &str, options_json: &str, library: Option<&str>) -> Result<(Engine, Arc<ExecutorStats>)> {
+    let options = ortex_ort::parse_load_options(options_json)?;
+    ortex_ort::load_engine(Path::new(model_dir), &options, library.map(Path::new))
+}
+
+/// Cumulative executor timings (microseconds): where a step's time goes.
+pub fn executor_stats_json(stats: &ExecutorStats) -> String {
+    let s = stats.snapshot();
+    json!({
+        "steps": s.steps,
+        "invocations": s.invocations,
+        "rows": s.rows,
+        "tokens": s.tokens,
+        "carried": s.carried,
+        "gatherUs": s.gather_ns / 1000,
+        "runUs": s.run_ns / 1000,
+        "scatterUs": s.scatter_ns / 1000,
+        "executeUs": s.execute_ns / 1000,
+    })
+    .to_string()
+}
+
+pub struct LoadTask {
+    model_dir: String,
+    options_json: String,
+    library: Option<String>,
+}
+
+impl Task for LoadTask {
+    type Output = Result<(Engine, Arc<ExecutorStats>)>;
+    type JsValue = CoreEngine;
+
+    /// On the libuv thread pool.
+    fn compute(&mut self) -> napi::Result<Self::Output> {
+        let loaded =
+            catch_unwind(AssertUnwindSafe(|| load_impl(&self.model_dir, &self.options_json, self.library.as_deref())))
+                .unwrap_or_else(|payload| Err(unhealthy_after_panic(&ops::panic_message(payload.as_ref()))));
+        Ok(loaded)
+    }
+
+    /// On the JS thread: the engine, or the load error with its code (MODEL_LOAD, ...).
+    fn resolve(&mut self, env: Env, output: Self::Output) -> napi::Result<CoreEngine> {
+        let (engine, stats) = output.map_err(|error| coded_js(&env, error))?;
+        Ok(CoreEngine { engine: Arc::new(Mutex::new(engine)), executor_stats: Some(stats) })
+    }
+}
+
+#[napi]
+impl CoreEngine {
+    /// An engine over an ONNX model folder (genai_config.json, model.onnx, tokenizer.json).
+    #[napi(ts_return_type = "Promise<CoreEngine>")]
+    pub fn load(model_dir: String, options_json: String, ort_library_path: Option<String>) -> AsyncTask<LoadTask> {
+        AsyncTask::new(LoadTask { model_dir, options_json, library: ort_library_path })
+    }
+
+    /// The ONNX executor's cumulative timings as JSON ({steps, invocations, rows, tokens, carried,
+    /// gatherUs, runUs, scatterUs, executeUs}); null for the simulated model.
+    #[napi]
+    pub fn executor_stats_json(&self) -> Option<String> {
+        self.executor_stats.as_deref().map(executor_stats_json)
+    }
+}

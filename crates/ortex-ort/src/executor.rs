@@ -1,0 +1,849 @@
+//! [`OrtExecutor`]: runs one engine step on an ONNX decoder.
+//!
+//! ONNX Runtime has no CPU kernel for paged attention, so each step maps the engine's paged KV to
+//! the model's contiguous past tensors and back (docs/model-format.md, "Padding contract"):
+//!
+//! ```text
+//!   plan rows ──group──> invocations (as few as the attention form allows)
+//!   per invocation, B rows, P = longest past, S = most new tokens, T = P + S:
+//!     gather   blocks ──> past_key_values.{l}.key/value [B, KH, P, D]   row b's past in [0, past_b)
+//!              input_ids [B, S] (pad-filled), attention_mask [B, T] (1 on [0, past_b) and
+//!              [P, P + n_b)), position_ids [B, S] = past_b + j (when the model takes them)
+//!     run      session.run
+//!     scatter  present.{l}.key/value [B, KH, T, D] ──> blocks: new token j of row b is at
+//!              P + j (mha: present = [past ; new]) or past_b + j (gqa: each row at its own
+//!              length); logits [B, S, V] at (b, n_b - 1) ──> StepOutput (sampled rows only)
+//! ```
+//!
+//! Grouping: decode rows (one new token) always share one invocation. Rows with several new tokens
+//! (prefill chunks, continuation turns) are padded to the longest of their group, so they are kept
+//! apart from the decodes (padding a decode row to a 500-token chunk would multiply its cost by
+//! 500) and grouped by length so padding at most doubles a group's positions. The gqa form also
+//! refuses batches of rows with past context and several new tokens (ONNX Runtime's CPU kernel:
+//! "batch_size must be 1 when sequence_length > 1 and past context is given"): those run one
+//! row per invocation; first prompts (no past) may share one.
+//!
+//! Buffers (ids, mask, positions, past tensors) live in [`Scratch`] and grow to the largest step
+//! seen; nothing is allocated per token beyond what ONNX Runtime allocates for its outputs. The
+//! time spent gathering, in the session and scattering is counted in [`ExecutorStats`].
+//!
+//! Carrying present to past: the gather copies every row's whole past at every step, as much
+//! memory traffic as the model's own attention. When the decode rows of a step are exactly the
+//! decode rows of the step before (same requests, same order, each one token further), the
+//! previous invocation's `present` tensors already are this invocation's past tensors in the
+//! padding contract's layout (gqa: each row at `[0, past_b)`; mha: only when every row has the
+//! same past length, since mha puts new keys at `P + j`). Then they are passed straight back
+//! ([`Carry`]) and nothing is gathered; the blocks still receive every new position, so the
+//! next change of batch composition gathers from them as usual.
+
+use std::borrow::Cow;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use ort::session::{Session, SessionInputValue};
+use ort::value::{DynValue, TensorElementType, TensorRef, ValueType};
+use ortex_core::executor::{ExecError, Executor, KvGeometry, LogitsLayout, ModelInfo, PlanRow, StepOutput, StepPlan};
+use ortex_core::ids::RequestId;
+use ortex_core::{ErrorCode, OrtexError, Result};
+
+use crate::config::{ModelConfig, TensorNames};
+use crate::kv_store::{KvKind, KvStore};
+
+/// Where `present` puts a row's new keys and values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionForm {
+    /// Plain ONNX operators: `present = Concat(past, new)`, new token j at `P + j`.
+    Mha,
+    /// `com.microsoft.GroupQueryAttention`: new token j at the row's own `past_b + j`; batches
+    /// of rows with past and several new tokens are refused.
+    Gqa,
+}
+
+impl AttentionForm {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttentionForm::Mha => "mha",
+            AttentionForm::Gqa => "gqa",
+        }
+    }
+}
+
+/// Cumulative executor timings, shared with whoever wants to read them while the executor is
+/// inside the engine (the binding exposes them for benchmarks).
+#[derive(Debug, Default)]
+pub struct ExecutorStats {
+    pub steps: AtomicU64,
+    pub invocations: AtomicU64,
+    pub rows: AtomicU64,
+    pub tokens: AtomicU64,
+    /// Decode invocations that took the previous step's present as their past (no gather).
+    pub carried: AtomicU64,
+    /// Building the inputs: ids, mask, positions and the past tensors gathered from the blocks.
+    pub gather_ns: AtomicU64,
+    /// Inside `Session::run`.
+    pub run_ns: AtomicU64,
+    /// Reading the outputs: logits into the step output, present into the blocks.
+    pub scatter_ns: AtomicU64,
+    /// The whole `execute`, grouping included.
+    pub execute_ns: AtomicU64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StatsSnapshot {
+    pub steps: u64,
+    pub invocations: u64,
+    pub rows: u64,
+    pub tokens: u64,
+    pub carried: u64,
+    pub gather_ns: u64,
+    pub run_ns: u64,
+    pub scatter_ns: u64,
+    pub execute_ns: u64,
+}
+
+impl ExecutorStats {
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        StatsSnapshot {
+            steps: get(&self.steps),
+            invocations: get(&self.invocations),
+            rows: get(&self.rows),
+            tokens: get(&self.tokens),
+            carried: get(&self.carried),
+            gather_ns: get(&self.gather_ns),
+            run_ns: get(&self.run_ns),
+            scatter_ns: get(&self.scatter_ns),
+            execute_ns: get(&self.execute_ns),
+        }
+    }
+
+    fn add(counter: &AtomicU64, value: u64) {
+        counter.fetch_add(value, Ordering::Relaxed);
+    }
+}
+
+/// Wall-clock reads for the timing counters. The executor measures real time on purpose (the
+/// core's ban on clocks keeps the engine deterministic; timings never feed back into it).
+#[allow(clippy::disallowed_methods)]
+fn now() -> Instant {
+    Instant::now()
+}
+
+fn elapsed_ns(since: Instant) -> u64 {
+    since.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64
+}
+
+/// Tensor names, expanded per layer once at load.
+struct Names {
+    input_ids: String,
+    attention_mask: String,
+    position_ids: Option<String>,
+    logits: String,
+    /// `past[2 * layer + kind]`, `present[2 * layer + kind]` (kind 0 = key, 1 = value).
+    past: Vec<String>,
+    present: Vec<String>,
+}
+
+/// Buffers reused from step to step.
+#[derive(Default)]
+struct Scratch {
+    input_ids: Vec<i64>,
+    attention_mask: Vec<i64>,
+    position_ids: Vec<i64>,
+    /// One per past input, as `Names::past`.
+    past: Vec<Vec<f32>>,
+    /// Plan row indices, grouped: invocation `i` is `rows[bounds[i].0 .. bounds[i].1]`.
+    rows: Vec<u32>,
+    bounds: Vec<(u32, u32)>,
+    /// Prefill candidates, sorted by length before grouping.
+    pending: Vec<u32>,
+    /// Per plan row: its logits row in the step output (`u32::MAX` when not sampled).
+    sampled_slot: Vec<u32>,
+}
+
+/// The present tensors of the last decode invocation, kept to serve as the next one's past.
+struct Carry {
+    /// The step they were computed in.
+    step: u64,
+    /// The rows, in order, with the position each one's KV now ends at.
+    rows: Vec<(RequestId, u32)>,
+    /// Their sequence width (the next invocation's `P` must equal it).
+    width: usize,
+    /// One per past input, as `Names::past`.
+    values: Vec<DynValue>,
+}
+
+impl Carry {
+    /// Whether `rows` (a decode invocation of step `step`) continue exactly these rows.
+    fn continues(&self, step: u64, plan: &StepPlan, rows: &[u32], dims: Dims, form: AttentionForm) -> bool {
+        let same_rows = self.rows.len() == rows.len()
+            && rows.iter().zip(&self.rows).all(|(&i, &(request, end))| {
+                let row = &plan.rows[i as usize];
+                row.request == request && row.start_position == end
+            });
+        let layout_fits = match form {
+            AttentionForm::Gqa => true,
+            AttentionForm::Mha => rows.iter().all(|&i| plan.rows[i as usize].start_position as usize == dims.past),
+        };
+        self.step + 1 == step && self.width == dims.past && same_rows && layout_fits
+    }
+}
+
+pub struct OrtExecutor {
+    config: ModelConfig,
+    form: AttentionForm,
+    session: Session,
+    names: Names,
+    kv: Option<KvStore>,
+    scratch: Scratch,
+    carry: Option<Carry>,
+    /// `ORTEX_CARRY_PRESENT=0` turns carrying off (to measure what it saves).
+    carry_enabled: bool,
+    stats: Arc<ExecutorStats>,
+}
+
+fn load_error(message: impl Into<String>) -> OrtexError {
+    OrtexError::new(ErrorCode::ModelLoad, message)
+}
+
+fn fatal(message: impl Into<String>) -> ExecError {
+    ExecError::Fatal(message.into())
+}
+
+const KINDS: [KvKind; 2] = [KvKind::Key, KvKind::Value];
+
+impl OrtExecutor {
+    /// Wraps an opened session after checking its signature against the config.
+    pub fn new(config: ModelConfig, session: Session) -> Result<OrtExecutor> {
+        let layers = config.num_hidden_layers as usize;
+        let n = &config.names;
+        let mut past = Vec::with_capacity(2 * layers);
+        let mut present = Vec::with_capacity(2 * layers);
+        for layer in 0..layers {
+            past.push(TensorNames::layer(&n.past_key, layer));
+            past.push(TensorNames::layer(&n.past_value, layer));
+            present.push(TensorNames::layer(&n.present_key, layer));
+            present.push(TensorNames::layer(&n.present_value, layer));
+        }
+        let names = Names {
+            input_ids: n.input_ids.clone(),
+            attention_mask: n.attention_mask.clone(),
+            position_ids: n.position_ids.clone(),
+            logits: n.logits.clone(),
+            past,
+            present,
+        };
+        check_signature(&config, &session, &names)?;
+        let form = detect_form(&config, &session);
+        let scratch = Scratch { past: vec![Vec::new(); 2 * layers], ..Scratch::default() };
+        let carry_enabled = std::env::var("ORTEX_CARRY_PRESENT").map_or(true, |v| v != "0");
+        Ok(OrtExecutor {
+            config,
+            form,
+            session,
+            names,
+            kv: None,
+            scratch,
+            carry: None,
+            carry_enabled,
+            stats: Arc::default(),
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn attention_form(&self) -> AttentionForm {
+        self.form
+    }
+
+    /// The timing counters; the handle stays valid after the executor moves into an engine.
+    pub fn stats(&self) -> Arc<ExecutorStats> {
+        Arc::clone(&self.stats)
+    }
+}
+
+/// Metadata `ortex.attention` when the model has it (ortex make-model); otherwise a model
+/// without `position_ids` is a builder GroupQueryAttention model (docs/model-format.md).
+fn detect_form(config: &ModelConfig, session: &Session) -> AttentionForm {
+    let declared = session.metadata().ok().and_then(|m| m.custom("ortex.attention"));
+    match declared.as_deref() {
+        Some("mha") => AttentionForm::Mha,
+        Some("gqa") => AttentionForm::Gqa,
+        _ if config.names.position_ids.is_some() => AttentionForm::Mha,
+        _ => AttentionForm::Gqa,
+    }
+}
+
+/// The session's inputs and outputs must be exactly what genai_config.json names, with float32
+/// KV of the configured shape and logits as wide as the vocabulary.
+fn check_signature(config: &ModelConfig, session: &Session, names: &Names) -> Result<()> {
+    let config_file = config.config_file();
+    let model_file = &config.model_file;
+    let mismatch = |what: String| {
+        load_error(format!("{}: {what} ({} does not match it)", config_file.display(), model_file.display()))
+    };
+    let find_input = |name: &str| session.inputs().iter().find(|o| o.name() == name);
+    let find_output = |name: &str| session.outputs().iter().find(|o| o.name() == name);
+    let mut fed: Vec<&str> = vec![&names.input_ids, &names.attention_mask];
+    fed.extend(names.position_ids.as_deref());
+    fed.extend(names.past.iter().map(String::as_str));
+    for name in &fed {
+        if find_input(name).is_none() {
+            return Err(mismatch(format!("names the input {name:?}, which the model does not have")));
+        }
+    }
+    if let Some(extra) = session.inputs().iter().find(|o| !fed.contains(&o.name())) {
+        return Err(mismatch(format!("does not name the model's input {:?}", extra.name())));
+    }
+    for name in std::iter::once(&names.logits).chain(&names.present) {
+        if find_output(name).is_none() {
+            return Err(mismatch(format!("names the output {name:?}, which the model does not have")));
+        }
+    }
+    let tensor = |dtype: &ValueType| match dtype {
+        ValueType::Tensor { ty, shape, .. } => Some((*ty, shape.to_vec())),
+        _ => None,
+    };
+    let expect_type = |name: &str, dtype: &ValueType, ty: TensorElementType, rank: usize| -> Result<Vec<i64>> {
+        match tensor(dtype) {
+            Some((t, shape)) if t == ty && shape.len() == rank => Ok(shape),
+            _ => Err(load_error(format!(
+                "{}: {name} must be a {ty:?} tensor of rank {rank}; ortex runs float32 KV and logits and int64 ids",
+                model_file.display()
+            ))),
+        }
+    };
+    let kv_heads = i64::from(config.num_key_value_heads);
+    let head_size = i64::from(config.head_size);
+    for name in &names.past {
+        let shape = expect_type(name, find_input(name).expect("checked").dtype(), TensorElementType::Float32, 4)?;
+        check_dim(&shape, 1, kv_heads).map_err(|got| {
+            mismatch(format!("has model.decoder.num_key_value_heads {kv_heads} but {name} has {got} KV heads"))
+        })?;
+        check_dim(&shape, 3, head_size)
+            .map_err(|got| mismatch(format!("has model.decoder.head_size {head_size} but {name} has {got}")))?;
+    }
+    for name in &names.present {
+        expect_type(name, find_output(name).expect("checked").dtype(), TensorElementType::Float32, 4)?;
+    }
+    for name in std::iter::once(&names.input_ids).chain(&names.position_ids).chain([&names.attention_mask]) {
+        expect_type(name, find_input(name).expect("checked").dtype(), TensorElementType::Int64, 2)?;
+    }
+    let logits = expect_type(
+        &names.logits,
+        find_output(&names.logits).expect("checked").dtype(),
+        TensorElementType::Float32,
+        3,
+    )?;
+    check_dim(&logits, 2, i64::from(config.vocab_size)).map_err(|got| {
+        mismatch(format!("has model.vocab_size {} but the model's {} are {got} wide", config.vocab_size, names.logits))
+    })?;
+    Ok(())
+}
+
+/// A static dimension must equal `want`; a symbolic one (-1) passes. Err carries the actual.
+fn check_dim(shape: &[i64], axis: usize, want: i64) -> Result<(), i64> {
+    match shape.get(axis) {
+        Some(&d) if d >= 0 && d != want => Err(d),
+        _ => Ok(()),
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// One step
+// ------------------------------------------------------------------------------------------------
+
+impl Executor for OrtExecutor {
+    fn model_info(&self) -> ModelInfo {
+        ModelInfo {
+            vocab_size: self.config.vocab_size,
+            eos_token_ids: self.config.eos_token_ids.clone(),
+            max_length: self.config.context_length,
+        }
+    }
+
+    fn attach_kv(&mut self, geometry: KvGeometry) -> Result<()> {
+        let c = &self.config;
+        self.kv = Some(KvStore::new(
+            geometry,
+            c.num_hidden_layers as usize,
+            c.num_key_value_heads as usize,
+            c.head_size as usize,
+        )?);
+        self.carry = None;
+        Ok(())
+    }
+
+    fn execute(&mut self, plan: &StepPlan, out: &mut StepOutput) -> Result<(), ExecError> {
+        let started = now();
+        let kv = self.kv.as_mut().ok_or_else(|| fatal("execute before attach_kv"))?;
+        check_plan(plan, kv, self.config.context_length)?;
+        let vocab = self.config.vocab_size as usize;
+        let scratch = &mut self.scratch;
+        let sampled = assign_sampled_slots(plan, &mut scratch.sampled_slot);
+        out.clear();
+        out.layout = LogitsLayout::Dense;
+        out.width = vocab;
+        out.logits.resize(sampled * vocab, 0.0);
+        group_rows(plan, self.form, scratch);
+        let mut step = Step {
+            config: &self.config,
+            form: self.form,
+            names: &self.names,
+            session: &mut self.session,
+            kv,
+            carry: &mut self.carry,
+            carry_enabled: self.carry_enabled,
+            stats: &self.stats,
+        };
+        for i in 0..scratch.bounds.len() {
+            let (start, end) = scratch.bounds[i];
+            let rows = std::mem::take(&mut scratch.rows);
+            let result = step.invoke(plan, &rows[start as usize..end as usize], scratch, out);
+            scratch.rows = rows;
+            if result.is_err() {
+                *step.carry = None;
+            }
+            result?;
+        }
+        let s = &self.stats;
+        ExecutorStats::add(&s.steps, 1);
+        ExecutorStats::add(&s.invocations, scratch.bounds.len() as u64);
+        ExecutorStats::add(&s.rows, plan.rows.len() as u64);
+        ExecutorStats::add(&s.tokens, u64::from(plan.total_tokens()));
+        ExecutorStats::add(&s.execute_ns, elapsed_ns(started));
+        Ok(())
+    }
+}
+
+/// The plan must fit the model and the pool: tables cover every new position, positions stay
+/// inside the context (the rotary tables end there).
+fn check_plan(plan: &StepPlan, kv: &KvStore, context_length: u32) -> Result<(), ExecError> {
+    for row in &plan.rows {
+        let end = u64::from(row.start_position) + u64::from(row.token_count);
+        let covered = u64::from(row.block_count) * kv.block_size() as u64;
+        let blocks_ok = plan.row_blocks(row).iter().all(|b| (b.0 as usize) < kv.num_blocks());
+        if row.token_count == 0
+            || row.first_block != 0
+            || covered < end
+            || end > u64::from(context_length)
+            || !blocks_ok
+        {
+            return Err(fatal(format!(
+                "plan row of request {} does not fit: positions {}..{end}, {} blocks of {} from block {}, context {}",
+                row.request.0,
+                row.start_position,
+                row.block_count,
+                kv.block_size(),
+                row.first_block,
+                context_length
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Numbers the sampled rows in plan order (the order of the step output's logits rows).
+fn assign_sampled_slots(plan: &StepPlan, slots: &mut Vec<u32>) -> usize {
+    slots.clear();
+    let mut next = 0u32;
+    for row in &plan.rows {
+        slots.push(if row.sample { next } else { u32::MAX });
+        next += u32::from(row.sample);
+    }
+    next as usize
+}
+
+/// Splits the plan's rows into invocations (see the module comment).
+fn group_rows(plan: &StepPlan, form: AttentionForm, scratch: &mut Scratch) {
+    let Scratch { rows, bounds, pending, .. } = scratch;
+    rows.clear();
+    bounds.clear();
+    pending.clear();
+    let close = |rows: &mut Vec<u32>, bounds: &mut Vec<(u32, u32)>| {
+        let start = bounds.last().map_or(0, |b| b.1);
+        if rows.len() as u32 > start {
+            bounds.push((start, rows.len() as u32));
+        }
+    };
+    // Decodes: one invocation.
+    for (i, row) in plan.rows.iter().enumerate() {
+        if row.token_count == 1 {
+            rows.push(i as u32);
+        }
+    }
+    close(rows, bounds);
+    // Several new tokens: batchable ones grouped by length, the rest one by one.
+    for (i, row) in plan.rows.iter().enumerate() {
+        if row.token_count > 1 {
+            if form == AttentionForm::Gqa && row.start_position > 0 {
+                rows.push(i as u32);
+                close(rows, bounds);
+            } else {
+                pending.push(i as u32);
+            }
+        }
+    }
+    // Longest first; a row joins the group while the padded positions stay within twice the real.
+    pending.sort_by_key(|&i| (std::cmp::Reverse(plan.rows[i as usize].token_count), i));
+    let (mut width, mut real, mut count) = (0u64, 0u64, 0u64);
+    for &i in pending.iter() {
+        let n = u64::from(plan.rows[i as usize].token_count);
+        if count > 0 && (count + 1) * width > 2 * (real + n) {
+            close(rows, bounds);
+            count = 0;
+            real = 0;
+        }
+        if count == 0 {
+            width = n;
+        }
+        rows.push(i);
+        count += 1;
+        real += n;
+    }
+    close(rows, bounds);
+}
+
+/// What one invocation needs, borrowed from the executor.
+struct Step<'a> {
+    config: &'a ModelConfig,
+    form: AttentionForm,
+    names: &'a Names,
+    session: &'a mut Session,
+    kv: &'a mut KvStore,
+    carry: &'a mut Option<Carry>,
+    carry_enabled: bool,
+    stats: &'a ExecutorStats,
+}
+
+/// Shape of one invocation.
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    batch: usize,
+    past: usize,
+    new: usize,
+    kv_heads: usize,
+    head_size: usize,
+}
+
+impl Dims {
+    fn total(&self) -> usize {
+        self.past + self.new
+    }
+
+    fn past_floats_per_row(&self) -> usize {
+        self.kv_heads * self.past * self.head_size
+    }
+}
+
+fn ort_error(what: &str) -> impl FnOnce(ort::Error) -> ExecError + '_ {
+    move |e| fatal(format!("{what}: {e}"))
+}
+
+impl<'a> Step<'a> {
+    fn invoke(
+        &mut self,
+        plan: &StepPlan,
+        rows: &[u32],
+        scratch: &mut Scratch,
+        out: &mut StepOutput,
+    ) -> Result<(), ExecError> {
+        let row = |i: u32| -> &PlanRow { &plan.rows[i as usize] };
+        let dims = Dims {
+            batch: rows.len(),
+            past: rows.iter().map(|&i| row(i).start_position as usize).max().unwrap_or(0),
+            new: rows.iter().map(|&i| row(i).token_count as usize).max().unwrap_or(0),
+            kv_heads: self.config.num_key_value_heads as usize,
+            head_size: self.config.head_size as usize,
+        };
+        let decode = rows.iter().all(|&i| row(i).token_count == 1);
+        let carried =
+            decode && self.carry.as_ref().is_some_and(|c| c.continues(plan.step, plan, rows, dims, self.form));
+        let gather_started = now();
+        self.fill_inputs(plan, rows, dims, scratch);
+        if !carried {
+            self.gather_past(plan, rows, dims, scratch);
+        }
+        let carry_values = if carried { self.carry.as_ref().map(|c| c.values.as_slice()) } else { None };
+        let inputs = self.input_values(dims, scratch, carry_values)?;
+        ExecutorStats::add(&self.stats.gather_ns, elapsed_ns(gather_started));
+        ExecutorStats::add(&self.stats.carried, u64::from(carried));
+
+        let run_started = now();
+        let mut outputs = self.session.run(inputs).map_err(ort_error("the model run failed"))?;
+        ExecutorStats::add(&self.stats.run_ns, elapsed_ns(run_started));
+
+        let scatter_started = now();
+        let vocab = self.config.vocab_size as usize;
+        Self::copy_logits(&outputs, &self.names.logits, vocab, plan, rows, dims, &scratch.sampled_slot, out)?;
+        Self::scatter_present(&outputs, &self.names.present, self.form, self.kv, plan, rows, dims)?;
+        if decode && self.carry_enabled {
+            *self.carry = Self::keep_present(self.form, self.names, plan, rows, dims, &mut outputs);
+        }
+        ExecutorStats::add(&self.stats.scatter_ns, elapsed_ns(scatter_started));
+        Ok(())
+    }
+
+    /// The last new position's logits of each sampled row, into its slot of the step output.
+    #[allow(clippy::too_many_arguments)] // the invocation's pieces, borrowed apart from the session
+    fn copy_logits(
+        outputs: &ort::session::SessionOutputs<'_>,
+        name: &str,
+        vocab: usize,
+        plan: &StepPlan,
+        rows: &[u32],
+        dims: Dims,
+        sampled_slot: &[u32],
+        out: &mut StepOutput,
+    ) -> Result<(), ExecError> {
+        let (shape, logits) = outputs
+            .get(name)
+            .ok_or_else(|| fatal("the model returned no logits"))?
+            .try_extract_tensor::<f32>()
+            .map_err(ort_error("logits"))?;
+        if **shape != [dims.batch as i64, dims.new as i64, vocab as i64] {
+            return Err(fatal(format!(
+                "logits have shape {shape:?}, expected [{}, {}, {vocab}]",
+                dims.batch, dims.new
+            )));
+        }
+        for (b, &i) in rows.iter().enumerate() {
+            let slot = sampled_slot[i as usize];
+            if slot != u32::MAX {
+                let from = (b * dims.new + plan.rows[i as usize].token_count as usize - 1) * vocab;
+                out.logits[slot as usize * vocab..(slot as usize + 1) * vocab]
+                    .copy_from_slice(&logits[from..from + vocab]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Each row's new keys and values from `present` into its blocks: new token j of row b sits
+    /// at `P + j` (mha) or at `past_b + j` (gqa).
+    fn scatter_present(
+        outputs: &ort::session::SessionOutputs<'_>,
+        present: &[String],
+        form: AttentionForm,
+        kv: &mut KvStore,
+        plan: &StepPlan,
+        rows: &[u32],
+        dims: Dims,
+    ) -> Result<(), ExecError> {
+        for (index, name) in present.iter().enumerate() {
+            let (layer, kind) = (index / 2, KINDS[index % 2]);
+            let (shape, data) = outputs
+                .get(name)
+                .ok_or_else(|| fatal(format!("the model returned no {name}")))?
+                .try_extract_tensor::<f32>()
+                .map_err(ort_error(name))?;
+            let width = present_width(shape, dims).ok_or_else(|| {
+                fatal(format!(
+                    "{name} has shape {shape:?}, expected [{}, {}, >= {}, {}]",
+                    dims.batch,
+                    dims.kv_heads,
+                    dims.total(),
+                    dims.head_size
+                ))
+            })?;
+            let row_floats = dims.kv_heads * width * dims.head_size;
+            for (b, &i) in rows.iter().enumerate() {
+                let row = &plan.rows[i as usize];
+                let (past, count) = (row.start_position as usize, row.token_count as usize);
+                let at = match form {
+                    AttentionForm::Mha => dims.past,
+                    AttentionForm::Gqa => past,
+                };
+                let src = &data[b * row_floats..(b + 1) * row_floats];
+                kv.scatter(layer, kind, plan.row_blocks(row), past, count, src, width, at);
+            }
+        }
+        Ok(())
+    }
+
+    /// The present tensors of a decode invocation, when their layout can be the next past.
+    fn keep_present(
+        form: AttentionForm,
+        names: &Names,
+        plan: &StepPlan,
+        rows: &[u32],
+        dims: Dims,
+        outputs: &mut ort::session::SessionOutputs<'_>,
+    ) -> Option<Carry> {
+        let contiguous = form == AttentionForm::Gqa
+            || rows.iter().all(|&i| plan.rows[i as usize].start_position as usize == dims.past);
+        if !contiguous {
+            return None;
+        }
+        let mut values = Vec::with_capacity(names.present.len());
+        let mut width = None;
+        for name in &names.present {
+            let value = outputs.remove(name)?;
+            let w = value.try_extract_tensor::<f32>().ok()?.0.get(2).copied()?;
+            if *width.get_or_insert(w) != w {
+                return None;
+            }
+            values.push(value);
+        }
+        let rows = rows
+            .iter()
+            .map(|&i| {
+                let row = &plan.rows[i as usize];
+                (row.request, row.start_position + row.token_count)
+            })
+            .collect();
+        Some(Carry { step: plan.step, rows, width: usize::try_from(width?).ok()?, values })
+    }
+
+    /// input_ids, attention_mask, position_ids by the padding contract.
+    fn fill_inputs(&self, plan: &StepPlan, rows: &[u32], dims: Dims, scratch: &mut Scratch) {
+        let (b_n, p, s, t) = (dims.batch, dims.past, dims.new, dims.total());
+        let pad = i64::from(self.config.pad_token_id);
+        reset(&mut scratch.input_ids, b_n * s, pad);
+        reset(&mut scratch.attention_mask, b_n * t, 0);
+        reset(&mut scratch.position_ids, b_n * s, 0);
+        for (b, &i) in rows.iter().enumerate() {
+            let row = &plan.rows[i as usize];
+            let past = row.start_position as usize;
+            for (j, &token) in plan.row_tokens(row).iter().enumerate() {
+                scratch.input_ids[b * s + j] = i64::from(token);
+                scratch.position_ids[b * s + j] = (past + j) as i64;
+                scratch.attention_mask[b * t + p + j] = 1;
+            }
+            scratch.attention_mask[b * t..b * t + past].fill(1);
+        }
+    }
+
+    /// Copies each row's past from its blocks into the past tensors `[B, KH, P, D]`. Padding
+    /// positions keep whatever finite values an earlier step left there (the mask hides them).
+    fn gather_past(&self, plan: &StepPlan, rows: &[u32], dims: Dims, scratch: &mut Scratch) {
+        let per_row = dims.past_floats_per_row();
+        let len = dims.batch * per_row;
+        for (index, buffer) in scratch.past.iter_mut().enumerate() {
+            if buffer.len() < len {
+                buffer.resize(len, 0.0);
+            }
+            let (layer, kind) = (index / 2, KINDS[index % 2]);
+            for (b, &i) in rows.iter().enumerate() {
+                let row = &plan.rows[i as usize];
+                let dst = &mut buffer[b * per_row..(b + 1) * per_row];
+                self.kv.gather(layer, kind, plan.row_blocks(row), row.start_position as usize, dst, dims.past);
+            }
+        }
+    }
+
+    /// The session inputs, as views of the scratch buffers.
+    fn input_values<'s>(
+        &self,
+        dims: Dims,
+        scratch: &'s Scratch,
+        carried: Option<&'s [DynValue]>,
+    ) -> Result<Vec<(Cow<'a, str>, SessionInputValue<'s>)>, ExecError> {
+        let names: &'a Names = self.names;
+        let (b, s, t) = (dims.batch, dims.new, dims.total());
+        let ids = |name: &str, data: &'s [i64], cols: usize| -> Result<SessionInputValue<'s>, ExecError> {
+            Ok(TensorRef::from_array_view(([b, cols], data)).map_err(|e| fatal(format!("{name}: {e}")))?.into())
+        };
+        let mut inputs = Vec::with_capacity(3 + names.past.len());
+        inputs.push((Cow::Borrowed(names.input_ids.as_str()), ids("input_ids", &scratch.input_ids[..b * s], s)?));
+        inputs.push((
+            Cow::Borrowed(names.attention_mask.as_str()),
+            ids("attention_mask", &scratch.attention_mask[..b * t], t)?,
+        ));
+        if let Some(name) = &names.position_ids {
+            inputs.push((Cow::Borrowed(name.as_str()), ids("position_ids", &scratch.position_ids[..b * s], s)?));
+        }
+        if let Some(values) = carried {
+            for (name, value) in names.past.iter().zip(values) {
+                inputs.push((Cow::Borrowed(name.as_str()), value.into()));
+            }
+            return Ok(inputs);
+        }
+        let len = b * dims.past_floats_per_row();
+        for (name, buffer) in names.past.iter().zip(&scratch.past) {
+            let view = TensorRef::from_array_view(([b, dims.kv_heads, dims.past, dims.head_size], &buffer[..len]))
+                .map_err(|e| fatal(format!("{name}: {e}")))?;
+            inputs.push((Cow::Borrowed(name.as_str()), view.into()));
+        }
+        Ok(inputs)
+    }
+}
+
+/// `present`'s sequence width when its shape is `[B, KH, >= T, D]`.
+fn present_width(shape: &[i64], dims: Dims) -> Option<usize> {
+    let ok = shape.len() == 4
+        && shape[0] == dims.batch as i64
+        && shape[1] == dims.kv_heads as i64
+        && shape[2] >= dims.total() as i64
+        && shape[3] == dims.head_size as i64;
+    ok.then_some(shape[2] as usize)
+}
+
+fn reset<T: Copy>(buffer: &mut Vec<T>, len: usize, value: T) {
+    buffer.clear();
+    buffer.resize(len, value);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ortex_core::executor::PlanRow;
+    use ortex_core::ids::{RequestId, TurnId};
+
+    fn plan(rows: &[(u32, u32)]) -> StepPlan {
+        let mut plan = StepPlan::default();
+        for (i, &(start, count)) in rows.iter().enumerate() {
+            plan.rows.push(PlanRow {
+                request: RequestId(i as u32 + 1),
+                turn: TurnId(1),
+                first_block: 0,
+                request_position: i as u32,
+                start_position: start,
+                token_start: 0,
+                token_count: count,
+                block_start: 0,
+                block_count: 0,
+                sample: true,
+            });
+        }
+        plan
+    }
+
+    fn groups(rows: &[(u32, u32)], form: AttentionForm) -> Vec<Vec<u32>> {
+        let plan = plan(rows);
+        let mut scratch = Scratch::default();
+        group_rows(&plan, form, &mut scratch);
+        scratch.bounds.iter().map(|&(a, b)| scratch.rows[a as usize..b as usize].to_vec()).collect()
+    }
+
+    #[test]
+    fn decodes_share_one_invocation_and_chunks_stay_apart() {
+        // rows: decode, decode, first prompt 8, chunk with past 5 x 4, first prompt 6, decode
+        let rows = [(10, 1), (3, 1), (0, 8), (5, 4), (0, 6), (0, 1)];
+        assert_eq!(groups(&rows, AttentionForm::Mha), vec![vec![0, 1, 5], vec![2, 4, 3]]);
+        assert_eq!(groups(&rows, AttentionForm::Gqa), vec![vec![0, 1, 5], vec![3], vec![2, 4]]);
+    }
+
+    #[test]
+    fn prefill_groups_pad_at_most_twice_their_tokens() {
+        let rows = [(0, 100), (0, 10), (0, 90), (0, 3)];
+        // 100 + 90 = 190 real in 200 padded; adding 10 gives 300 padded for 200 real: still fine
+        // (300 <= 400); adding 3 gives 400 for 203: also fine (400 <= 406).
+        assert_eq!(groups(&rows, AttentionForm::Gqa), vec![vec![0, 2, 1, 3]]);
+        // 100 + 2: 200 padded for 102 real; a third row would pad 300 for 104: a new group.
+        let rows = [(0, 100), (0, 2), (0, 2), (0, 2)];
+        assert_eq!(groups(&rows, AttentionForm::Gqa), vec![vec![0, 1], vec![2, 3]]);
+        assert!(groups(&[], AttentionForm::Mha).is_empty());
+    }
+
+    #[test]
+    fn sampled_rows_are_numbered_in_plan_order() {
+        let mut plan = plan(&[(0, 3), (4, 1), (2, 2)]);
+        plan.rows[0].sample = false;
+        let mut slots = Vec::new();
+        assert_eq!(assign_sampled_slots(&plan, &mut slots), 2);
+        assert_eq!(slots, vec![u32::MAX, 0, 1]);
+    }
+}

@@ -1,0 +1,95 @@
+//! ortex-ort: runs real ONNX decoder models under the ortex engine core.
+//!
+//! - [`config`]: `genai_config.json` (onnxruntime-genai's folder layout) -> [`config::ModelConfig`]
+//! - [`runtime`]: the ONNX Runtime library (opened at runtime by absolute path) and session options
+//! - [`tokenizer`]: `tokenizer.json` through Hugging Face `tokenizers`, as the engine's text codec
+//! - [`kv_store`]: the paged KV storage behind the engine's block pool
+//! - [`executor`]: [`executor::OrtExecutor`], one engine step = a few model invocations
+//!
+//! [`load`] puts them together: folder + options -> an engine. Native only (the WebAssembly build
+//! has no ONNX Runtime).
+
+pub mod config;
+pub mod executor;
+pub mod kv_store;
+pub mod runtime;
+pub mod tokenizer;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use ortex_core::options::EngineOptions;
+use ortex_core::{Engine, OrtexError, Result};
+use serde::Deserialize;
+
+pub use config::ModelConfig;
+pub use executor::{AttentionForm, ExecutorStats, OrtExecutor, StatsSnapshot};
+pub use runtime::{ExecutionProvider, SessionSettings};
+pub use tokenizer::TokenizerCodec;
+
+/// `Engine.load`'s options: the engine's own plus how ONNX Runtime runs the model. (The core's
+/// `EngineOptions` refuses unknown fields, so the model settings are split off here.)
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LoadOptions {
+    #[serde(flatten)]
+    pub engine: EngineOptions,
+    pub execution_provider: Option<ExecutionProvider>,
+    /// 0 or absent: ONNX Runtime's default.
+    pub intra_op_threads: Option<u32>,
+}
+
+/// A loaded model folder: the executor and the text codec an engine is built from.
+pub struct Model {
+    pub executor: OrtExecutor,
+    pub codec: TokenizerCodec,
+}
+
+impl Model {
+    /// Loads `dir`: genai_config.json first (cheap, and the clearest errors), then the tokenizer,
+    /// then ONNX Runtime and the graph. `library` is the ONNX Runtime library to open when the
+    /// environment does not name one (see [`runtime`]).
+    pub fn load(dir: &Path, settings: SessionSettings, library: Option<&Path>) -> Result<Model> {
+        let config = ModelConfig::load(dir)?;
+        let codec = TokenizerCodec::load(&config.tokenizer_file(), config.vocab_size)?;
+        let session =
+            runtime::with_environment(library, |env| runtime::open_session(env, &config.model_file, settings))?;
+        let executor = OrtExecutor::new(config, session)?;
+        Ok(Model { executor, codec })
+    }
+}
+
+/// An engine over a model folder, and the handle to its executor's timings.
+pub fn load_engine(dir: &Path, options: &LoadOptions, library: Option<&Path>) -> Result<(Engine, Arc<ExecutorStats>)> {
+    let settings = SessionSettings {
+        execution_provider: options.execution_provider.unwrap_or_default(),
+        intra_op_threads: options.intra_op_threads,
+    };
+    let model = Model::load(dir, settings, library)?;
+    let stats = model.executor.stats();
+    let engine = Engine::new(&options.engine, Box::new(model.executor), Box::new(model.codec), 0)?;
+    Ok((engine, stats))
+}
+
+/// Parses `Engine.load`'s options JSON; malformed JSON, wrong types and unknown fields are
+/// INVALID_ARGUMENT.
+pub fn parse_load_options(json: &str) -> Result<LoadOptions> {
+    serde_json::from_str(json).map_err(|e| OrtexError::invalid(format!("invalid engine options: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn load_options_split_engine_and_model_settings() {
+        let options =
+            parse_load_options(r#"{"maxBatchSize":4,"executionProvider":"cuda","intraOpThreads":2}"#).unwrap();
+        assert_eq!(options.engine.max_batch_size, Some(4));
+        assert_eq!(options.execution_provider, Some(ExecutionProvider::Cuda));
+        assert_eq!(options.intra_op_threads, Some(2));
+        for bad in [r#"{"unknown":1}"#, r#"{"executionProvider":"tpu"}"#, r#"{"intraOpThreads":-1}"#, "nope"] {
+            assert_eq!(parse_load_options(bad).unwrap_err().code, ortex_core::ErrorCode::InvalidArgument, "{bad}");
+        }
+    }
+}

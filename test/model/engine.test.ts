@@ -1,0 +1,358 @@
+// The engine on real ONNX models (crates/ortex-ort through the native addon), over tiny models
+// generated at test time in both attention forms. The ground truth is ts/model/reference.ts's
+// plain single-request loop on onnxruntime-node: no paging, no batching.
+
+import { spawnSync } from 'node:child_process'
+import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join, resolve } from 'node:path'
+import { Engine, OrtexError } from 'ortex'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { makeModel } from '../../ts/model/make-model'
+import { ReferenceModel, naiveGenerate } from '../../ts/model/reference'
+
+const FORMS = ['mha', 'gqa'] as const
+type Form = (typeof FORMS)[number]
+type NativeEngine = Awaited<ReturnType<typeof Engine.load>>
+type Turn = ReturnType<NativeEngine['generate']>
+
+let root: string
+const dirs = {} as Record<Form, string>
+const references = {} as Record<Form, ReferenceModel>
+
+beforeAll(async () => {
+  root = mkdtempSync(join(tmpdir(), 'ortex-engine-'))
+  for (const form of FORMS) {
+    dirs[form] = join(root, form)
+    await makeModel({ outDir: dirs[form], size: 'tiny', attention: form, seed: 7 })
+    references[form] = await ReferenceModel.load(dirs[form])
+  }
+})
+
+afterAll(async () => {
+  for (const model of Object.values(references)) await model.release()
+  if (root) rmSync(root, { recursive: true, force: true })
+})
+
+/** Deterministic prompts of mixed lengths (token ids of the tiny vocabulary, 3..511). */
+function prompt(length: number, salt: number): number[] {
+  let x = (salt * 2654435761 + 12345) >>> 0
+  return Array.from({ length }, () => {
+    x = (Math.imul(x ^ (x >>> 15), 2246822519) + 0x9e3779b9) >>> 0
+    return 3 + (x % 509)
+  })
+}
+
+const LENGTHS = [1, 3, 7, 12, 20, 33, 5, 41]
+const ARRIVAL_STEPS = [0, 0, 1, 2, 4, 5, 7, 9]
+const MAX_NEW = 12
+const CONTINUE_NEW = 6
+
+interface Workload {
+  first: number[][]
+  second: (number[] | null)[]
+}
+
+/** Runs 8 requests arriving at different steps (caller-driven), each with a first turn and, for
+ *  every other one, a continuation turn once the first is done. Returns each turn's tokens. */
+async function runWorkload(engine: NativeEngine, options: { temperature?: number; seed?: number } = {}): Promise<Workload> {
+  const buffer = engine.createEventBuffer(64)
+  const requests = LENGTHS.map(() => engine.createRequest())
+  const first: (Turn | null)[] = LENGTHS.map(() => null)
+  const second: (Turn | null)[] = LENGTHS.map(() => null)
+  const turnOptions = (i: number, max: number) => ({
+    maxGeneratedTokens: max,
+    ...(options.temperature === undefined ? {} : { temperature: options.temperature, topK: 40, seed: (options.seed ?? 0) + i }),
+  })
+  for (let step = 0; step < 10_000; step++) {
+    LENGTHS.forEach((length, i) => {
+      if (first[i] === null && ARRIVAL_STEPS[i]! <= step) {
+        first[i] = requests[i]!.beginTurn(prompt(length, i), turnOptions(i, MAX_NEW))
+      }
+    })
+    await engine.run(buffer)
+    for (let i = 0; i < LENGTHS.length; i += 2) {
+      const request = requests[i]!
+      if (second[i] === null && first[i] !== null && request.state === 'turn-complete') {
+        try {
+          second[i] = request.beginTurn(prompt(4 + i, 100 + i), turnOptions(i, CONTINUE_NEW))
+        } catch (error) {
+          if ((error as OrtexError).code !== 'EVENTS_PENDING') throw error
+        }
+      }
+    }
+    engine.checkInvariants()
+    const allStarted = first.every((t) => t !== null) && second.every((t, i) => i % 2 === 1 || t !== null)
+    if (allStarted && !engine.hasPendingWork()) break
+  }
+  const tokens = async (turn: Turn | null) => (turn === null ? null : Array.from((await turn.done).tokens))
+  const result: Workload = {
+    first: (await Promise.all(first.map(tokens))) as number[][],
+    second: await Promise.all(second.map(tokens)),
+  }
+  for (const request of requests) request.close()
+  return result
+}
+
+/** What the plain loop gives for the same workload (continuations over the full context). */
+async function referenceWorkload(form: Form): Promise<Workload> {
+  const model = references[form]
+  const first: number[][] = []
+  const second: (number[] | null)[] = []
+  for (let i = 0; i < LENGTHS.length; i++) {
+    const p = prompt(LENGTHS[i]!, i)
+    const out = await naiveGenerate(model, p, MAX_NEW)
+    first.push(out)
+    second.push(i % 2 === 0 ? await naiveGenerate(model, [...p, ...out, ...prompt(4 + i, 100 + i)], CONTINUE_NEW) : null)
+  }
+  return { first, second }
+}
+
+const reference = {} as Record<Form, Promise<Workload>>
+function referenceFor(form: Form): Promise<Workload> {
+  reference[form] ??= referenceWorkload(form)
+  return reference[form]
+}
+
+describe.each(FORMS)('%s form', (form) => {
+  // maxScheduledTokens 16: the 20-, 33- and 41-token prompts prefill in chunks, beside decodes.
+  const options = { maxScheduledTokens: 16, intraOpThreads: 1 }
+
+  it('greedy tokens of staggered concurrent requests with chunked prefill and continuations equal the plain loop', async () => {
+    const engine = await Engine.load(dirs[form], options)
+    try {
+      expect(engine.backend).toBe('native')
+      expect(engine.config.vocabSize).toBe(512)
+      expect(engine.config.maxLength).toBe(2048)
+      expect(engine.config.eosTokenIds).toEqual([2])
+      const got = await runWorkload(engine)
+      expect(got).toEqual(await referenceFor(form))
+      const stats = engine.executorStats()!
+      expect(stats.steps).toBeGreaterThan(0)
+      expect(stats.invocations).toBeGreaterThanOrEqual(stats.steps)
+      expect(stats.runUs).toBeGreaterThan(0)
+      expect(stats.executeUs).toBeGreaterThanOrEqual(stats.gatherUs + stats.runUs + stats.scatterUs)
+      // Stable stretches of decode steps pass present back as past (gqa: always; mha: only rows of
+      // equal length, which this workload does not have).
+      if (form === 'gqa') expect(stats.carried).toBeGreaterThan(0)
+    } finally {
+      await engine.close()
+    }
+  })
+
+  it('decode steps that carry present over as past give the same tokens as gathering', async () => {
+    // Equal prompt lengths arriving together, prefilled in one step: every decode step after the
+    // first continues the last one's rows, and the rows share one past length (what mha needs).
+    const prompts = [0, 1, 2, 3].map((i) => prompt(9, 50 + i))
+    const expected = await Promise.all(prompts.map((p) => naiveGenerate(references[form], p, 16, { ignoreEos: true })))
+    for (const carry of ['1', '0']) {
+      process.env.ORTEX_CARRY_PRESENT = carry
+      const engine = await Engine.load(dirs[form], { intraOpThreads: 1 }).finally(
+        () => delete process.env.ORTEX_CARRY_PRESENT,
+      )
+      try {
+        const turns = prompts.map((p) => engine.generate(p, { maxGeneratedTokens: 16, ignoreEos: true }))
+        const got = await Promise.all(turns.map(async (t) => Array.from((await t.done).tokens)))
+        expect(got).toEqual(expected)
+        const { carried, steps } = engine.executorStats()!
+        expect(carried).toBe(carry === '1' ? steps - 2 : 0) // not the prefill nor the first decode
+      } finally {
+        await engine.close()
+      }
+    }
+  })
+
+  it('static batching gives the same tokens as dynamic', async () => {
+    const engine = await Engine.load(dirs[form], { ...options, batching: 'static', maxBatchSize: 4 })
+    try {
+      expect(engine.config.batching).toBe('static')
+      expect(await runWorkload(engine)).toEqual(await referenceFor(form))
+    } finally {
+      await engine.close()
+    }
+  })
+
+  it('seeded sampling is reproducible', async () => {
+    const runs: Workload[] = []
+    for (let i = 0; i < 2; i++) {
+      const engine = await Engine.load(dirs[form], options)
+      try {
+        runs.push(await runWorkload(engine, { temperature: 0.9, seed: 11 }))
+      } finally {
+        await engine.close()
+      }
+    }
+    expect(runs[1]).toEqual(runs[0])
+    expect(runs[0]).not.toEqual(await referenceFor(form)) // it did sample
+  })
+})
+
+describe('text on a real tokenizer', () => {
+  let engine: NativeEngine
+  beforeAll(async () => {
+    engine = await Engine.load(dirs.gqa, { intraOpThreads: 1 })
+  })
+  afterAll(async () => {
+    await engine?.close()
+  })
+
+  it('tokenize and detokenize round-trip', () => {
+    for (const text of ['The river starts as a thin line of water.', 'héllo wörld ✓ 日本語 🙂', ' ', 'a\nb\tc']) {
+      const ids = engine.tokenize(text)
+      expect(ids).toBeInstanceOf(Int32Array)
+      expect(ids.length).toBeGreaterThan(0)
+      expect(engine.detokenize(ids)).toBe(text)
+    }
+    expect(engine.tokenize('')).toEqual(new Int32Array(0))
+    expect(() => engine.detokenize([512])).toThrow(expect.objectContaining({ code: 'INVALID_ARGUMENT' }))
+  })
+
+  it('a string prompt is tokenized', async () => {
+    const text = 'The river starts as a thin line'
+    const fromText = await engine.generate(text, { maxGeneratedTokens: 8, ignoreEos: true }).done
+    const fromIds = await engine.generate(engine.tokenize(text), { maxGeneratedTokens: 8, ignoreEos: true }).done
+    expect(Array.from(fromText.tokens)).toEqual(Array.from(fromIds.tokens))
+    expect(fromText.usage.promptTokens).toBe(engine.tokenize(text).length)
+    const plain = await naiveGenerate(references.gqa, Array.from(engine.tokenize(text)), 8, { ignoreEos: true })
+    expect(Array.from(fromText.tokens)).toEqual(plain)
+  })
+
+  it('streamed text deltas equal the detokenized tokens, also when a multi-byte character spans tokens', async () => {
+    // Sampled byte tokens now and then form a valid multi-byte character (each byte one token).
+    const turns = Array.from({ length: 8 }, (_, i) =>
+      engine.generate('Once upon a time', { maxGeneratedTokens: 300, ignoreEos: true, temperature: 1.5, seed: 1000 + i }),
+    )
+    let spanning = 0
+    await Promise.all(
+      turns.map(async (turn) => {
+        let streamed = ''
+        for await (const chunk of turn) streamed += chunk.text
+        const result = await turn.done
+        const whole = engine.detokenize(result.tokens)
+        expect(streamed).toBe(whole)
+        expect(result.text).toBe(whole)
+        // A non-ASCII character other than U+FFFD needs several byte tokens (merges are ASCII).
+        if (/[^\x00-\x7f\ufffd]/u.test(whole)) spanning++
+      }),
+    )
+    expect(spanning).toBeGreaterThan(0)
+  })
+
+  it('a stop string ends the turn with reason stop, the text cut before it', async () => {
+    const input = 'The river starts'
+    const free = await engine.generate(input, { maxGeneratedTokens: 24, ignoreEos: true }).done
+    const stop = free.text.slice(6, 9)
+    expect(stop.length).toBe(3)
+    const stopped = await engine.generate(input, { maxGeneratedTokens: 24, ignoreEos: true, stop: [stop] }).done
+    expect(stopped.finishReason).toBe('stop')
+    expect(stopped.text).toBe(free.text.slice(0, free.text.indexOf(stop)))
+  })
+})
+
+describe('Engine.load errors', () => {
+  const modelLoad = async (dir: string, options: object, ...named: string[]) => {
+    const error = (await Engine.load(dir, options as never).then(
+      (engine) => {
+        void engine.close()
+        throw new Error('the folder loaded')
+      },
+      (e: unknown) => e,
+    )) as OrtexError
+    expect(error).toBeInstanceOf(OrtexError)
+    expect(error.code).toBe('MODEL_LOAD')
+    for (const name of named) expect(error.message).toContain(name)
+    return error
+  }
+
+  /** A copy of the gqa folder, changed by `edit`. */
+  const variant = (name: string, edit: (dir: string) => void): string => {
+    const dir = join(root, name)
+    cpSync(dirs.gqa, dir, { recursive: true })
+    edit(dir)
+    return dir
+  }
+
+  const editConfig = (dir: string, edit: (config: any) => void) => {
+    const file = join(dir, 'genai_config.json')
+    const config = JSON.parse(readFileSync(file, 'utf8'))
+    edit(config)
+    writeFileSync(file, JSON.stringify(config))
+  }
+
+  it('a missing folder', async () => {
+    await modelLoad(join(root, 'no-such-model'), {}, 'no-such-model')
+  })
+
+  it('a folder without model.onnx', async () => {
+    const dir = variant('no-onnx', (d) => rmSync(join(d, 'model.onnx')))
+    await modelLoad(dir, {}, 'model.onnx', 'missing')
+  })
+
+  it('a corrupt genai_config.json', async () => {
+    const dir = variant('corrupt-config', (d) => writeFileSync(join(d, 'genai_config.json'), '{"model": {"vocab_size": 5'))
+    await modelLoad(dir, {}, 'genai_config.json', 'not valid JSON')
+    const missing = variant('incomplete-config', (d) => editConfig(d, (c) => delete c.model.decoder.num_hidden_layers))
+    await modelLoad(missing, {}, 'genai_config.json', 'num_hidden_layers')
+    const heads = variant('inconsistent-heads', (d) => editConfig(d, (c) => (c.model.decoder.num_key_value_heads = 3)))
+    await modelLoad(heads, {}, 'genai_config.json', 'num_key_value_heads')
+  })
+
+  it('a vocabulary that does not match the model or the tokenizer', async () => {
+    const wide = variant('vocab-wide', (d) => editConfig(d, (c) => (c.model.vocab_size = 600)))
+    await modelLoad(wide, {}, 'genai_config.json', 'vocab_size', '512')
+    const narrow = variant('vocab-narrow', (d) => editConfig(d, (c) => (c.model.vocab_size = 400)))
+    await modelLoad(narrow, {}, 'tokenizer.json', 'vocab_size')
+  })
+
+  it('a missing or broken tokenizer.json', async () => {
+    await modelLoad(variant('no-tokenizer', (d) => rmSync(join(d, 'tokenizer.json'))), {}, 'tokenizer.json', 'missing')
+    await modelLoad(variant('bad-tokenizer', (d) => writeFileSync(join(d, 'tokenizer.json'), '{}')), {}, 'tokenizer.json')
+  })
+
+  it("executionProvider 'cuda' without the CUDA provider libraries", async () => {
+    const error = await modelLoad(dirs.gqa, { executionProvider: 'cuda' }, "executionProvider 'cuda'", 'CUDA')
+    expect(error.message).toMatch(/unavailable|cannot/)
+  })
+
+  it('options are checked', async () => {
+    await expect(Engine.load(dirs.gqa, { intraOpThreads: -1 } as never)).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' })
+    await expect(Engine.load(dirs.gqa, { numBlocks: 0 } as never)).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' })
+  })
+
+  it('the simulated model has no executor stats', async () => {
+    const engine = Engine.simulated()
+    expect(engine.executorStats()).toBeNull()
+    await engine.close()
+  })
+})
+
+describe('the ortex command line on model folders', () => {
+  const cli = resolve(__dirname, '../../dist/cli.js')
+  const ortex = (args: string[], env: Record<string, string> = {}) =>
+    spawnSync(process.execPath, [cli, ...args], { encoding: 'utf8', env: { ...process.env, ...env }, timeout: 60_000 })
+
+  it('make-model writes a folder that generate streams from', () => {
+    const dir = join(root, 'cli-made')
+    const made = ortex(['make-model', '--out', dir, '--size', 'tiny', '--attention', 'mha', '--seed', '7'])
+    expect(made.status, made.stderr).toBe(0)
+    expect(made.stdout).toContain('tiny mha seed 7')
+    expect(readFileSync(join(dir, 'model.onnx.data'))).toEqual(readFileSync(join(dirs.mha, 'model.onnx.data')))
+    const run = ortex(['generate', '--model', dir, '--prompt', 'The river', '--prompt', 'Once', '--max-tokens', '5'])
+    expect(run.status, run.stderr).toBe(0)
+    expect(run.stdout).toMatch(/total: \d+ tokens from 2 requests/)
+  })
+
+  it('make-model refuses bad flags with a one-line reason', () => {
+    const bad = ortex(['make-model', '--out', join(root, 'x'), '--size', 'huge'])
+    expect(bad.status).toBe(2)
+    expect(bad.stderr.trim().split('\n')).toHaveLength(1)
+    expect(ortex(['make-model']).status).toBe(2)
+  })
+
+  it('ORTEX_ORT_DYLIB overrides the ONNX Runtime library', () => {
+    const run = ortex(['generate', '--model', dirs.gqa, '--max-tokens', '2'], { ORTEX_ORT_DYLIB: '/nonexistent/libonnxruntime.so.1' })
+    expect(run.status).toBe(1)
+    expect(run.stderr).toContain('MODEL_LOAD')
+    expect(run.stderr).toContain('ORTEX_ORT_DYLIB')
+  })
+})

@@ -7,7 +7,7 @@
 // reports collected Requests to the core. Scheduling, KV and sampling are the core's.
 
 import type { Backend } from './backend'
-import { EVENT_STRIDE, type CoreEngine } from './binding'
+import { EVENT_STRIDE, type CoreEngine, type NativeCoreEngine } from './binding'
 import { Driver, type DriverHost } from './driver'
 import { OrtexError, toOrtexError } from './errors'
 import {
@@ -27,6 +27,7 @@ import type {
   EngineOptions,
   EngineStats,
   EventErrorCode,
+  ExecutorStats,
   GenerateOptions,
   RequestOptions,
   SimulatedOptions,
@@ -185,6 +186,13 @@ export class Engine implements EventOwner {
     }
   }
 
+  /** Addition: the ONNX executor's cumulative timings; null for the simulated model. */
+  executorStats(): ExecutorStats | null {
+    this._checkOpen()
+    const core = this._core as Partial<NativeCoreEngine>
+    const json = core.executorStatsJson === undefined ? null : this._call(() => core.executorStatsJson!())
+    return json === null ? null : (JSON.parse(json) as ExecutorStats)
+  }
 
   tokenize(text: string): Int32Array {
     v.string('text', text)

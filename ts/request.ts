@@ -76,6 +76,21 @@ export class Request {
     return cancelled
   }
 
+  /**
+   * Drops this request's tokens past `tokenCount` and frees the KV blocks past them, so that a
+   * later turn continues from the shorter context (an addition: a full-duplex client keeps only
+   * what it played of a response). Only between turns: TURN_ACTIVE while a turn is queued or
+   * running; RUN_IN_PROGRESS (retryable) while a step computing this request is in flight.
+   */
+  truncate(tokenCount: number): void {
+    v.integer('tokenCount', tokenCount)
+    this._engine._checkUsable()
+    this.checkOpen()
+    this._engine._call(() => this._engine._core.truncate(this.id, tokenCount))
+    // Freed blocks may let a request waiting for capacity run.
+    this._engine._wake()
+  }
+
   /** Idempotent, also after Engine.close(). A pending turn's `done` resolves 'cancelled'. */
   close(): void {
     if (this._record.closed) return

@@ -15,6 +15,7 @@ export type {
   EngineOptions,
   EngineStats,
   EventErrorCode,
+  ExecutorStats,
   FinishReason,
   GenerateOptions,
   RequestOptions,
@@ -26,3 +27,27 @@ export type {
   TurnResult,
   TurnUsage,
 } from './types'
+export { DuplexSessionManager } from './duplex/manager'
+export type { DuplexSessionManagerOptions, SessionExpiry } from './duplex/manager'
+export { DuplexSession } from './duplex/session'
+export type {
+  DuplexAppendOptions,
+  DuplexAppendResult,
+  DuplexSessionConfig,
+  DuplexSessionOptions,
+  DuplexTruncateOptions,
+  RespondMode,
+} from './duplex/session'
+export type {
+  Fence,
+  ResponseCreatedEvent,
+  ResponseDeltaEvent,
+  ResponseDoneEvent,
+  ResponseStatus,
+  SessionClosedEvent,
+  SessionEvent,
+  SessionExpiredEvent,
+  SessionState,
+} from './duplex/events'
+export { DuplexServer, startDuplexServer } from './server/server'
+export type { DuplexServerOptions } from './server/server'

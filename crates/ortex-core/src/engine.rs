@@ -228,6 +228,43 @@ impl Engine {
         Ok(())
     }
 
+    /// Drops the request's tokens past `token_count` and frees the KV blocks past the last one
+    /// still needed, so that a later turn continues from the shorter context. A full-duplex client
+    /// uses it to keep only what it played of a response (the OpenAI Realtime API's
+    /// `conversation.item.truncate`).
+    ///
+    /// Allowed only between turns (TURN_ACTIVE otherwise). A request whose row is in the step in
+    /// flight is refused with RUN_IN_PROGRESS, which is retryable: that step commits KV for
+    /// positions the truncation would drop, so the call must wait until it has committed.
+    pub fn truncate(&mut self, id: RequestId, token_count: u32) -> Result<()> {
+        self.check_usable()?;
+        let request = self.open_request(id)?;
+        if request.running_turn().is_some() {
+            return Err(OrtexError::new(
+                ErrorCode::TurnActive,
+                format!("request {} has a turn queued or running; truncate after it ends", id.0),
+            ));
+        }
+        if token_count > request.token_count() {
+            return Err(OrtexError::invalid(format!(
+                "cannot truncate request {} to {token_count} tokens: it holds {}",
+                id.0,
+                request.token_count()
+            )));
+        }
+        if self.in_flight.is_some() && request.planned_step == self.in_flight {
+            return Err(OrtexError::new(
+                ErrorCode::RunInProgress,
+                format!("request {} has a row in the step in flight; truncate after it commits", id.0),
+            ));
+        }
+        let block_size = self.config.block_size;
+        let request = self.requests.get_mut(&id).expect("checked");
+        let freed = request.truncate_to(token_count, block_size);
+        self.pool.free(&freed);
+        Ok(())
+    }
+
     /// Cancels the request's queued or active turn `turn`. Publishes exactly one TurnFinished
     /// (reason cancelled), merged into a still-undelivered token event when there is one.
     pub fn cancel_turn(&mut self, id: RequestId, turn: TurnId) -> Result<bool> {

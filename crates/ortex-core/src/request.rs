@@ -13,6 +13,7 @@
 
 use crate::events::{FinishReason, Usage};
 use crate::ids::{BlockId, RequestId, TurnId};
+use crate::kv::blocks_for_tokens;
 use crate::options::ResolvedTurnOptions;
 use crate::rng::Rng;
 
@@ -189,6 +190,28 @@ impl Request {
             self.turn = TurnSlot::Complete;
         }
         self.prefill_target = 0;
+    }
+
+    /// Drops the tokens past `token_count` between turns. The computed KV shrinks with them, a
+    /// pending prefill shrinks to what is left of it, and the blocks past the last one the
+    /// remaining KV needs are returned for the caller to free.
+    ///
+    /// ```text
+    ///   before:  tokens [0 ............................ n)   kv_len k, blocks ceil(k / B)
+    ///   after:   tokens [0 ......... c)                      kv_len min(k, c), blocks ceil(kv_len / B)
+    /// ```
+    pub fn truncate_to(&mut self, token_count: u32, block_size: u32) -> Vec<BlockId> {
+        assert!(!self.closed, "request {} truncated after close", self.id.0);
+        assert!(self.running_turn().is_none(), "request {} truncated while a turn runs", self.id.0);
+        assert!(token_count <= self.token_count(), "request {} truncated past its end", self.id.0);
+        let kept_blocks = blocks_for_tokens(self.kv_len, block_size) as usize;
+        assert_eq!(kept_blocks, self.blocks.len(), "request {} holds blocks past its KV between steps", self.id.0);
+        self.tokens.truncate(token_count as usize);
+        self.kv_len = self.kv_len.min(token_count);
+        let prefill_target = self.prefill_target.min(token_count);
+        self.prefill_target = if prefill_target > self.kv_len { prefill_target } else { 0 };
+        let keep = blocks_for_tokens(self.kv_len, block_size) as usize;
+        self.blocks.split_off(keep)
     }
 
     /// Why the turn ends after `token` was appended, if it does. Order: eos, stop,

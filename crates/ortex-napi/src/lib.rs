@@ -14,6 +14,7 @@
 //! task can find it again in `resolve`; the lock is never taken off the JS thread, so it is
 //! never contended.
 
+mod model;
 mod ops;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -69,6 +70,8 @@ fn lock(engine: &Mutex<Engine>) -> MutexGuard<'_, Engine> {
 #[napi]
 pub struct CoreEngine {
     engine: Arc<Mutex<Engine>>,
+    /// The ONNX executor's timings (model.rs); None for the simulated model.
+    executor_stats: Option<Arc<ortex_ort::ExecutorStats>>,
 }
 
 impl CoreEngine {
@@ -85,7 +88,7 @@ impl CoreEngine {
         let engine = catch_unwind(|| ops::simulated_impl(&options_json))
             .unwrap_or_else(|payload| Err(unhealthy_after_panic(&ops::panic_message(payload.as_ref()))))
             .map_err(coded)?;
-        Ok(CoreEngine { engine: Arc::new(Mutex::new(engine)) })
+        Ok(CoreEngine { engine: Arc::new(Mutex::new(engine)), executor_stats: None })
     }
 
     #[napi]
@@ -201,6 +204,166 @@ impl CoreEngine {
     pub fn check_invariants(&self) -> napi::Result<(), String> {
         self.call(|engine| {
             ops::check_invariants_impl(engine);
+            Ok(())
+        })
+    }
+
+    /// Drops the request's tokens past `tokenCount` between turns and frees the KV blocks past them.
+    #[napi]
+    pub fn truncate(&self, request_id: u32, token_count: u32) -> napi::Result<(), String> {
+        self.call(|engine| ops::truncate_impl(engine, request_id, token_count))
+    }
+
+    /// `tokens[start..end]` of the request's context (clamped).
+    #[napi]
+    pub fn request_tokens(&self, request_id: u32, start: u32, end: u32) -> napi::Result<Int32Array, String> {
+        self.call(|engine| ops::request_tokens_impl(engine, request_id, start, end)).map(Int32Array::new)
+    }
+
+    /// A full-duplex session manager (the core's session rules) for this engine's sessions.
+    #[napi]
+    pub fn create_sessions(&self, options_json: String) -> napi::Result<CoreSessions, String> {
+        let sessions = catch_unwind(|| ops::Sessions::new(&options_json))
+            .unwrap_or_else(|payload| Err(sessions_panic(&ops::panic_message(payload.as_ref()))))
+            .map_err(coded)?;
+        Ok(CoreSessions { sessions, broken: None })
+    }
+}
+
+fn sessions_panic(message: &str) -> OrtexError {
+    OrtexError::new(ErrorCode::EngineUnhealthy, format!("the session manager panicked and is unusable: {message}"))
+}
+
+/// ortex-core's full-duplex session rules (fences, leases, appends, cancel, two-phase close,
+/// expiry). JSON in and out; every method lives in `ops::Sessions`. A panic (a broken session
+/// invariant) becomes an ENGINE_UNHEALTHY error, and every later call is refused the same way.
+#[napi]
+pub struct CoreSessions {
+    sessions: ops::Sessions,
+    broken: Option<String>,
+}
+
+impl CoreSessions {
+    fn call<T>(&mut self, call: impl FnOnce(&mut ops::Sessions) -> ortex_core::Result<T>) -> napi::Result<T, String> {
+        if let Some(message) = &self.broken {
+            return Err(coded(sessions_panic(message)));
+        }
+        match catch_unwind(AssertUnwindSafe(|| call(&mut self.sessions))) {
+            Ok(result) => result.map_err(coded),
+            Err(payload) => {
+                let message = ops::panic_message(payload.as_ref());
+                self.broken = Some(message.clone());
+                Err(coded(sessions_panic(&message)))
+            }
+        }
+    }
+}
+
+#[napi]
+impl CoreSessions {
+    #[napi]
+    pub fn open(&mut self, session_id: String, now_ms: f64) -> napi::Result<String, String> {
+        self.call(|sessions| sessions.open(&session_id, now_ms))
+    }
+
+    #[napi]
+    pub fn get(&mut self, session_id: String) -> napi::Result<String, String> {
+        self.call(|sessions| sessions.get(&session_id))
+    }
+
+    #[napi]
+    pub fn bind_request(&mut self, session_id: String, request_id: u32) -> napi::Result<(), String> {
+        self.call(|sessions| sessions.bind_request(&session_id, request_id))
+    }
+
+    #[napi]
+    pub fn prepare_append(&mut self, session_id: String, request_json: String) -> napi::Result<String, String> {
+        self.call(|sessions| sessions.prepare_append(&session_id, &request_json))
+    }
+
+    #[napi]
+    pub fn commit_append(&mut self, reservation_id: u32, now_ms: f64) -> napi::Result<String, String> {
+        self.call(|sessions| sessions.commit_append(reservation_id, now_ms))
+    }
+
+    #[napi]
+    pub fn discard_reservation(&mut self, reservation_id: u32) -> napi::Result<(), String> {
+        self.call(|sessions| {
+            sessions.discard_reservation(reservation_id);
+            Ok(())
+        })
+    }
+
+    #[napi]
+    pub fn start_response(&mut self, session_id: String, now_ms: f64) -> napi::Result<String, String> {
+        self.call(|sessions| sessions.start_response(&session_id, now_ms))
+    }
+
+    #[napi]
+    pub fn cancel(&mut self, session_id: String, cancelled_json: String, now_ms: f64) -> napi::Result<String, String> {
+        self.call(|sessions| sessions.cancel(&session_id, &cancelled_json, now_ms))
+    }
+
+    #[napi]
+    pub fn validate_fence(&mut self, session_id: String, fence_json: String) -> napi::Result<(), String> {
+        self.call(|sessions| sessions.validate_fence(&session_id, &fence_json))
+    }
+
+    #[napi]
+    pub fn touch(&mut self, session_id: String, now_ms: f64, activity: String) -> napi::Result<(), String> {
+        self.call(|sessions| sessions.touch(&session_id, now_ms, &activity))
+    }
+
+    #[napi]
+    pub fn detach(&mut self, session_id: String, now_ms: f64) -> napi::Result<String, String> {
+        self.call(|sessions| sessions.detach(&session_id, now_ms))
+    }
+
+    #[napi]
+    pub fn resume(&mut self, session_id: String, now_ms: f64, expected_generation: f64) -> napi::Result<String, String> {
+        self.call(|sessions| sessions.resume(&session_id, now_ms, expected_generation))
+    }
+
+    #[napi]
+    pub fn begin_operation(&mut self, session_id: String, now_ms: f64, operation_id: String) -> napi::Result<(), String> {
+        self.call(|sessions| sessions.begin_operation(&session_id, now_ms, &operation_id))
+    }
+
+    #[napi]
+    pub fn end_operation(&mut self, session_id: String, now_ms: f64, operation_id: String) -> napi::Result<(), String> {
+        self.call(|sessions| sessions.end_operation(&session_id, now_ms, &operation_id))
+    }
+
+    #[napi]
+    pub fn replace_configs(&mut self, session_id: String, configs_json: String) -> napi::Result<f64, String> {
+        self.call(|sessions| sessions.replace_configs(&session_id, &configs_json))
+    }
+
+    #[napi]
+    pub fn begin_close(&mut self, session_id: String, fence_json: String, reason: String) -> napi::Result<bool, String> {
+        self.call(|sessions| sessions.begin_close(&session_id, &fence_json, &reason))
+    }
+
+    #[napi]
+    pub fn finalize_close(&mut self, session_id: String) -> napi::Result<String, String> {
+        self.call(|sessions| sessions.finalize_close(&session_id))
+    }
+
+    #[napi]
+    pub fn collect_expired(&mut self, now_ms: f64) -> napi::Result<String, String> {
+        self.call(|sessions| sessions.collect_expired(now_ms))
+    }
+
+    #[napi]
+    pub fn num_sessions(&mut self) -> napi::Result<u32, String> {
+        self.call(|sessions| Ok(sessions.num_sessions()))
+    }
+
+    /// Test hook: a broken invariant comes back as an ENGINE_UNHEALTHY error.
+    #[napi]
+    pub fn check_invariants(&mut self) -> napi::Result<(), String> {
+        self.call(|sessions| {
+            sessions.check_invariants();
             Ok(())
         })
     }

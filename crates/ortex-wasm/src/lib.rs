@@ -133,4 +133,126 @@ impl CoreEngine {
     pub fn check_invariants(&self) {
         ops::check_invariants_impl(&self.engine);
     }
+
+    /// Drops the request's tokens past `tokenCount` between turns and frees the KV blocks past them.
+    pub fn truncate(&mut self, request_id: u32, token_count: u32) -> Result<(), JsValue> {
+        ops::truncate_impl(&mut self.engine, request_id, token_count).map_err(coded)
+    }
+
+    /// `tokens[start..end]` of the request's context (clamped). Returns an Int32Array.
+    #[wasm_bindgen(js_name = requestTokens)]
+    pub fn request_tokens(&self, request_id: u32, start: u32, end: u32) -> Result<Vec<i32>, JsValue> {
+        ops::request_tokens_impl(&self.engine, request_id, start, end).map_err(coded)
+    }
+
+    /// A full-duplex session manager (the core's session rules) for this engine's sessions.
+    #[wasm_bindgen(js_name = createSessions)]
+    pub fn create_sessions(&self, options_json: &str) -> Result<CoreSessions, JsValue> {
+        Ok(CoreSessions { sessions: ops::Sessions::new(options_json).map_err(coded)? })
+    }
+}
+
+/// ortex-core's full-duplex session rules (fences, leases, appends, cancel, two-phase close,
+/// expiry). JSON in and out; every method lives in `ops::Sessions`.
+#[wasm_bindgen]
+pub struct CoreSessions {
+    sessions: ops::Sessions,
+}
+
+#[wasm_bindgen]
+impl CoreSessions {
+    pub fn open(&mut self, session_id: &str, now_ms: f64) -> Result<String, JsValue> {
+        self.sessions.open(session_id, now_ms).map_err(coded)
+    }
+
+    pub fn get(&mut self, session_id: &str) -> Result<String, JsValue> {
+        self.sessions.get(session_id).map_err(coded)
+    }
+
+    #[wasm_bindgen(js_name = bindRequest)]
+    pub fn bind_request(&mut self, session_id: &str, request_id: u32) -> Result<(), JsValue> {
+        self.sessions.bind_request(session_id, request_id).map_err(coded)
+    }
+
+    #[wasm_bindgen(js_name = prepareAppend)]
+    pub fn prepare_append(&mut self, session_id: &str, request_json: &str) -> Result<String, JsValue> {
+        self.sessions.prepare_append(session_id, request_json).map_err(coded)
+    }
+
+    #[wasm_bindgen(js_name = commitAppend)]
+    pub fn commit_append(&mut self, reservation_id: u32, now_ms: f64) -> Result<String, JsValue> {
+        self.sessions.commit_append(reservation_id, now_ms).map_err(coded)
+    }
+
+    #[wasm_bindgen(js_name = discardReservation)]
+    pub fn discard_reservation(&mut self, reservation_id: u32) {
+        self.sessions.discard_reservation(reservation_id);
+    }
+
+    #[wasm_bindgen(js_name = startResponse)]
+    pub fn start_response(&mut self, session_id: &str, now_ms: f64) -> Result<String, JsValue> {
+        self.sessions.start_response(session_id, now_ms).map_err(coded)
+    }
+
+    pub fn cancel(&mut self, session_id: &str, cancelled_json: &str, now_ms: f64) -> Result<String, JsValue> {
+        self.sessions.cancel(session_id, cancelled_json, now_ms).map_err(coded)
+    }
+
+    #[wasm_bindgen(js_name = validateFence)]
+    pub fn validate_fence(&mut self, session_id: &str, fence_json: &str) -> Result<(), JsValue> {
+        self.sessions.validate_fence(session_id, fence_json).map_err(coded)
+    }
+
+    pub fn touch(&mut self, session_id: &str, now_ms: f64, activity: &str) -> Result<(), JsValue> {
+        self.sessions.touch(session_id, now_ms, activity).map_err(coded)
+    }
+
+    pub fn detach(&mut self, session_id: &str, now_ms: f64) -> Result<String, JsValue> {
+        self.sessions.detach(session_id, now_ms).map_err(coded)
+    }
+
+    pub fn resume(&mut self, session_id: &str, now_ms: f64, expected_generation: f64) -> Result<String, JsValue> {
+        self.sessions.resume(session_id, now_ms, expected_generation).map_err(coded)
+    }
+
+    #[wasm_bindgen(js_name = beginOperation)]
+    pub fn begin_operation(&mut self, session_id: &str, now_ms: f64, operation_id: &str) -> Result<(), JsValue> {
+        self.sessions.begin_operation(session_id, now_ms, operation_id).map_err(coded)
+    }
+
+    #[wasm_bindgen(js_name = endOperation)]
+    pub fn end_operation(&mut self, session_id: &str, now_ms: f64, operation_id: &str) -> Result<(), JsValue> {
+        self.sessions.end_operation(session_id, now_ms, operation_id).map_err(coded)
+    }
+
+    #[wasm_bindgen(js_name = replaceConfigs)]
+    pub fn replace_configs(&mut self, session_id: &str, configs_json: &str) -> Result<f64, JsValue> {
+        self.sessions.replace_configs(session_id, configs_json).map_err(coded)
+    }
+
+    #[wasm_bindgen(js_name = beginClose)]
+    pub fn begin_close(&mut self, session_id: &str, fence_json: &str, reason: &str) -> Result<bool, JsValue> {
+        self.sessions.begin_close(session_id, fence_json, reason).map_err(coded)
+    }
+
+    #[wasm_bindgen(js_name = finalizeClose)]
+    pub fn finalize_close(&mut self, session_id: &str) -> Result<String, JsValue> {
+        self.sessions.finalize_close(session_id).map_err(coded)
+    }
+
+    #[wasm_bindgen(js_name = collectExpired)]
+    pub fn collect_expired(&mut self, now_ms: f64) -> Result<String, JsValue> {
+        self.sessions.collect_expired(now_ms).map_err(coded)
+    }
+
+    #[wasm_bindgen(js_name = numSessions)]
+    pub fn num_sessions(&self) -> u32 {
+        self.sessions.num_sessions()
+    }
+
+    /// Test hook: a broken invariant panics, which traps (panic=abort).
+    #[wasm_bindgen(js_name = checkInvariants)]
+    pub fn check_invariants(&self) {
+        self.sessions.check_invariants();
+    }
 }

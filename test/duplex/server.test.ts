@@ -1,0 +1,309 @@
+// End to end: the real WebSocket server (startDuplexServer, what `ortex serve` runs) on
+// 127.0.0.1, port 0, driven by real `ws` clients, over both backends. No timing assertions:
+// waits are bounded by message counts and a generous safety timeout, and where a test needs a
+// response to be mid-way it pauses the engine (engine.stop()) instead of racing it.
+import WebSocket from 'ws'
+import { afterEach, describe, expect, it } from 'vitest'
+import { ortex, selectedBackends } from '../helpers/backends'
+import { macrotask } from '../helpers/util'
+
+/** A safety net for a wait that should end quickly; a test never asserts on time. */
+const WAIT_LIMIT_MS = 20_000
+
+class Client {
+  readonly messages: any[] = []
+  private cursor = 0
+  private waiters: (() => void)[] = []
+  closeCode: number | null = null
+
+  private constructor(readonly ws: WebSocket) {
+    ws.on('message', (data) => {
+      this.messages.push(JSON.parse(data.toString()))
+      this.wake()
+    })
+    ws.on('close', (code) => {
+      this.closeCode = code
+      this.wake()
+    })
+    ws.on('error', () => {})
+  }
+
+  static async connect(url: string): Promise<Client> {
+    const ws = new WebSocket(url)
+    await new Promise<void>((resolve, reject) => {
+      ws.once('open', () => resolve())
+      ws.once('error', reject)
+    })
+    return new Client(ws)
+  }
+
+  send(event: unknown): void {
+    this.ws.send(typeof event === 'string' ? event : JSON.stringify(event))
+  }
+
+  /** The next message (after the ones already taken) that matches; earlier ones are skipped. */
+  async next(match: (m: any) => boolean, what: string): Promise<any> {
+    const deadline = Date.now() + WAIT_LIMIT_MS
+    for (;;) {
+      while (this.cursor < this.messages.length) {
+        const message = this.messages[this.cursor++]
+        if (match(message)) return message
+      }
+      if (this.closeCode !== null) throw new Error(`connection closed (${this.closeCode}) while waiting for ${what}`)
+      if (Date.now() > deadline) throw new Error(`no ${what} within the safety limit; got ${JSON.stringify(this.messages.slice(-5))}`)
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, 250)
+        this.waiters.push(() => {
+          clearTimeout(timer)
+          resolve()
+        })
+      })
+    }
+  }
+
+  type(type: string): Promise<any> {
+    return this.next((m) => m.type === type, type)
+  }
+
+  async waitClosed(): Promise<number> {
+    await this.next(() => false, 'close').catch(() => undefined)
+    return this.closeCode ?? -1
+  }
+
+  close(): void {
+    this.ws.close()
+  }
+
+  private wake(): void {
+    const waiters = this.waiters
+    this.waiters = []
+    for (const wake of waiters) wake()
+  }
+}
+
+function checkSeq(messages: any[]): void {
+  messages.forEach((m, i) => expect(m.server_event_seq).toBe(i + 1))
+}
+
+function sameWireFence(a: any, b: any): boolean {
+  return JSON.stringify(a) === JSON.stringify(b)
+}
+
+describe.each(selectedBackends())('duplex server end to end (%s)', (backend) => {
+  const mod = ortex(backend)
+  let cleanups: (() => Promise<void> | void)[] = []
+
+  async function start(options: Record<string, unknown> = {}, engineOptions: Record<string, unknown> = {}) {
+    const engine = mod.Engine.simulated({ seed: 3, ...engineOptions })
+    const server = await mod.startDuplexServer(engine, { port: 0, host: '127.0.0.1', sweepIntervalMs: 0, ...options })
+    const clients: Client[] = []
+    cleanups.push(async () => {
+      for (const client of clients) client.ws.terminate()
+      await server.close()
+      await engine.close()
+    })
+    const connect = async () => {
+      const client = await Client.connect(server.url)
+      clients.push(client)
+      return client
+    }
+    return { engine, server, connect }
+  }
+
+  afterEach(async () => {
+    for (const cleanup of cleanups.reverse()) await cleanup()
+    cleanups = []
+  })
+
+  it('barge-in mid-response: response.done cancelled, nothing of it afterwards, the next response runs', async () => {
+    const { engine, connect } = await start({ turn: { maxGeneratedTokens: 1000 } })
+    const client = await connect()
+    client.send({ type: 'input_text.append', text: 'tell me everything', final: true })
+    const created = await client.type('session.created')
+    expect(created.session.fence.epoch).toBe(0)
+    expect(typeof created.resume_token).toBe('string')
+    const response = await client.type('response.created')
+    for (let i = 0; i < 3; i++) await client.type('response.output_text.delta')
+    // Hold the engine so the barge-in lands mid-response for certain.
+    await engine.stop()
+    client.send({ type: 'barge_in', played_tokens: 2 })
+    const cancelled = await client.type('response.cancelled')
+    expect(cancelled.fence.epoch).toBe(1)
+    const done = await client.next((m) => m.type === 'response.done', 'response.done')
+    expect(done.status).toBe('cancelled')
+    expect(sameWireFence(done.fence, response.fence)).toBe(true)
+    engine.start()
+    client.send({ type: 'session.update', session: { max_output_tokens: 4 } })
+    await client.type('session.updated')
+    client.send({ type: 'input_text.append', text: 'stop, what time is it?', final: true })
+    const next = await client.type('response.created')
+    expect(next.fence.epoch).toBe(1)
+    const nextDone = await client.type('response.done')
+    expect(nextDone).toMatchObject({ status: 'completed', finish_reason: 'max-generated-tokens' })
+    expect(nextDone.usage.output_tokens).toBe(4)
+    const afterDone = client.messages.slice(client.messages.indexOf(done) + 1)
+    expect(afterDone.filter((m) => m.fence !== undefined && sameWireFence(m.fence, response.fence))).toEqual([])
+    checkSeq(client.messages)
+  })
+
+  it('resume after a drop returns the same session; after the grace it expires and its KV is freed', async () => {
+    let clock = 10_000
+    const { engine, server, connect } = await start({ disconnectGraceMs: 5_000, now: () => clock, turn: { maxGeneratedTokens: 30 } })
+    const total = engine.stats().totalBlocks
+    const first = await connect()
+    first.send({ type: 'session.update', session: { respond: 'on-final' } })
+    const created = await first.type('session.created')
+    const { id } = created.session
+    const token = created.resume_token
+    first.send({ type: 'input_text.append', text: 'remember this', final: true })
+    await first.type('response.created')
+    first.ws.terminate()
+    const session = server.manager.get(id)!
+    for (let i = 0; i < 10_000 && session.state !== 'detached'; i++) await macrotask()
+    expect(session.state).toBe('detached')
+
+    const second = await connect()
+    second.send({ type: 'session.resume', session_id: id, resume_token: `${token}x`, lease_generation: 0 })
+    expect((await second.type('error')).error.code).toBe('INVALID_RESUME_TOKEN')
+    second.send({ type: 'session.resume', session_id: id, resume_token: token, lease_generation: 7 })
+    expect((await second.type('error')).error.code).toBe('LEASE_GENERATION_MISMATCH')
+    second.send({ type: 'session.resume', session_id: id, resume_token: token, lease_generation: 0 })
+    const resumed = await second.type('session.resumed')
+    expect(resumed.session.id).toBe(id)
+    expect(resumed.session.lease_generation).toBe(1)
+    // What the session produced meanwhile is delivered here.
+    const done = await second.type('response.done')
+    expect(done.status).toBe('completed')
+    second.send({ type: 'input_text.append', text: 'and now?', final: true })
+    expect((await second.type('response.done')).status).toBe('completed')
+    checkSeq(second.messages)
+
+    second.ws.terminate()
+    for (let i = 0; i < 10_000 && session.state !== 'detached'; i++) await macrotask()
+    clock += 4_999
+    expect(server.collectExpired()).toBe(0)
+    clock += 1
+    expect(server.collectExpired()).toBe(1)
+    expect(server.manager.get(id)).toBeUndefined()
+    expect(engine.stats().activeRequests).toBe(0)
+    for (let i = 0; i < 1000 && engine.stats().freeBlocks !== total; i++) await macrotask()
+    expect(engine.stats().freeBlocks).toBe(total)
+    const third = await connect()
+    third.send({ type: 'session.resume', session_id: id, resume_token: token, lease_generation: 1 })
+    expect((await third.type('error')).error).toMatchObject({ code: 'SESSION_CLOSED', type: 'session_error' })
+  })
+
+  it('idempotent retry: the same operation_id returns the first result with replayed: true', async () => {
+    const { connect } = await start({ turn: { maxGeneratedTokens: 3 } })
+    const client = await connect()
+    client.send({ type: 'input_text.append', text: 'part one ', operation_id: 'op-1' })
+    const first = await client.type('input.committed')
+    expect(first).toMatchObject({ seq: 1, turn_seq: 1, replayed: false, operation_id: 'op-1' })
+    client.send({ type: 'input_text.append', text: 'part one ', operation_id: 'op-1' })
+    const retry = await client.type('input.committed')
+    expect(retry).toMatchObject({ seq: 1, turn_seq: 1, replayed: true, operation_id: 'op-1' })
+    client.send({ type: 'input_text.append', text: 'other text', operation_id: 'op-1' })
+    expect((await client.type('error')).error.code).toBe('OPERATION_REUSED')
+    client.send({ type: 'input_text.append', text: 'part two', final: true, operation_id: 'op-2' })
+    const end = await client.type('input.committed')
+    expect(end.seq).toBe(2)
+    client.send({ type: 'input_text.append', text: 'part two', final: true, operation_id: 'op-2' })
+    expect((await client.type('input.committed')).replayed).toBe(true)
+    await client.type('response.done')
+    expect(client.messages.filter((m) => m.type === 'response.created')).toHaveLength(1)
+    // A stale fence (before a cancel) is refused; the connection keeps working.
+    client.send({ type: 'response.cancel' })
+    await client.type('response.cancelled')
+    client.send({ type: 'input_text.append', text: 'late', fence: end.fence })
+    expect((await client.type('error')).error.code).toBe('FENCE_MISMATCH')
+    client.send({ type: 'input.commit' })
+    expect((await client.type('input.committed')).seq).toBe(1)
+    checkSeq(client.messages)
+  })
+
+  it('capacity: a session beyond max sessions gets a retryable error; a freed slot is reused', async () => {
+    const { server, connect } = await start({ maxSessions: 2 })
+    const a = await connect()
+    const b = await connect()
+    a.send({ type: 'session.update' })
+    b.send({ type: 'session.update' })
+    await a.type('session.created')
+    await b.type('session.created')
+    const c = await connect()
+    c.send({ type: 'input_text.append', text: 'me too' })
+    const refused = await c.type('error')
+    expect(refused.error).toMatchObject({ type: 'capacity_error', code: 'CAPACITY_EXHAUSTED', retryable: true, event_type: 'input_text.append' })
+    a.send({ type: 'session.close' })
+    expect((await a.type('session.closed')).reason).toBe('client_close')
+    expect(server.sessionCount).toBe(1)
+    c.send({ type: 'input_text.append', text: 'me too' })
+    await c.type('session.created')
+    await c.type('input.committed')
+  })
+
+  it('serves 20 concurrent sessions to the end of their responses', async () => {
+    const { engine, server, connect } = await start({ turn: { maxGeneratedTokens: 12 } })
+    const clients = await Promise.all(Array.from({ length: 20 }, () => connect()))
+    clients.forEach((client, i) => {
+      client.send({ type: 'input_text.append', text: `question number ${i} ` })
+      client.send({ type: 'input_text.append', text: 'please answer', final: true })
+    })
+    const dones = await Promise.all(clients.map((client) => client.type('response.done')))
+    const ids = new Set<string>()
+    for (const [i, client] of clients.entries()) {
+      expect(dones[i]).toMatchObject({ status: 'completed', usage: { output_tokens: 12 } })
+      const deltas = client.messages.filter((m) => m.type === 'response.output_text.delta' && m.token !== null)
+      expect(deltas.map((d) => d.index)).toEqual([...Array(12).keys()])
+      ids.add(client.messages.find((m) => m.type === 'session.created').session.id)
+      checkSeq(client.messages)
+    }
+    expect(ids.size).toBe(20)
+    expect(server.sessionCount).toBe(20)
+    for (const client of clients) client.send({ type: 'session.close', reason: 'done' })
+    await Promise.all(clients.map((client) => client.type('session.closed')))
+    expect(server.sessionCount).toBe(0)
+    expect(engine.stats().activeRequests).toBe(0)
+  })
+
+  it('malformed JSON, unknown types, bad fields and oversize messages get errors; everything keeps working', async () => {
+    const { connect } = await start({ maxMessageBytes: 1024, turn: { maxGeneratedTokens: 5 } })
+    const bystander = await connect()
+    bystander.send({ type: 'input_text.append', text: 'I am unaffected', final: true })
+    const client = await connect()
+    const bad: [unknown, string][] = [
+      ['{"type": "input_text.append", "text": ', 'INVALID_JSON'],
+      ['[1, 2, 3]', 'INVALID_EVENT'],
+      [{ type: 'conversation.item.create' }, 'UNKNOWN_EVENT'],
+      [{ text: 'no type' }, 'INVALID_EVENT'],
+      [{ type: 'input_text.append', text: 42 }, 'INVALID_EVENT'],
+      [{ type: 'input_text.append', text: 'x', colour: 'red' }, 'INVALID_EVENT'],
+      [{ type: 'input_text.append', text: 'x'.repeat(2000) }, 'MESSAGE_TOO_LARGE'],
+      [{ type: 'session.heartbeat' }, 'NO_SESSION'],
+      [{ type: 'response.truncate', played_tokens: -1 }, 'INVALID_EVENT'],
+      [{ type: 'session.update', session: { max_output_tokens: -3 } }, 'INVALID_ARGUMENT'],
+    ]
+    for (const [message, code] of bad) {
+      client.send(message)
+      const error = await client.type('error')
+      expect(error.error.code, JSON.stringify(message).slice(0, 80)).toBe(code)
+    }
+    client.ws.send(Buffer.from([1, 2, 3]), { binary: true })
+    expect((await client.type('error')).error.code).toBe('INVALID_EVENT')
+    // The refused session.update needed a session, so the connection has one now.
+    expect(client.messages.filter((m) => m.type === 'session.created')).toHaveLength(1)
+    client.send({ type: 'input_text.append', text: 'still here', final: true, event_id: 'e1' })
+    expect((await client.type('input.committed')).seq).toBe(1)
+    expect((await client.type('response.done')).status).toBe('completed')
+    client.send({ type: 'response.truncate', played_tokens: 2 })
+    await client.type('response.truncated')
+    checkSeq(client.messages)
+    // A frame beyond the WebSocket layer's own limit ends that connection only (close 1009).
+    const reckless = await connect()
+    reckless.send({ type: 'input_text.append', text: 'y'.repeat(2 << 20) })
+    expect(await reckless.waitClosed()).toBe(1009)
+    expect((await bystander.type('response.done')).status).toBe('completed')
+    bystander.send({ type: 'session.heartbeat' })
+    bystander.send({ type: 'input.commit' })
+    expect((await bystander.type('input.committed')).final).toBe(true)
+  })
+})

@@ -1,0 +1,203 @@
+// DuplexSessionManager: the full-duplex sessions of one engine (docs/api.md). It owns the core's
+// session manager (capacity, two-phase close, expiry: crates/ortex-core/src/session) and opens
+// each session on its own engine Request. It never starts the engine: open, append, close,
+// detach, resume and collectExpired need no driven engine; responses do.
+
+import { randomUUID } from 'node:crypto'
+
+import { Engine } from '../engine'
+import { invalidArgument } from '../errors'
+import type { TurnOptions } from '../types'
+import * as v from '../validate'
+import { type CoreSessionsOptions, SessionRules, type SessionView } from './core'
+import { DEFAULT_EVENT_BUFFER_CAPACITY, type Fence, SessionEventQueue } from './events'
+import { type DuplexSessionOptions, DuplexSession, type RespondMode, type SessionHost, type SessionInit, checkConfig } from './session'
+
+export interface DuplexSessionManagerOptions {
+  /** Sessions holding a slot at once (closing ones included); default unlimited. */
+  maxSessions?: number
+  /** Default 300000; null disables idle expiry. */
+  idleTtlMs?: number | null
+  /** Default 30000. */
+  disconnectGraceMs?: number
+  /** Completed appends remembered per session for idempotent retries; default 256. */
+  completedAppendLimit?: number
+  /** Default Date.now; a test passes a fake clock. */
+  now?: () => number
+  /** Addition: events a session buffers for its reader before deltas wait; default 1024. */
+  eventBufferCapacity?: number
+}
+
+/** One session ended by collectExpired(). */
+export interface SessionExpiry {
+  sessionId: string
+  fence: Fence
+  /** The generation after the lease ended (ending bumps it). */
+  leaseGeneration: number
+  /** 'disconnect_grace_expired' (checked first) or 'idle_ttl_expired'. */
+  reason: string
+}
+
+const MANAGER_KEYS = [
+  'maxSessions',
+  'idleTtlMs',
+  'disconnectGraceMs',
+  'completedAppendLimit',
+  'now',
+  'eventBufferCapacity',
+] as const
+const OPEN_KEYS = ['sessionId', 'turn', 'respond'] as const
+
+export class DuplexSessionManager {
+  readonly engine: Engine
+  private readonly rules: SessionRules
+  private readonly now: () => number
+  private readonly eventBufferCapacity: number
+  private readonly sessions = new Map<string, DuplexSession>()
+  private readonly host: SessionHost
+
+  constructor(engine: Engine, options?: DuplexSessionManagerOptions) {
+    if (!(engine instanceof Engine)) {
+      throw invalidArgument(`engine must be an Engine, got ${v.describe(engine)}`)
+    }
+    const present = v.options('options', options, MANAGER_KEYS)
+    const core: CoreSessionsOptions = {
+      maxSessions: present.has('maxSessions') ? v.integer('options.maxSessions', present.get('maxSessions'), 1) : null,
+      idleTtlMs: 300_000,
+      disconnectGraceMs: 30_000,
+      completedAppendLimit: 256,
+    }
+    if (present.has('idleTtlMs')) {
+      const ttl = present.get('idleTtlMs')
+      core.idleTtlMs = ttl === null ? null : v.integer('options.idleTtlMs', ttl, 1, Number.MAX_SAFE_INTEGER)
+    }
+    if (present.has('disconnectGraceMs')) {
+      core.disconnectGraceMs = v.integer('options.disconnectGraceMs', present.get('disconnectGraceMs'), 1, Number.MAX_SAFE_INTEGER)
+    }
+    if (present.has('completedAppendLimit')) {
+      core.completedAppendLimit = v.integer('options.completedAppendLimit', present.get('completedAppendLimit'), 1)
+    }
+    const now = present.get('now')
+    if (now !== undefined && typeof now !== 'function') {
+      throw invalidArgument(`options.now must be a function, got ${v.describe(now)}`)
+    }
+    this.now = now === undefined ? Date.now : (now as () => number)
+    this.eventBufferCapacity = present.has('eventBufferCapacity')
+      ? v.integer('options.eventBufferCapacity', present.get('eventBufferCapacity'), 1, 1 << 20)
+      : DEFAULT_EVENT_BUFFER_CAPACITY
+    engine._checkOpen()
+    this.engine = engine
+    const optionsJson = JSON.stringify(core)
+    this.rules = new SessionRules(engine._call(() => engine._core.createSessions(optionsJson)))
+    this.host = {
+      engine,
+      rules: this.rules,
+      now: () => this.clock(),
+      finalize: (session) => this.finalize(session),
+    }
+  }
+
+  /** Sessions holding a slot (a closing one keeps its slot until its request is closed). */
+  get size(): number {
+    return this.rules.numSessions()
+  }
+
+  /**
+   * Opens a session on a new engine Request. CAPACITY_EXHAUSTED (retryable) when maxSessions are
+   * open, SESSION_EXISTS for an id in use; a closed id opens again as a new incarnation.
+   */
+  open(options?: DuplexSessionOptions): DuplexSession {
+    const present = v.options('options', options, OPEN_KEYS)
+    const sessionId = present.has('sessionId') ? v.string('options.sessionId', present.get('sessionId')) : randomUUID()
+    const config = checkConfig('options', {
+      ...(present.has('turn') ? { turn: present.get('turn') } : {}),
+      ...(present.has('respond') ? { respond: present.get('respond') } : {}),
+    })
+    this.engine._checkUsable()
+    // The request first: a refused open closes it again, and the rules are left untouched.
+    const request = this.engine.createRequest()
+    let view: SessionView
+    try {
+      view = this.rules.open(sessionId, this.clock())
+    } catch (error) {
+      request.close()
+      throw error
+    }
+    try {
+      this.rules.bindRequest(sessionId, request.id)
+    } catch (error) {
+      request.close()
+      this.rules.beginClose(sessionId, null, 'open_failed')
+      this.rules.finalizeClose(sessionId)
+      throw error
+    }
+    const init: SessionInit = {
+      host: this.host,
+      request,
+      view,
+      config: { turn: config.turn ?? {}, respond: config.respond ?? ('on-final' satisfies RespondMode) },
+      events: new SessionEventQueue(this.eventBufferCapacity),
+    }
+    const session = DuplexSession._create(init)
+    this.sessions.set(sessionId, session)
+    return session
+  }
+
+  /** The open (or detached) session with this id. */
+  get(sessionId: string): DuplexSession | undefined {
+    v.string('sessionId', sessionId)
+    return this.sessions.get(sessionId)
+  }
+
+  /** Every session holding a slot, in opening order. */
+  list(): DuplexSession[] {
+    return [...this.sessions.values()]
+  }
+
+  /**
+   * Ends every session whose disconnect grace (checked first) or idle TTL ran out at `nowMs`
+   * (default: the clock): each one's close begins, its request is closed (KV freed), its slot is
+   * freed, and it emits session.expired.
+   */
+  collectExpired(nowMs?: number): SessionExpiry[] {
+    const at = nowMs === undefined ? this.clock() : v.finite('nowMs', nowMs, 0, Number.MAX_SAFE_INTEGER)
+    const expired = this.rules.collectExpired(at)
+    for (const expiry of expired) {
+      const session = this.sessions.get(expiry.sessionId)
+      if (session !== undefined) session._expire(expiry.reason, expiry.fence)
+      else this.rules.finalizeClose(expiry.sessionId)
+    }
+    return expired.map(({ sessionId, fence, leaseGeneration, reason }) => ({ sessionId, fence, leaseGeneration, reason }))
+  }
+
+  /** Closes every session (addition). */
+  async close(reason = 'manager_close'): Promise<void> {
+    await Promise.all(this.list().map((session) => session.close(reason)))
+  }
+
+  /** Test hook: the core's session accounting invariants. */
+  checkInvariants(): void {
+    this.rules.checkInvariants()
+    if (this.rules.numSessions() !== this.sessions.size) {
+      throw new Error(`session manager drift: core holds ${this.rules.numSessions()}, facade ${this.sessions.size}`)
+    }
+  }
+
+  private clock(): number {
+    const now = this.now()
+    if (typeof now !== 'number' || !Number.isFinite(now) || now < 0) {
+      throw invalidArgument(`the session clock returned ${v.describe(now)}; it must return milliseconds >= 0`)
+    }
+    return now
+  }
+
+  /** The second phase of a close: frees the slot. Returns the session's last fence. */
+  private finalize(session: DuplexSession): Fence {
+    const fence = session.fence
+    this.rules.finalizeClose(session.id)
+    if (this.sessions.get(session.id) === session) this.sessions.delete(session.id)
+    return fence
+  }
+}
+
+export type { DuplexSessionOptions, TurnOptions }

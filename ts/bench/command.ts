@@ -1,0 +1,152 @@
+// `ortex bench` (and bench/throughput.ts, which calls the same function): the throughput benchmark
+// on a model folder (ts/bench/throughput.ts), progress on stderr, the table and the goals on
+// stdout, a JSON report and an SVG chart on disk. The CLI imports this module only when the command
+// runs.
+
+import { existsSync, mkdirSync, writeFileSync } from 'node:fs'
+import { dirname, join, resolve } from 'node:path'
+import { parseArgs } from 'node:util'
+
+import { formatTable, svgChart } from './report'
+import { type BenchEngineClass, runThroughput } from './throughput'
+
+export const DEFAULT_BENCH_MODEL = '.cache/models/bench-gqa'
+
+export const BENCH_HELP = `Usage: ortex bench [--model DIR] [--quick] [options]
+
+Measures aggregate tokens per second, time to first token and inter-token latency (p50/p99) at
+concurrency 1, 4 and 16 (staggered arrivals, greedy, EOS ignored, the same prompts and token counts
+for every system) for ortex, a naive per-request loop on onnxruntime-node, and onnxruntime-genai's
+Python API over the same model folder, and reports the ratios against ortex's goals. Takes about
+5-10 minutes on 2 cores (--quick: 1-2 minutes).
+
+Options:
+  --model DIR     the model folder (default: ${DEFAULT_BENCH_MODEL}, made with
+                  'ortex make-model --size bench --attention gqa' when absent)
+  --quick         32 tokens per request instead of 128, fewer sequential requests at concurrency 1,
+                  one round
+  --rounds N      run the interleaved configurations N times and report medians (default 2;
+                  --quick: 1)
+  --out DIR       where to write throughput.json (default: bench/out)
+  --svg FILE      where to write the chart (default: OUT/throughput.svg)
+  --threads N     ONNX Runtime intra-op threads for every system (default 2)
+  --no-naive      skip the naive onnxruntime-node loop (needs the onnxruntime-node package)
+  --no-genai      skip onnxruntime-genai (needs python3; installs onnxruntime-genai 0.18 into
+                  .cache/genai-venv with pip on first use, see bench/requirements.txt)
+  --python EXE    the Python interpreter that runs bench/genai_throughput.py (default python3)
+  -h, --help      show this help
+`
+
+export interface BenchCommandHooks {
+  usageError: (message: string) => Error
+  /** The engine class to measure. */
+  Engine: BenchEngineClass
+  /** The package root: bench/genai_throughput.py lives under it. */
+  root: string
+}
+
+interface BenchArgs {
+  model: string | undefined
+  quick: boolean
+  out: string
+  svg: string | undefined
+  threads: number
+  rounds: number
+  naive: boolean
+  genai: boolean
+  python: string
+}
+
+function parseBench(argv: string[], hooks: BenchCommandHooks): BenchArgs | 'help' {
+  const { values } = parseArgs({
+    args: argv,
+    strict: true,
+    allowPositionals: false,
+    options: {
+      model: { type: 'string' },
+      quick: { type: 'boolean' },
+      out: { type: 'string' },
+      svg: { type: 'string' },
+      threads: { type: 'string' },
+      rounds: { type: 'string' },
+      'no-naive': { type: 'boolean' },
+      'no-genai': { type: 'boolean' },
+      python: { type: 'string' },
+      help: { type: 'boolean', short: 'h' },
+    },
+  })
+  if (values.help) return 'help'
+  for (const name of ['model', 'out', 'svg', 'python'] as const) {
+    if (values[name] === '') throw hooks.usageError(`--${name} needs a value`)
+  }
+  const integer = (name: string, value: string | undefined, fallback: number, max: number): number => {
+    if (value === undefined) return fallback
+    const n = Number(value)
+    if (!/^\d+$/.test(value) || n < 1 || n > max) {
+      throw hooks.usageError(`--${name} must be an integer in [1, ${max}], got ${JSON.stringify(value)}`)
+    }
+    return n
+  }
+  const quick = values.quick === true
+  return {
+    model: values.model,
+    quick,
+    out: values.out ?? join('bench', 'out'),
+    svg: values.svg,
+    threads: integer('threads', values.threads, 2, 256),
+    rounds: integer('rounds', values.rounds, quick ? 1 : 2, 100),
+    naive: values['no-naive'] !== true,
+    genai: values['no-genai'] !== true,
+    python: values.python ?? 'python3',
+  }
+}
+
+function progressWriter(): (line: string) => void {
+  const started = performance.now()
+  return (line) => {
+    const seconds = ((performance.now() - started) / 1000).toFixed(0).padStart(4)
+    process.stderr.write(`bench ${seconds}s  ${line}\n`)
+  }
+}
+
+/** The default model folder, made when absent. */
+async function ensureModel(dir: string, progress: (line: string) => void): Promise<void> {
+  if (existsSync(join(dir, 'genai_config.json'))) return
+  progress(`making the bench model in ${dir} (ortex make-model --size bench --attention gqa)`)
+  const { makeModel } = await import('../model/make-model')
+  const summary = await makeModel({ outDir: dir, size: 'bench', attention: 'gqa' })
+  progress(`made ${summary.parameters.toLocaleString('en-US')} parameters in ${(summary.elapsedMs / 1000).toFixed(1)} s`)
+}
+
+export async function runBenchCommand(argv: string[], hooks: BenchCommandHooks): Promise<void> {
+  const args = parseBench(argv, hooks)
+  if (args === 'help') {
+    process.stdout.write(BENCH_HELP)
+    return
+  }
+  const progress = progressWriter()
+  const modelDir = resolve(args.model ?? DEFAULT_BENCH_MODEL)
+  if (args.model === undefined) await ensureModel(modelDir, progress)
+  else if (!existsSync(join(modelDir, 'genai_config.json'))) {
+    throw hooks.usageError(`--model ${args.model}: no genai_config.json there (make one with ortex make-model)`)
+  }
+  const report = await runThroughput({
+    modelDir,
+    quick: args.quick,
+    rounds: args.rounds,
+    Engine: hooks.Engine,
+    root: hooks.root,
+    intraOpThreads: args.threads,
+    naive: args.naive,
+    genai: args.genai,
+    python: args.python,
+    onProgress: progress,
+  })
+  const jsonPath = resolve(args.out, 'throughput.json')
+  const svgPath = resolve(args.svg ?? join(args.out, 'throughput.svg'))
+  mkdirSync(dirname(jsonPath), { recursive: true })
+  writeFileSync(jsonPath, `${JSON.stringify(report, null, 2)}\n`)
+  mkdirSync(dirname(svgPath), { recursive: true })
+  writeFileSync(svgPath, svgChart(report))
+  process.stdout.write(`${formatTable(report)}\n\nwrote ${jsonPath} and ${svgPath} (${report.elapsedS.toFixed(0)} s)\n`)
+}

@@ -1,0 +1,179 @@
+// The throughput benchmark's report: a table and the goals as text, and a bar chart as a
+// hand-written SVG (no dependencies): tokens per second by concurrency for every system.
+
+import type { Row, SystemName, ThroughputReport } from './throughput'
+
+export const SYSTEM_LABELS: Readonly<Record<SystemName, string>> = {
+  ortex: 'ortex',
+  naive: 'naive loop (onnxruntime-node)',
+  'genai-engine': 'onnxruntime-genai Engine (static batching)',
+  'genai-generator': 'onnxruntime-genai Generator (batch of prompts)',
+}
+
+const SYSTEM_ORDER: readonly SystemName[] = ['ortex', 'naive', 'genai-engine', 'genai-generator']
+const COLORS: Readonly<Record<SystemName, string>> = {
+  ortex: '#2563eb',
+  naive: '#9ca3af',
+  'genai-engine': '#f59e0b',
+  'genai-generator': '#b45309',
+}
+
+const fixed = (x: number | null | undefined, digits = 1) => (x === null || x === undefined ? '-' : x.toFixed(digits))
+
+export function formatTable(report: ThroughputReport): string {
+  const w = report.workload
+  const lines: string[] = []
+  lines.push(
+    `model ${w.modelDir}; prompts of ${w.promptLengths.join('/')} tokens (cycled), ${w.generatedTokens} tokens per ` +
+      `request (ignoreEos, greedy), arrivals ${w.staggerMs} ms apart, ${w.intraOpThreads} intra-op threads`,
+  )
+  lines.push(
+    `machine: ${report.machine.cpus} CPUs (${report.machine.cpuModel}), load average ` +
+      `${report.machine.loadAverageStart.map((x) => x.toFixed(2)).join(' ')} at the start, ` +
+      `${report.machine.loadAverageEnd.map((x) => x.toFixed(2)).join(' ')} at the end; node ${report.machine.node}`,
+  )
+  lines.push('')
+  const rounds = report.rounds > 1
+  const header = ['system', 'conc', 'req', 'tokens', 'wall s', 'tokens/s', 'TTFT p50', 'TTFT p99', 'ITL p50', 'ITL p99']
+  if (rounds) header.push('tokens/s by round')
+  const table: string[][] = [header]
+  for (const c of w.concurrencies) {
+    for (const system of SYSTEM_ORDER) {
+      const row = report.summary.find((r) => r.system === system && r.concurrency === c)
+      if (row === undefined) continue
+      const byRound = report.rows
+        .filter((r) => r.system === system && r.concurrency === c)
+        .map((r) => ('error' in r ? 'failed' : fixed(r.tokensPerSecond)))
+        .join(' / ')
+      if ('error' in row) {
+        table.push([system, String(c), '-', '-', '-', `failed: ${row.error}`, '', '', '', ''])
+        continue
+      }
+      table.push([
+        system,
+        String(c),
+        String(row.requests),
+        String(row.tokens),
+        fixed(row.wallMs / 1000, 2),
+        fixed(row.tokensPerSecond),
+        fixed(row.ttftMs.p50),
+        fixed(row.ttftMs.p99),
+        fixed(row.itlMs.p50),
+        fixed(row.itlMs.p99),
+        ...(rounds ? [byRound] : []),
+      ])
+    }
+  }
+  const widths = header.map((_, i) => Math.max(...table.map((r) => (r[i] ?? '').length)))
+  for (const r of table) {
+    lines.push(r.map((cell, i) => (i === 0 ? cell.padEnd(widths[i]!) : cell.padStart(widths[i]!))).join('  ').trimEnd())
+  }
+  lines.push(`(latencies in ms; TTFT from the scheduled arrival${rounds ? `; medians of ${report.rounds} rounds` : ''})`)
+  const executorRows = report.summary.filter((r): r is Extract<Row, { executor?: unknown }> => !('error' in r) && r.executor !== undefined)
+  if (executorRows.length > 0) {
+    lines.push('')
+    lines.push('ortex engine steps: wall ms/step, session run ms/step, gather + scatter ms/step, outside the runs % of wall')
+    for (const r of executorRows) {
+      const e = r.executor!
+      const perStep = (ms: number) => fixed(ms / Math.max(1, e.steps), 2)
+      lines.push(
+        `  concurrency ${String(r.concurrency).padStart(2)}: ${e.steps} steps (${e.invocations} model runs), ` +
+          `${fixed(e.stepMs, 2)} ms/step wall, ${perStep(e.runMs)} run, ${perStep(e.gatherMs + e.scatterMs)} gather+scatter, ` +
+          `${fixed(e.outsideRunPct)}% outside the runs`,
+      )
+    }
+  }
+  if (!report.naive.ok) lines.push(`naive loop: not measured (${report.naive.error ?? 'unavailable'})`)
+  if (!report.genai.ok) lines.push(`onnxruntime-genai: not measured (${report.genai.error ?? 'unavailable'})`)
+  else lines.push(`onnxruntime-genai ${report.genai.version ?? '?'} (onnxruntime ${report.genai.onnxruntimeVersion ?? '?'})`)
+  lines.push('')
+  lines.push('goals:')
+  for (const g of report.goals) {
+    const value = g.value === null ? 'not measured' : g.unit === '%' ? `${fixed(g.value)}%` : `${fixed(g.value, 2)}x`
+    const verdict = g.met === null ? '' : g.met ? ' (met)' : ' (missed)'
+    const each = rounds ? ` (rounds: ${g.perRound.map((v) => (v === null ? '-' : fixed(v, 2))).join(', ')})` : ''
+    lines.push(`  ${g.goal}: ${value}${g.ratio === null ? '' : `, ${fixed(g.ratio, 2)} of the target`}${verdict}${each}`)
+  }
+  return lines.join('\n')
+}
+
+const escapeXml = (s: string) => s.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;')
+
+/** A round axis maximum and tick step above `max`. */
+function axis(max: number): { top: number; step: number } {
+  const raw = Math.max(max, 1) / 5
+  const magnitude = 10 ** Math.floor(Math.log10(raw))
+  const step = [1, 2, 2.5, 5, 10].map((m) => m * magnitude).find((s) => s >= raw)!
+  return { top: Math.ceil(max / step) * step, step }
+}
+
+/** Grouped bars: one group per concurrency, one bar per measured system. */
+export function svgChart(report: ThroughputReport): string {
+  const systems = SYSTEM_ORDER.filter((s) => report.summary.some((r) => r.system === s && !('error' in r)))
+  const concurrencies = report.workload.concurrencies
+  const value = (s: SystemName, c: number): number | null => {
+    const row = report.summary.find((r) => r.system === s && r.concurrency === c)
+    return row === undefined || 'error' in row ? null : row.tokensPerSecond
+  }
+  const W = 720
+  const H = 420
+  const left = 70
+  const right = 20
+  const top = 50
+  const bottom = 140
+  const plotW = W - left - right
+  const plotH = H - top - bottom
+  const max = Math.max(1, ...systems.flatMap((s) => concurrencies.map((c) => value(s, c) ?? 0)))
+  const { top: yTop, step } = axis(max)
+  const y = (v: number) => top + plotH - (v / yTop) * plotH
+  const groupW = plotW / concurrencies.length
+  const barW = Math.min(48, (groupW * 0.8) / Math.max(1, systems.length))
+  const out: string[] = []
+  out.push(`<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" font-family="sans-serif" font-size="12">`)
+  out.push(`<rect width="${W}" height="${H}" fill="#ffffff"/>`)
+  const w = report.workload
+  out.push(
+    `<text x="${W / 2}" y="22" text-anchor="middle" font-size="15" font-weight="bold">` +
+      escapeXml(`Aggregate tokens/s by concurrency (${w.modelDir.split(/[\\/]/).filter(Boolean).pop() ?? w.modelDir}, ${w.intraOpThreads} intra-op threads)`) + `</text>`,
+  )
+  out.push(
+    `<text x="${W / 2}" y="40" text-anchor="middle" fill="#4b5563">` +
+      escapeXml(`${w.generatedTokens} tokens per request, ignoreEos, prompts ${Math.min(...w.promptLengths)}-${Math.max(...w.promptLengths)} tokens, arrivals ${w.staggerMs} ms apart${report.rounds > 1 ? `, medians of ${report.rounds} rounds` : ''}`) +
+      `</text>`,
+  )
+  for (let v = 0; v <= yTop + 1e-9; v += step) {
+    const yy = y(v).toFixed(1)
+    out.push(`<line x1="${left}" x2="${W - right}" y1="${yy}" y2="${yy}" stroke="#e5e7eb"/>`)
+    out.push(`<text x="${left - 6}" y="${yy}" dy="4" text-anchor="end" fill="#374151">${Number(v.toFixed(6))}</text>`)
+  }
+  out.push(`<text transform="translate(18 ${top + plotH / 2}) rotate(-90)" text-anchor="middle" fill="#374151">tokens per second</text>`)
+  concurrencies.forEach((c, gi) => {
+    const groupX = left + gi * groupW
+    const startX = groupX + (groupW - barW * systems.length) / 2
+    systems.forEach((s, si) => {
+      const v = value(s, c)
+      if (v === null) return
+      const x = startX + si * barW
+      out.push(
+        `<rect x="${(x + 2).toFixed(1)}" y="${y(v).toFixed(1)}" width="${(barW - 4).toFixed(1)}" ` +
+          `height="${(top + plotH - y(v)).toFixed(1)}" fill="${COLORS[s]}"><title>${escapeXml(`${SYSTEM_LABELS[s]}, concurrency ${c}: ${v.toFixed(1)} tokens/s`)}</title></rect>`,
+      )
+      out.push(`<text x="${(x + barW / 2).toFixed(1)}" y="${(y(v) - 4).toFixed(1)}" text-anchor="middle" font-size="10" fill="#111827">${v.toFixed(0)}</text>`)
+    })
+    out.push(`<text x="${(groupX + groupW / 2).toFixed(1)}" y="${top + plotH + 18}" text-anchor="middle" fill="#111827">concurrency ${c}</text>`)
+  })
+  out.push(`<line x1="${left}" x2="${W - right}" y1="${top + plotH}" y2="${top + plotH}" stroke="#374151"/>`)
+  systems.forEach((s, i) => {
+    const ly = top + plotH + 40 + i * 18
+    out.push(`<rect x="${left}" y="${ly - 10}" width="12" height="12" fill="${COLORS[s]}"/>`)
+    out.push(`<text x="${left + 18}" y="${ly}" fill="#111827">${escapeXml(SYSTEM_LABELS[s])}</text>`)
+  })
+  const m = report.machine
+  out.push(
+    `<text x="${W - right}" y="${H - 8}" text-anchor="end" font-size="10" fill="#6b7280">` +
+      escapeXml(`${m.cpus} CPUs (shared), load ${m.loadAverageStart[0]!.toFixed(1)}-${m.loadAverageEnd[0]!.toFixed(1)}, ${report.createdAt.slice(0, 10)}`) +
+      `</text>`,
+  )
+  out.push('</svg>')
+  return `${out.join('\n')}\n`
+}

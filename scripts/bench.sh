@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # `npm run bench`: every benchmark; each prints a table and writes a JSON report to bench/out/.
-# The numbers and the commands behind them are recorded in docs/performance.md.
+# The numbers and the commands behind them are recorded in docs/performance.md. Pass --quick for a
+# short run of the facade and throughput benchmarks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh >&2
 mkdir -p bench/out
+esbuild() { npx esbuild "$1" --bundle --platform=node --format=esm --log-level=warning \
+  --external:ortex --external:onnxruntime-node --outfile="$2"; }
 echo "== engine overhead (ortex-core, simulated model at zero cost)"
 cargo bench -p ortex-core --bench engine_overhead
 echo "== facade events per second"
-npx esbuild bench/facade-events.ts --platform=node --format=esm --log-level=warning \
-  --outfile=bench/out/facade-events.mjs
-node bench/out/facade-events.mjs "$@"
+esbuild bench/facade-events.ts bench/out/facade-events.mjs && node bench/out/facade-events.mjs "$@"
+echo "== full-duplex latency"
+esbuild bench/duplex-latency.ts bench/out/duplex-latency.mjs && node bench/out/duplex-latency.mjs
+echo "== throughput on a real model (ortex vs naive onnxruntime-node loop vs onnxruntime-genai)"
+esbuild bench/throughput.ts bench/out/throughput.mjs && node bench/out/throughput.mjs "$@"

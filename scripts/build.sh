@@ -22,10 +22,10 @@ build_native() {
   log "native: napi build --release (rustup's cargo) -> ${addon#"$ORTEX_ROOT"/}"
   begin_stamp native
   # The release profile keeps panic=unwind: the addon catches panics and reports them as errors.
-  # napi.json names the binary (ortex); --no-js: the facade loads the .node itself.
+  # package.json's "napi" key names the binary (ortex) and the targets (scripts/package.sh puts
+  # the addon into npm/<platform>/); --no-js: the facade loads the .node itself.
   node_modules/.bin/napi build --platform --release \
     --manifest-path crates/ortex-napi/Cargo.toml \
-    --config-path crates/ortex-napi/napi.json \
     --package-json-path package.json \
     --output-dir native --no-js --dts ortex.d.ts
   [ -f "$addon" ] || die "napi build did not produce $addon"

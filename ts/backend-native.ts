@@ -2,37 +2,135 @@
 // transaction on the libuv thread pool and writes the events on the JS thread when it resolves.
 // The addon is loaded on first use, so importing `ortex` never fails on a machine without it.
 
-import { statSync } from 'node:fs'
+import { readFileSync, statSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import path from 'node:path'
 
 import type { NativeBinding, NativeCoreEngine } from './binding'
 import type { Backend } from './backend'
-import { fromPackageRoot } from './backend'
+import { fromPackageRoot, packageRoot } from './backend'
 import { OrtexError } from './errors'
 
-/** Where the addon lives, relative to the package root. The one place that names it. */
-export const NATIVE_ADDON_PATH = 'native/ortex.linux-x64-gnu.node'
+/** The platforms ortex ships a prebuilt addon for (npm/<platform>/, package `ortex-<platform>`). */
+export const SUPPORTED_PLATFORMS = ['linux-x64-gnu'] as const
+
+/** This machine as napi-rs names platforms: linux-x64-gnu, linux-x64-musl, darwin-arm64, ... */
+export function currentPlatform(): string {
+  const { platform, arch } = process
+  let abi = ''
+  if (platform === 'linux') abi = isMusl() ? '-musl' : '-gnu'
+  else if (platform === 'win32') abi = '-msvc'
+  return `${platform}-${arch}${abi}`
+}
+
+function isMusl(): boolean {
+  try {
+    const header = (process.report?.getReport() as { header?: { glibcVersionRuntime?: string } } | undefined)?.header
+    return header?.glibcVersionRuntime === undefined
+  } catch {
+    return false
+  }
+}
+
+/** The npm package that holds the addon for a platform (napi-rs: `<packageName>-<platform>`). */
+export function platformPackageName(platform: string = currentPlatform()): string {
+  return `ortex-${platform}`
+}
+
+/** A development build of the addon, relative to the package root (scripts/build.sh writes it;
+ *  the published package never contains native/). */
+export function devAddonPath(platform: string = currentPlatform()): string {
+  return `native/ortex.${platform}.node`
+}
+
+/** Where the addon was found: its file, and the folder that may hold libonnxruntime.so.1 too. */
+interface AddonLocation {
+  file: string
+  source: 'development build' | 'platform package'
+}
 
 let binding: NativeBinding | null = null
+let addonLocation: AddonLocation | null = null
 
-function loadBinding(): NativeBinding {
-  if (binding !== null) return binding
-  const file = fromPackageRoot(NATIVE_ADDON_PATH)
-  try {
-    const require = createRequire(file)
-    binding = require(file) as NativeBinding
-  } catch (error) {
-    const platform = `${process.platform}-${process.arch}`
+/**
+ * Finds the addon the way napi-rs's generated loaders do: a local build beside the package first
+ * (native/ in a checkout: a fresh `npm run build` must win over an installed copy), then the
+ * installed platform package `ortex-<platform>` (an optionalDependency of `ortex`, so npm installs
+ * only the one matching the user's os/cpu/libc). Throws UNSUPPORTED naming the package to install.
+ */
+function locateAddon(): AddonLocation {
+  const platform = currentPlatform()
+  const dev = fromPackageRoot(devAddonPath(platform))
+  if (stat(dev)?.isFile() === true) return { file: dev, source: 'development build' }
+  const name = platformPackageName(platform)
+  if (!(SUPPORTED_PLATFORMS as readonly string[]).includes(platform)) {
     throw new OrtexError(
       'UNSUPPORTED',
-      `the native ortex addon is not available for ${platform}: cannot load ${NATIVE_ADDON_PATH} ` +
-        `(${(error as Error)?.message?.split('\n')[0] ?? String(error)}); build it with \`npm run build\`, ` +
-        `or use the WebAssembly build: import { Engine } from 'ortex/wasm'`,
+      `ortex has no native addon for ${platform} (prebuilt: ${SUPPORTED_PLATFORMS.map((p) => platformPackageName(p)).join(', ')}); ` +
+        `use the WebAssembly build instead: import { Engine } from 'ortex/wasm' (simulated engines only)`,
+    )
+  }
+  const root = packageRoot()
+  let manifest: string
+  try {
+    manifest = createRequire(path.join(root, 'package.json')).resolve(`${name}/package.json`)
+  } catch (error) {
+    throw new OrtexError(
+      'UNSUPPORTED',
+      `the native ortex addon for ${platform} is missing: the package ${name} is not installed. ` +
+        `Install it with \`npm install ${name}@${ownVersion()}\` (ortex lists it in optionalDependencies; ` +
+        `an install with --omit=optional or --no-optional leaves it out), or use import { Engine } from 'ortex/wasm' ` +
+        `(in a checkout of ortex, \`npm run build\` builds ${devAddonPath(platform)} instead)`,
       { cause: error },
     )
   }
+  const dir = path.dirname(manifest)
+  const pkg = readJson(manifest)
+  const version = ownVersion()
+  if (version !== 'unknown' && pkg?.version !== version) {
+    throw new OrtexError(
+      'UNSUPPORTED',
+      `${name}@${String(pkg?.version)} does not match ortex@${version}: install ${name}@${version} ` +
+        `(\`npm install ${name}@${version}\`)`,
+    )
+  }
+  const file = path.join(dir, typeof pkg?.main === 'string' ? pkg.main : `ortex.${platform}.node`)
+  if (stat(file)?.isFile() !== true) {
+    throw new OrtexError('UNSUPPORTED', `${name} at ${dir} has no addon (${path.basename(file)}): reinstall ${name}@${version}`)
+  }
+  return { file, source: 'platform package' }
+}
+
+function loadBinding(): NativeBinding {
+  if (binding !== null) return binding
+  const location = locateAddon()
+  try {
+    const require = createRequire(location.file)
+    binding = require(location.file) as NativeBinding
+  } catch (error) {
+    throw new OrtexError(
+      'UNSUPPORTED',
+      `the native ortex addon (${location.source}, ${location.file}) does not load on ${currentPlatform()}: ` +
+        `${(error as Error)?.message?.split('\n')[0] ?? String(error)}; ` +
+        `use the WebAssembly build instead: import { Engine } from 'ortex/wasm'`,
+      { cause: error },
+    )
+  }
+  addonLocation = location
   return binding
+}
+
+function readJson(file: string): Record<string, unknown> | undefined {
+  try {
+    return JSON.parse(readFileSync(file, 'utf8')) as Record<string, unknown>
+  } catch {
+    return undefined
+  }
+}
+
+function ownVersion(): string {
+  const version = readJson(fromPackageRoot('package.json'))?.version
+  return typeof version === 'string' ? version : 'unknown'
 }
 
 /** The checks that do not need ONNX Runtime: the folder exists and has a genai_config.json. */
@@ -54,18 +152,46 @@ function stat(file: string): ReturnType<typeof statSync> | undefined {
   }
 }
 
+/**
+ * The ONNX Runtime library the addon opens: a `libonnxruntime.so.1` beside the addon (the
+ * platform package ships one), else the one the npm package onnxruntime-node ships (a development
+ * checkout, where it is a devDependency). ORTEX_ORT_DYLIB (or ORT_DYLIB_PATH) overrides either
+ * inside the addon. Null when none is found: the addon then explains what to install.
+ */
+export function ortLibraryPath(): string | null {
+  const addon = addonLocation?.file ?? safeLocateAddon()
+  if (addon !== null) {
+    const beside = path.join(path.dirname(addon), 'libonnxruntime.so.1')
+    if (stat(beside)?.isFile() === true) return beside
+  }
+  try {
+    const require = createRequire(fromPackageRoot('package.json'))
+    const root = path.dirname(require.resolve('onnxruntime-node/package.json'))
+    const file = path.join(root, 'bin', 'napi-v6', process.platform, process.arch, 'libonnxruntime.so.1')
+    if (stat(file)?.isFile() === true) return file
+  } catch {
+    // onnxruntime-node is not installed (it never is in users' installs)
+  }
+  return null
+}
+
+function safeLocateAddon(): string | null {
+  try {
+    return locateAddon().file
+  } catch {
+    return null
+  }
+}
+
 export const nativeBackend: Backend = {
   kind: 'native',
   simulated(optionsJson) {
     return loadBinding().CoreEngine.simulated(optionsJson)
   },
-  async load(modelDir) {
+  /** Loading runs on the libuv thread pool (config, tokenizer, ONNX Runtime session). */
+  async load(modelDir, optionsJson) {
     checkModelFolder(modelDir)
-    throw new OrtexError(
-      'UNSUPPORTED',
-      `cannot load ${JSON.stringify(modelDir)}: ONNX model folders arrive with ONNX Runtime support, ` +
-        `not yet in this build; use Engine.simulated() meanwhile`,
-    )
+    return loadBinding().CoreEngine.load(path.resolve(modelDir), optionsJson, ortLibraryPath())
   },
   run(core, events, capacity) {
     return (core as NativeCoreEngine).run(events, capacity)

@@ -5,11 +5,14 @@
 // stderr.
 
 import { setMaxListeners } from 'node:events'
-import { readFileSync } from 'node:fs'
+import { readdirSync, readFileSync, statSync } from 'node:fs'
+import path from 'node:path'
 import { parseArgs } from 'node:util'
 
 import { fromPackageRoot } from './backend'
+import { runMakeModelCommand } from './make-model-command'
 import { Engine as NativeEngine } from './index'
+import { runServeCommand } from './server/server'
 import type { Turn, TurnResult } from './shared'
 import { OrtexError } from './shared'
 import { Engine as WasmEngine } from './wasm'
@@ -21,10 +24,16 @@ const MAIN_HELP = `ortex: an LLM inference engine for Node.js
 
 Usage:
   ortex generate (--model DIR | --simulated) [--prompt TEXT]... [--max-tokens N] [--concurrency K]
+  ortex serve    (--model DIR | --simulated) [--port N] [--max-sessions N]
+  ortex make-model --out DIR [--size tiny|bench] [--attention mha|gqa] [--seed N]
+  ortex bench    [--model DIR] [--quick]
   ortex <command> --help
 
 Commands:
   generate   stream generations from a model (or the simulated model) and report tokens per second
+  serve      serve full-duplex sessions over WebSocket (docs/duplex-protocol.md)
+  make-model write a deterministic random-weight model folder (docs/model-format.md)
+  bench      tokens per second on a model folder against a naive loop and onnxruntime-genai
 
 Options:
   -h, --help     show this help
@@ -187,10 +196,11 @@ async function consume(job: Job, view: View): Promise<void> {
 
 async function generate(args: GenerateArgs): Promise<void> {
   const EngineClass = args.backend === 'wasm' ? WasmEngine : NativeEngine
+  const maxBatchSize = Math.min(256, Math.max(16, args.concurrency))
   const engine =
     args.model !== undefined
-      ? await EngineClass.load(args.model)
-      : EngineClass.simulated({ seed: args.seed, maxBatchSize: Math.min(256, Math.max(16, args.concurrency)) })
+      ? await withLoadProgress(args.model, EngineClass.load(args.model, { maxBatchSize }))
+      : EngineClass.simulated({ seed: args.seed, maxBatchSize })
   const abort = new AbortController()
   setMaxListeners(args.concurrency + 8, abort.signal) // one listener per turn is expected here
   const onSigint = (): void => {
@@ -226,6 +236,39 @@ async function generate(args: GenerateArgs): Promise<void> {
   report(jobs, wallMs, engine.backend)
 }
 
+/** On a terminal, a line on stderr while a model loads (a large one takes seconds): the folder's
+ *  size and the time so far, cleared when it is done. Elsewhere nothing. */
+async function withLoadProgress<T>(modelDir: string, loading: Promise<T>): Promise<T> {
+  if (process.stderr.isTTY !== true) return loading
+  const startedAt = performance.now()
+  const size = folderBytes(modelDir)
+  const frames = ['|', '/', '-', '\\']
+  let frame = 0
+  const draw = (): void => {
+    const seconds = ((performance.now() - startedAt) / 1000).toFixed(1)
+    const mb = size > 0 ? ` (${(size / 1e6).toFixed(1)} MB)` : ''
+    process.stderr.write(`\r\x1b[2Kloading ${modelDir}${mb} ${frames[frame++ % frames.length]} ${seconds} s`)
+  }
+  draw()
+  const timer = setInterval(draw, 100)
+  try {
+    return await loading
+  } finally {
+    clearInterval(timer)
+    process.stderr.write('\r\x1b[2K')
+  }
+}
+
+function folderBytes(dir: string): number {
+  try {
+    return readdirSync(dir, { withFileTypes: true })
+      .filter((entry) => entry.isFile())
+      .reduce((sum, entry) => sum + statSync(path.join(dir, entry.name)).size, 0)
+  } catch {
+    return 0
+  }
+}
+
 function report(jobs: Job[], wallMs: number, backend: string): void {
   let total = 0
   const lines: string[] = ['']
@@ -256,8 +299,12 @@ function version(): string {
   }
 }
 
+/** The command being run, for the hint after an argument error. */
+let currentCommand: string | undefined
+
 async function main(argv: string[]): Promise<void> {
   const [command, ...rest] = argv
+  currentCommand = command
   if (command === undefined || command === '-h' || command === '--help' || command === 'help') {
     process.stdout.write(MAIN_HELP)
     return
@@ -275,8 +322,19 @@ async function main(argv: string[]): Promise<void> {
     await generate(args)
     return
   }
-  if (command === 'serve' || command === 'bench' || command === 'make-model') {
-    throw new UsageError(`'${command}' is not available in this build yet; see ortex --help`)
+  if (command === 'serve') {
+    await runServeCommand(rest, { native: NativeEngine, wasm: WasmEngine, usageError: (m) => new UsageError(m) })
+    return
+  }
+  if (command === 'make-model') {
+    await runMakeModelCommand(rest, { usageError: (m) => new UsageError(m) })
+    return
+  }
+  if (command === 'bench') {
+    // The benchmark (and the reference loop it imports) loads only when the command runs.
+    const { runBenchCommand } = await import('./bench/command')
+    await runBenchCommand(rest, { Engine: NativeEngine, root: fromPackageRoot('.'), usageError: (m) => new UsageError(m) })
+    return
   }
   throw new UsageError(`unknown command ${JSON.stringify(command)}; see ortex --help`)
 }
@@ -292,7 +350,8 @@ main(process.argv.slice(2)).then(
   (error: unknown) => {
     if (error instanceof UsageError) fail(error.message, USAGE_ERROR)
     if ((error as { code?: string })?.code?.startsWith?.('ERR_PARSE_ARGS') === true) {
-      fail((error as Error).message, USAGE_ERROR)
+      const help = currentCommand === undefined ? 'ortex --help' : `ortex ${currentCommand} --help`
+      fail(`${(error as Error).message.replace(/\.?\s*$/, '')}; see ${help}`, USAGE_ERROR)
     }
     if (error instanceof OrtexError) fail(`${error.code}: ${error.message}`, RUNTIME_ERROR)
     fail(error instanceof Error ? error.message : String(error), RUNTIME_ERROR)

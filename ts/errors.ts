@@ -51,9 +51,10 @@ export class OrtexError extends Error {
     Object.defineProperty(this, BRAND, { value: true, enumerable: false })
   }
 
-  static override [Symbol.hasInstance](value: unknown): boolean {
-    // Subclasses keep the ordinary prototype-chain check.
-    if (this !== OrtexError) return Function.prototype[Symbol.hasInstance].call(this, value)
+  static override [Symbol.hasInstance]<T>(this: abstract new (...args: never[]) => T, value: unknown): value is T {
+    // Typed as a predicate on the class it is called on, so `err instanceof OrtexError` (and of a
+    // subclass) narrows in TypeScript. Subclasses keep the ordinary prototype-chain check.
+    if ((this as unknown) !== OrtexError) return Function.prototype[Symbol.hasInstance].call(this, value)
     return typeof value === 'object' && value !== null && (value as { [BRAND]?: unknown })[BRAND] === true
   }
 }

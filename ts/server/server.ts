@@ -426,7 +426,7 @@ export const SERVE_HELP = `Usage: ortex serve (--model DIR | --simulated) [optio
 Serves full-duplex sessions over WebSocket (protocol: docs/duplex-protocol.md).
 
 Options:
-  --model DIR              an ONNX model folder (UNSUPPORTED until ONNX Runtime support lands)
+  --model DIR              an ONNX model folder (genai_config.json, model.onnx, tokenizer.json)
   --simulated              the deterministic simulated model
   --port N                 TCP port (default ${DEFAULT_PORT}; 0 picks a free one)
   --host ADDR              address to listen on (default 127.0.0.1)

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Fills the platform package npm/<platform>/ (napi-rs layout: `napi create-npm-dirs` names it
+# <packageName>-<platform>, `napi artifacts` puts <binaryName>.<platform>.node in it) with the built
+# addon and the CPU ONNX Runtime it loads, stages the root package as published, and optionally
+# packs both tarballs.
+#
+#   bash scripts/package.sh [--no-build] [--pack DIR]      (npm run package -- [--pack DIR])
+#
+#   --no-build   use what is built (native/, wasm-pkg/, dist/); default: scripts/build.sh first
+#   --pack DIR   then `npm pack` the platform package and the root package into DIR and print the
+#                two tarball paths on stdout (platform first); `npm publish` them in that order
+#
+# What ships where (users install `ortex`: nothing is downloaded but these, no install script runs):
+#   ortex                    dist/ (the facade and the CLI), wasm-pkg/ (ortex/wasm), docs/, README,
+#                            LICENSE; optionalDependencies: ortex-<platform> at the same version
+#   ortex-linux-x64-gnu      ortex.linux-x64-gnu.node, libonnxruntime.so.1 (copied from
+#                            onnxruntime-node, MIT: LICENSE-onnxruntime), LICENSE
+# npm/<platform>/'s package.json, README.md and LICENSE-onnxruntime are committed; the copied
+# files are git-ignored. The staged root package lives in .cache/package/ortex (git-ignored).
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$ORTEX_ROOT"
+
+build=1
+pack_dir=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-build) build=0 ;;
+    --pack)
+      [ $# -ge 2 ] || die "--pack needs a folder"
+      pack_dir=$2
+      shift
+      ;;
+    *) die "unknown argument '$1' (--no-build, --pack DIR)" ;;
+  esac
+  shift
+done
+
+if [ "$build" = 1 ]; then
+  bash scripts/build.sh
+fi
+
+platform="$(native_platform)"
+pkg_dir="$ORTEX_ROOT/npm/$platform"
+addon="$NATIVE_DIR/ortex.$platform.node"
+[ -f "$pkg_dir/package.json" ] || die "no platform package for $platform (npm/$platform/package.json); ortex ships linux-x64-gnu"
+[ -f "$addon" ] || die "${addon#"$ORTEX_ROOT"/} is missing: run \`npm run build\` first"
+for file in dist/index.js dist/index.mjs dist/wasm.js dist/wasm.mjs dist/cli.js wasm-pkg/ortex_wasm.js wasm-pkg/ortex_wasm_bg.wasm; do
+  [ -f "$file" ] || die "$file is missing: run \`npm run build\` first"
+done
+
+# The committed template must match the root package and napi-rs's naming for this target, and
+# neither package may have an install-time script.
+node "$ORTEX_ROOT/scripts/package-manifest.cjs" check "$platform" ||
+  die "npm/$platform/package.json does not match package.json (see above)"
+
+# ONNX Runtime for the CPU, as onnxruntime-node (a devDependency) ships it for this platform.
+ort_root="$(node -p 'require("node:path").dirname(require.resolve("onnxruntime-node/package.json"))')" ||
+  die "onnxruntime-node is not installed: run \`npm install\`"
+case "$platform" in
+  linux-x64-gnu) ort_lib="$ort_root/bin/napi-v6/linux/x64/libonnxruntime.so.1" ;;
+  *) die "no ONNX Runtime library known for $platform" ;;
+esac
+[ -f "$ort_lib" ] || die "$ort_lib is missing"
+
+log "package: npm/$platform <- ${addon#"$ORTEX_ROOT"/}, libonnxruntime.so.1 of onnxruntime-node $(node -p 'require("onnxruntime-node/package.json").version')"
+cp -f "$addon" "$pkg_dir/ortex.$platform.node"
+cp -f "$ort_lib" "$pkg_dir/libonnxruntime.so.1"
+cp -f LICENSE "$pkg_dir/LICENSE"
+
+# The root package as published: what "files" lists, and a package.json that lists the platform
+# package of every napi target in optionalDependencies at the root's version. Like
+# `napi pre-publish`, this happens at release time only: in the repository an optionalDependency
+# that is not published yet breaks `npm ci` ("Missing: ortex-linux-x64-gnu@ from lock file") and
+# makes every `npm install` ask the registry for it.
+stage="$ORTEX_ROOT/.cache/package/ortex"
+rm -rf "$stage"
+mkdir -p "$stage"
+cp -a dist wasm-pkg docs README.md LICENSE "$stage/"
+node "$ORTEX_ROOT/scripts/package-manifest.cjs" stage "$stage/package.json"
+log "package: .cache/package/ortex (optionalDependencies: $(node -p "JSON.stringify(require('$stage/package.json').optionalDependencies)"))"
+
+if [ -n "$pack_dir" ]; then
+  mkdir -p "$pack_dir"
+  pack_dir="$(cd "$pack_dir" && pwd)"
+  # --ignore-scripts: neither package has pack-time scripts; this keeps it so.
+  for dir in "$pkg_dir" "$stage"; do
+    file="$(cd "$dir" && npm pack --ignore-scripts --silent --pack-destination "$pack_dir" | tail -n 1)"
+    [ -f "$pack_dir/$file" ] || die "npm pack in $dir produced no tarball"
+    log "package: $pack_dir/$file ($(du -h "$pack_dir/$file" | cut -f1))"
+    printf '%s\n' "$pack_dir/$file"
+  done
+fi

@@ -1,0 +1,112 @@
+// The `ortex` command line as built (dist/cli.js): every command's --help, and one line on stderr
+// plus a non-zero exit status for wrong invocations (2: usage, 1: a runtime failure).
+import { spawnSync } from 'node:child_process'
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import path from 'node:path'
+import { fileURLToPath } from 'node:url'
+import { afterAll, describe, expect, it } from 'vitest'
+
+const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..')
+const CLI = path.join(repo, 'dist', 'cli.js')
+const scratch = mkdtempSync(path.join(tmpdir(), 'ortex-cli-'))
+
+afterAll(() => rmSync(scratch, { recursive: true, force: true }))
+
+function ortex(...args: string[]): { status: number | null; stdout: string; stderr: string } {
+  const env = { ...process.env }
+  delete env.ORTEX_ORT_DYLIB
+  delete env.ORT_DYLIB_PATH
+  const result = spawnSync(process.execPath, [CLI, ...args], { cwd: scratch, env, encoding: 'utf8', timeout: 30_000 })
+  return { status: result.status, stdout: result.stdout, stderr: result.stderr }
+}
+
+const mainHelp = ortex('--help').stdout
+/** The commands `ortex --help` lists. */
+const listed = new Set([...mainHelp.matchAll(/^ {2}ortex ([a-z-]+)/gm)].map((m) => m[1]!))
+
+describe('ortex --help', () => {
+  it('prints the usage of every command and exits 0, also without arguments', () => {
+    for (const args of [['--help'], ['-h'], ['help'], []]) {
+      const run = ortex(...args)
+      expect(run.status).toBe(0)
+      expect(run.stderr).toBe('')
+      expect(run.stdout).toContain('Usage:')
+    }
+    for (const command of ['generate', 'serve', 'make-model']) expect(listed, command).toContain(command)
+  })
+
+  it('prints the version', () => {
+    const run = ortex('--version')
+    expect(run.status).toBe(0)
+    expect(run.stdout.trim()).toBe(JSON.parse(readFileSync(path.join(repo, 'package.json'), 'utf8')).version)
+  })
+
+  for (const command of ['generate', 'serve', 'make-model', 'bench']) {
+    // `bench` is checked once `ortex --help` lists it (it lands with the benchmarks).
+    it.skipIf(!listed.has(command))(`${command} --help prints its usage and exits 0`, () => {
+      for (const flag of ['--help', '-h']) {
+        const run = ortex(command, flag)
+        expect(run.status).toBe(0)
+        expect(run.stderr).toBe('')
+        expect(run.stdout).toMatch(new RegExp(`^Usage: ortex ${command} `))
+        expect(run.stdout).toMatch(/--help/)
+      }
+    })
+  }
+})
+
+describe('wrong invocations: one line on stderr, a non-zero exit status', () => {
+  const missing = path.join(scratch, 'no-such-model')
+  const cases: Array<{ args: string[]; status: number; message: RegExp }> = [
+    { args: ['frobnicate'], status: 2, message: /unknown command "frobnicate"; see ortex --help/ },
+    { args: ['--frobnicate'], status: 2, message: /unknown command "--frobnicate"/ },
+    { args: ['generate', '--frob'], status: 2, message: /Unknown option '--frob'; see ortex generate --help/ },
+    { args: ['generate'], status: 2, message: /give --model DIR or --simulated/ },
+    { args: ['generate', '--simulated', 'extra'], status: 2, message: /Unexpected argument 'extra'/ },
+    { args: ['generate', '--model', missing], status: 1, message: /MODEL_LOAD: model folder ".*no-such-model" does not exist/ },
+    { args: ['generate', '--model', scratch], status: 1, message: /MODEL_LOAD: .* has no genai_config\.json/ },
+    { args: ['generate', '--simulated', '--max-tokens', 'abc'], status: 2, message: /--max-tokens must be an integer, got "abc"/ },
+    { args: ['generate', '--simulated', '--max-tokens', '0'], status: 2, message: /--max-tokens must be in \[1, / },
+    { args: ['generate', '--simulated', '--concurrency', '1e3'], status: 2, message: /--concurrency must be an integer/ },
+    { args: ['generate', '--simulated', '--concurrency', '-1'], status: 2, message: /'--concurrency' argument is ambiguous/ },
+    { args: ['generate', '--simulated', '--temperature=-1'], status: 2, message: /--temperature must be a number >= 0/ },
+    { args: ['generate', '--simulated', '--backend', 'gpu'], status: 2, message: /--backend must be 'native' or 'wasm'/ },
+    { args: ['generate', '--model', missing, '--backend', 'wasm'], status: 1, message: /^ortex: (MODEL_LOAD|UNSUPPORTED): / },
+    { args: ['make-model'], status: 2, message: /give --out DIR/ },
+    { args: ['make-model', '--out', missing, '--size', 'huge'], status: 2, message: /--size must be 'tiny' or 'bench', got "huge"/ },
+    { args: ['make-model', '--out', missing, '--seed', '5000000000'], status: 2, message: /--seed must be an integer in \[0, 4294967295\]/ },
+    { args: ['make-model', '--out', missing, '--layers', '3'], status: 2, message: /Unknown option '--layers'; see ortex make-model --help/ },
+    { args: ['serve', '--bogus'], status: 2, message: /Unknown option '--bogus'; see ortex serve --help/ },
+    { args: ['serve', '--simulated', '--port', '99999'], status: 2, message: /--port must be an integer in \[0, 65535\]/ },
+    { args: ['serve'], status: 2, message: /give --model DIR or --simulated/ },
+    ...(listed.has('bench')
+      ? [{ args: ['bench', '--bogus'], status: 2, message: /Unknown option '--bogus'; see ortex bench --help/ }]
+      : []),
+  ]
+  for (const { args, status, message } of cases) {
+    it(`ortex ${args.map((a) => a.replace(scratch, '$TMP')).join(' ')}`, () => {
+      const run = ortex(...args)
+      expect(run.status).toBe(status)
+      expect(run.stdout).toBe('')
+      const lines = run.stderr.split('\n')
+      expect(lines.at(-1)).toBe('') // ends with a newline
+      expect(lines.slice(0, -1)).toHaveLength(1)
+      expect(lines[0]).toMatch(/^ortex: /)
+      expect(lines[0]).toMatch(message)
+    })
+  }
+})
+
+describe('ortex generate --simulated', () => {
+  for (const backend of ['native', 'wasm']) {
+    it(`streams and reports tokens per second (${backend})`, () => {
+      const run = ortex('generate', '--simulated', '--backend', backend, '--max-tokens', '5', '--prompt', 'a', '--prompt', 'b')
+      expect(run.status, run.stderr).toBe(0)
+      expect(run.stderr).toBe('') // no terminal: no progress drawing
+      expect(run.stdout).toMatch(/^\[r1\] /m)
+      expect(run.stdout).toMatch(/^\[r2\] /m)
+      expect(run.stdout).toMatch(new RegExp(`^total: 10 tokens from 2 requests in [\\d.]+ ms: [\\d.]+ tok/s \\(${backend}\\)$`, 'm'))
+    })
+  }
+})

@@ -141,7 +141,7 @@ describe.each(selectedBackends())('duplex sessions (%s)', (backend) => {
     checkGrammar(events.events)
   })
 
-  it('counts seq per epoch and turnSeq per user turn, restarting after a final append or a cancel', async () => {
+  it('counts seq per session and turnSeq per user turn, restarting after a final append or a cancel', async () => {
     const { manager } = setup()
     const session = manager.open({ respond: 'manual' })
     const results = [
@@ -158,10 +158,10 @@ describe.each(selectedBackends())('duplex sessions (%s)', (backend) => {
     ])
     session.cancel()
     const after = session.append('e')
-    expect([after.seq, after.turnSeq, after.turnId]).toEqual([1, 1, 1])
+    expect([after.seq, after.turnSeq, after.turnId]).toEqual([5, 1, 1])
     expectCode(mod, () => session.append(''), 'INVALID_ARGUMENT')
     const commit = session.append('', { final: true })
-    expect([commit.seq, commit.turnSeq, commit.final]).toEqual([2, 2, true])
+    expect([commit.seq, commit.turnSeq, commit.final]).toEqual([6, 2, true])
   })
 
   it('replays an operation id with its first result and consumes nothing; other input is OPERATION_REUSED', async () => {
@@ -188,7 +188,8 @@ describe.each(selectedBackends())('duplex sessions (%s)', (backend) => {
     // A stale fence (an epoch a cancel left behind) is refused before anything is counted.
     session.cancel()
     expectCode(mod, () => session.append('late', { fence }), 'FENCE_MISMATCH')
-    expect(session.append('fresh', { fence: session.fence }).seq).toBe(1)
+    // seq counts appends per session (api.md): a cancel restarts turnSeq, not seq.
+    expect(session.append('fresh', { fence: session.fence })).toMatchObject({ seq: end.seq + 1, turnSeq: 1 })
     await session.close()
   })
 
@@ -330,7 +331,7 @@ describe.each(selectedBackends())('duplex sessions (%s)', (backend) => {
     await runUntil(engine, () => tokensOf(events.events, first).length >= 2)
     session.cancel()
     const result = session.append('second question', { final: true })
-    expect(result).toMatchObject({ seq: 1, turnSeq: 1, replayed: false })
+    expect(result).toMatchObject({ seq: 2, turnSeq: 1, replayed: false })
     const second = session.fence
     expect(second.epoch).toBe(1)
     // respond() cannot begin while the cancelled turn's finish is still in the engine.

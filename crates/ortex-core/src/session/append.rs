@@ -11,11 +11,11 @@
 //!                                            (STALE_RESERVATION), else publishes it
 //! ```
 //!
-//! `seq` counts the appends of the current epoch and `turn_seq` those of the current user turn:
+//! `seq` counts the appends of the session and `turn_seq` those of the current user turn:
 //!
 //! ```text
 //!   append            a      b      c(final)  d      cancel  e
-//!   seq               1      2      3         4      -       1     (a cancel starts a new epoch)
+//!   seq               1      2      3         4      -       5     (a cancel starts a new epoch)
 //!   turn_seq          1      2      3         1      -       1
 //!   turn_id (input)   0      0      0         1      -       1
 //! ```
@@ -89,12 +89,16 @@ impl AppendCounters {
         Ok(AppendCounters { seq: increment(self.seq)?, turn_seq, turn_key: Some(key) })
     }
 
+    /// The counters once a cancel moved the session to a new epoch: `seq` goes on counting the
+    /// session's appends, the user turn starts afresh.
+    pub fn after_epoch_change(&self) -> AppendCounters {
+        AppendCounters { seq: self.seq, turn_seq: 0, turn_key: None }
+    }
+
     /// Checks the counters against the session's current fence; panics on a broken invariant.
     pub fn check_invariants(&self, fence: &Fence) {
-        assert!(self.turn_seq <= self.seq, "a turn holds no more appends than its epoch");
-        let empty = self.seq == 0;
-        assert_eq!(empty, self.turn_seq == 0, "seq and turn_seq start together");
-        assert_eq!(empty, self.turn_key.is_none(), "the turn key is set by the first append");
+        assert!(self.turn_seq <= self.seq, "a turn holds no more appends than the session");
+        assert_eq!(self.turn_seq == 0, self.turn_key.is_none(), "the turn key is set by the turn's first append");
         if let Some(key) = self.turn_key {
             assert_eq!(key.epoch, fence.epoch, "counters belong to the current epoch");
             assert!(key.turn_id <= fence.turn_id, "the session's turn never falls behind its input");

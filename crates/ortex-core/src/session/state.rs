@@ -196,14 +196,15 @@ impl Session {
         validate_fence(&self.fence, fence)
     }
 
-    /// Moves the session to `fence` after validating it. An epoch change starts the append
-    /// counters and the completed-append cache afresh, because nothing of an older epoch may be
-    /// counted in or replayed into a newer one.
+    /// Moves the session to `fence` after validating it. An epoch change starts a new user turn
+    /// (turn_seq restarts) and clears the completed-append cache, because nothing of an older
+    /// epoch may be replayed into a newer one; `seq` keeps counting the session's appends (api.md:
+    /// "seq counts appends per session", where seed 003 restarts it per epoch).
     pub fn accept_fence(&mut self, fence: Fence) -> Result<()> {
         self.require_accepting()?;
         validate_fence(&self.fence, &fence)?;
         if fence.epoch != self.fence.epoch {
-            self.counters = AppendCounters::default();
+            self.counters = self.counters.after_epoch_change();
             self.completed_appends.clear();
         }
         self.fence = fence;
@@ -577,11 +578,15 @@ mod tests {
         let outcome = session.cancel(None, 2).unwrap();
         assert!(outcome.advanced);
         assert_eq!(session.fence().epoch, 1);
-        assert_eq!(session.counters(), AppendCounters::default());
+        assert_eq!(
+            session.counters(),
+            AppendCounters { seq: 2, turn_seq: 0, turn_key: None },
+            "seq counts per session"
+        );
         assert_eq!(session.num_completed_appends(), 0);
         // The operation id is free again in the new epoch: it is applied, not replayed.
         let again = session.append(&with_op("op", None, false, 1), 3).unwrap();
-        assert_eq!((again.seq, again.turn_seq, again.replayed), (1, 1, false));
+        assert_eq!((again.seq, again.turn_seq, again.replayed), (3, 1, false));
         session.check_invariants();
     }
 

@@ -320,12 +320,22 @@ impl CoreSessions {
     }
 
     #[napi]
-    pub fn resume(&mut self, session_id: String, now_ms: f64, expected_generation: f64) -> napi::Result<String, String> {
+    pub fn resume(
+        &mut self,
+        session_id: String,
+        now_ms: f64,
+        expected_generation: f64,
+    ) -> napi::Result<String, String> {
         self.call(|sessions| sessions.resume(&session_id, now_ms, expected_generation))
     }
 
     #[napi]
-    pub fn begin_operation(&mut self, session_id: String, now_ms: f64, operation_id: String) -> napi::Result<(), String> {
+    pub fn begin_operation(
+        &mut self,
+        session_id: String,
+        now_ms: f64,
+        operation_id: String,
+    ) -> napi::Result<(), String> {
         self.call(|sessions| sessions.begin_operation(&session_id, now_ms, &operation_id))
     }
 
@@ -340,7 +350,12 @@ impl CoreSessions {
     }
 
     #[napi]
-    pub fn begin_close(&mut self, session_id: String, fence_json: String, reason: String) -> napi::Result<bool, String> {
+    pub fn begin_close(
+        &mut self,
+        session_id: String,
+        fence_json: String,
+        reason: String,
+    ) -> napi::Result<bool, String> {
         self.call(|sessions| sessions.begin_close(&session_id, &fence_json, &reason))
     }
 

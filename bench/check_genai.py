@@ -24,32 +24,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
+from genai_venv import ensure_genai
+
 ROOT = Path(__file__).resolve().parent.parent
-VENV = ROOT / ".cache" / "genai-venv"
 DEFAULT_TEXT = "The river starts as a thin line of water"
-
-
-def ensure_genai() -> None:
-    try:
-        import onnxruntime_genai  # noqa: F401
-        import numpy  # noqa: F401
-        return
-    except ImportError:
-        pass
-    py = VENV / "bin" / "python"
-    if os.environ.get("ORTEX_CHECK_GENAI_REEXEC"):
-        sys.exit("check_genai: onnxruntime_genai is not importable even in " + str(VENV))
-    if not py.exists():
-        print(f"check_genai: creating {VENV} (pip install -r bench/requirements.txt)", file=sys.stderr)
-        subprocess.check_call([sys.executable, "-m", "venv", str(VENV)])
-        subprocess.check_call([str(py), "-m", "pip", "install", "-q", "-r", str(ROOT / "bench" / "requirements.txt")])
-    env = dict(os.environ, ORTEX_CHECK_GENAI_REEXEC="1")
-    os.execve(str(py), [str(py), str(Path(__file__).resolve()), *sys.argv[1:]], env)
 
 
 def parse_tokens(s: str) -> list[int]:
@@ -139,7 +121,8 @@ def main() -> int:
     ap.add_argument("--no-node", action="store_true", help="do not run the JS reference loop")
     args = ap.parse_args()
 
-    ensure_genai()
+    ensure_genai(__file__, fail=lambda message: sys.exit(f"check_genai: {message}"),
+                 log=lambda message: print(f"check_genai: {message}", file=sys.stderr))
     import onnxruntime_genai as og
 
     model_dir = Path(args.model_dir).resolve()

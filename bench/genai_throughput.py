@@ -37,35 +37,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from genai_venv import ensure_genai
+
 ROOT = Path(__file__).resolve().parent.parent
-VENV = ROOT / ".cache" / "genai-venv"
-
-
-def ensure_genai() -> None:
-    try:
-        import onnxruntime_genai  # noqa: F401
-        import numpy  # noqa: F401
-        return
-    except ImportError:
-        pass
-    py = VENV / "bin" / "python"
-    if os.environ.get("ORTEX_GENAI_THROUGHPUT_REEXEC"):
-        fail("onnxruntime_genai is not importable even in " + str(VENV))
-    if not py.exists():
-        log(f"creating {VENV} (pip install -r bench/requirements.txt)")
-        try:
-            subprocess.check_call([sys.executable, "-m", "venv", str(VENV)])
-            subprocess.check_call([str(py), "-m", "pip", "install", "-q", "-r", str(ROOT / "bench" / "requirements.txt")])
-        except (OSError, subprocess.CalledProcessError) as e:
-            fail(f"cannot install onnxruntime-genai into {VENV}: {e}")
-    env = dict(os.environ, ORTEX_GENAI_THROUGHPUT_REEXEC="1")
-    os.execve(str(py), [str(py), str(Path(__file__).resolve()), *sys.argv[1:]], env)
 
 
 def log(message: str) -> None:
@@ -272,7 +250,7 @@ def main() -> int:
     ap.add_argument("--out", help="where to write the result (default: stdout)")
     args = ap.parse_args()
     OUT_PATH = Path(args.out) if args.out else None
-    ensure_genai()
+    ensure_genai(__file__, fail=fail, log=log)
     import numpy as np
     import onnxruntime_genai as og
 

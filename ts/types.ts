@@ -26,6 +26,11 @@ export interface EngineOptions {
   maxRequests?: number
   executionProvider?: 'cpu' | 'cuda'
   intraOpThreads?: number
+  /** Addition: let the session's intra-op threads spin between operators while a model run is
+   *  going (ONNX Runtime's own default, and onnxruntime-genai's); they stop spinning when the run
+   *  returns. Faster runs where the cores are the engine's; default false (threads block, leaving
+   *  the cores to the JavaScript thread and other work). */
+  intraOpSpinning?: boolean
 }
 
 /** Injected failures of the simulated model, for simulation tests. Step numbers count every

@@ -178,6 +178,7 @@ const ENGINE_KEYS = [
   'maxRequests',
   'executionProvider',
   'intraOpThreads',
+  'intraOpSpinning',
 ] as const satisfies readonly (keyof EngineOptions)[]
 
 const SIM_KEYS = [
@@ -246,6 +247,11 @@ function engineFields(name: string, present: Map<string, unknown>, json: Json, f
       case 'intraOpThreads': {
         const threads = integer(arg, value, 0, 1024)
         if (!forSimulated) json[key] = threads
+        break
+      }
+      case 'intraOpSpinning': {
+        const spinning = boolean(arg, value)
+        if (!forSimulated) json[key] = spinning
         break
       }
     }

@@ -145,20 +145,49 @@ describe.each(FORMS)('%s form', (form) => {
     // first continues the last one's rows, and the rows share one past length (what mha needs).
     const prompts = [0, 1, 2, 3].map((i) => prompt(9, 50 + i))
     const expected = await Promise.all(prompts.map((p) => naiveGenerate(references[form], p, 16, { ignoreEos: true })))
-    for (const carry of ['1', '0']) {
-      process.env.ORTEX_CARRY_PRESENT = carry
-      const engine = await Engine.load(dirs[form], { intraOpThreads: 1 }).finally(
-        () => delete process.env.ORTEX_CARRY_PRESENT,
-      )
+    // gqa decodes share one buffer as past and present unless ORTEX_SHARE_PAST=0 (then they carry
+    // ONNX Runtime's present tensors, as mha does); intraOpSpinning changes threading only.
+    const variants = [
+      { env: { ORTEX_CARRY_PRESENT: '1' }, carries: true },
+      { env: { ORTEX_CARRY_PRESENT: '0' }, carries: false },
+      { env: { ORTEX_SHARE_PAST: '0' }, carries: true },
+      { env: {}, carries: true, intraOpSpinning: true },
+    ]
+    for (const variant of variants) {
+      Object.assign(process.env, variant.env)
+      const engine = await Engine.load(dirs[form], {
+        intraOpThreads: 1,
+        ...(variant.intraOpSpinning ? { intraOpSpinning: true } : {}),
+      }).finally(() => {
+        for (const key of Object.keys(variant.env)) delete process.env[key]
+      })
       try {
         const turns = prompts.map((p) => engine.generate(p, { maxGeneratedTokens: 16, ignoreEos: true }))
         const got = await Promise.all(turns.map(async (t) => Array.from((await t.done).tokens)))
-        expect(got).toEqual(expected)
+        expect(got, JSON.stringify(variant)).toEqual(expected)
         const { carried, steps } = engine.executorStats()!
-        expect(carried).toBe(carry === '1' ? steps - 2 : 0) // not the prefill nor the first decode
+        expect(carried).toBe(variant.carries ? steps - 2 : 0) // not the prefill nor the first decode
       } finally {
         await engine.close()
       }
+    }
+  })
+
+  it('decode rows that outgrow their shared buffers refill them from the blocks', async () => {
+    // 9-token prompts: the first shared buffers (gqa) hold 192 positions, so 240 new tokens need
+    // one refill on the way.
+    const prompts = [prompt(9, 70), prompt(9, 71)]
+    const expected = await Promise.all(prompts.map((p) => naiveGenerate(references[form], p, 240, { ignoreEos: true })))
+    const engine = await Engine.load(dirs[form], { intraOpThreads: 1 })
+    try {
+      const turns = prompts.map((p) => engine.generate(p, { maxGeneratedTokens: 240, ignoreEos: true }))
+      const got = await Promise.all(turns.map(async (t) => Array.from((await t.done).tokens)))
+      expect(got).toEqual(expected)
+      const { carried, steps } = engine.executorStats()!
+      // Not carried: the prefill, the first decode and (gqa) the refill.
+      expect(carried).toBe(steps - (form === 'gqa' ? 3 : 2))
+    } finally {
+      await engine.close()
     }
   })
 
@@ -316,6 +345,10 @@ describe('Engine.load errors', () => {
 
   it('options are checked', async () => {
     await expect(Engine.load(dirs.gqa, { intraOpThreads: -1 } as never)).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' })
+    await expect(Engine.load(dirs.gqa, { intraOpSpinning: 1 } as never)).rejects.toMatchObject({
+      code: 'INVALID_ARGUMENT',
+      message: expect.stringContaining('intraOpSpinning'),
+    })
     await expect(Engine.load(dirs.gqa, { numBlocks: 0 } as never)).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' })
   })
 

@@ -5,14 +5,16 @@ import type { Row, SystemName, ThroughputReport } from './throughput'
 
 export const SYSTEM_LABELS: Readonly<Record<SystemName, string>> = {
   ortex: 'ortex',
+  'ortex-blocking': 'ortex, threads blocking (its default)',
   naive: 'naive loop (onnxruntime-node)',
   'genai-engine': 'onnxruntime-genai Engine (static batching)',
   'genai-generator': 'onnxruntime-genai Generator (batch of prompts)',
 }
 
-const SYSTEM_ORDER: readonly SystemName[] = ['ortex', 'naive', 'genai-engine', 'genai-generator']
+const SYSTEM_ORDER: readonly SystemName[] = ['ortex', 'ortex-blocking', 'naive', 'genai-engine', 'genai-generator']
 const COLORS: Readonly<Record<SystemName, string>> = {
   ortex: '#2563eb',
+  'ortex-blocking': '#93c5fd',
   naive: '#9ca3af',
   'genai-engine': '#f59e0b',
   'genai-generator': '#b45309',
@@ -25,7 +27,8 @@ export function formatTable(report: ThroughputReport): string {
   const lines: string[] = []
   lines.push(
     `model ${w.modelDir}; prompts of ${w.promptLengths.join('/')} tokens (cycled), ${w.generatedTokens} tokens per ` +
-      `request (ignoreEos, greedy), arrivals ${w.staggerMs} ms apart, ${w.intraOpThreads} intra-op threads`,
+      `request (ignoreEos, greedy), arrivals ${w.staggerMs} ms apart, ${w.intraOpThreads} intra-op threads` +
+      (w.intraOpSpinning ? ' spinning during runs (ortex-blocking: blocking)' : ''),
   )
   lines.push(
     `machine: ${report.machine.cpus} CPUs (${report.machine.cpuModel}), load average ` +

@@ -6,7 +6,9 @@
 //   (b) onnxruntime-genai's Python API over the same folder (bench/genai_throughput.py, its own
 //       process: the Engine API with static batching, and the Generator API).
 // Every system runs the same workload: the same prompts (token ids), greedy, EOS ignored, the same
-// number of generated tokens per request, the same intra-op thread count.
+// number of generated tokens per request, the same intra-op thread count, intra-op threads that spin
+// during a run (onnxruntime-genai's default; ortex's `intraOpSpinning: true`, the naive loop's session
+// the same). ortex with its default, blocking threads, runs at concurrency 1 as a fifth system.
 //
 // Workload at concurrency C: C clients; client k sends its first request at k * staggerMs and its
 // next one as soon as the previous finishes (a closed loop), until the configuration's requests are
@@ -38,7 +40,13 @@ export interface BenchEngine {
 export interface BenchEngineClass {
   load(
     modelDir: string,
-    options: { maxBatchSize: number; intraOpThreads: number; numBlocks: number; blockSize: number },
+    options: {
+      maxBatchSize: number
+      intraOpThreads: number
+      intraOpSpinning: boolean
+      numBlocks: number
+      blockSize: number
+    },
   ): Promise<BenchEngine>
 }
 
@@ -69,10 +77,12 @@ export interface Workload {
   requestsByConcurrency: Record<string, number>
   staggerMs: number
   intraOpThreads: number
+  /** Every system's intra-op threads spin during runs (ortex-blocking's excepted). */
+  intraOpSpinning: boolean
   maxBatchSize: number
 }
 
-export type SystemName = 'ortex' | 'naive' | 'genai-engine' | 'genai-generator'
+export type SystemName = 'ortex' | 'ortex-blocking' | 'naive' | 'genai-engine' | 'genai-generator'
 
 export interface OrtexExecutorShare {
   steps: number
@@ -153,6 +163,7 @@ export function makeWorkload(modelDir: string, quick: boolean, intraOpThreads: n
     requestsByConcurrency: quick ? { 1: 2, 4: 4, 16: 16 } : { 1: 4, 4: 4, 16: 16 },
     staggerMs: STAGGER_MS,
     intraOpThreads,
+    intraOpSpinning: true,
     maxBatchSize: MAX_BATCH_SIZE,
   }
 }
@@ -189,7 +200,13 @@ async function closedLoop(
 
 // ---- ortex -------------------------------------------------------------------------------------
 
-async function runOrtex(engine: BenchEngine, w: Workload, concurrency: number, round: number): Promise<Row> {
+async function runOrtex(
+  engine: BenchEngine,
+  w: Workload,
+  concurrency: number,
+  round: number,
+  system: 'ortex' | 'ortex-blocking' = 'ortex',
+): Promise<Row> {
   const n = w.generatedTokens
   const before = engine.executorStats()
   const records = await closedLoop(w, concurrency, async (record, prompt, now) => {
@@ -200,7 +217,7 @@ async function runOrtex(engine: BenchEngine, w: Workload, concurrency: number, r
   })
   const after = engine.executorStats()
   const summary = summarize(records, n)
-  const row: Row = { system: 'ortex', concurrency, round, ...summary }
+  const row: Row = { system, concurrency, round, ...summary }
   if (before !== null && after !== null) row.executor = executorShare(before, after, summary.wallMs)
   return row
 }
@@ -434,16 +451,21 @@ export async function runThroughput(options: ThroughputOptions): Promise<Through
   const rows: Row[] = []
   progress(`loading ${options.modelDir} in ortex`)
   const longest = Math.max(...PROMPT_LENGTHS) + (options.quick ? QUICK_TOKENS : FULL_TOKENS)
-  const engine = await options.Engine.load(options.modelDir, {
-    maxBatchSize: MAX_BATCH_SIZE,
-    intraOpThreads: options.intraOpThreads,
-    // Every request of the largest configuration resident at once, plus slack.
-    numBlocks: MAX_BATCH_SIZE * (Math.ceil(longest / BLOCK_SIZE) + 1),
-    blockSize: BLOCK_SIZE,
-  })
+  const load = (intraOpSpinning: boolean) =>
+    options.Engine.load(options.modelDir, {
+      maxBatchSize: MAX_BATCH_SIZE,
+      intraOpThreads: options.intraOpThreads,
+      intraOpSpinning,
+      // Every request of the largest configuration resident at once, plus slack.
+      numBlocks: MAX_BATCH_SIZE * (Math.ceil(longest / BLOCK_SIZE) + 1),
+      blockSize: BLOCK_SIZE,
+    })
+  const engine = await load(true)
+  let blocking: BenchEngine | null = null
   let w: Workload
   try {
     w = makeWorkload(options.modelDir, options.quick, options.intraOpThreads, (text) => engine.tokenize(text))
+    blocking = await load(false)
   } catch (error) {
     await engine.close()
     throw error
@@ -454,7 +476,10 @@ export async function runThroughput(options: ThroughputOptions): Promise<Through
   if (options.naive) {
     try {
       ref = await loadReference()
-      refModel = await ref.ReferenceModel.load(options.modelDir, { intraOpThreads: w.intraOpThreads })
+      refModel = await ref.ReferenceModel.load(options.modelDir, {
+        intraOpThreads: w.intraOpThreads,
+        intraOpSpinning: w.intraOpSpinning,
+      })
     } catch (error) {
       naive.ok = false
       naive.error = `the naive loop could not start (it needs onnxruntime-node): ${(error as Error).message}`
@@ -467,10 +492,12 @@ export async function runThroughput(options: ThroughputOptions): Promise<Through
   const padTokenId = readPadTokenId(options.modelDir)
   try {
     // Warm-ups: the first runs of a session allocate.
-    await drain(engine.generate(w.prompts[0]!.slice(0, 8), { maxGeneratedTokens: 8, ignoreEos: true }))
+    for (const e of [engine, blocking]) {
+      await drain(e.generate(w.prompts[0]!.slice(0, 8), { maxGeneratedTokens: 8, ignoreEos: true }))
+    }
     if (ref !== null && refModel !== null) await ref.naiveGenerate(refModel, w.prompts[0]!.slice(0, 8), 8, { ignoreEos: true })
     const systems = 1 + (ref !== null ? 1 : 0) + (genai.ok ? 1 : 0)
-    const total = systems * w.concurrencies.length * options.rounds
+    const total = (systems * w.concurrencies.length + 1) * options.rounds
     let done = 0
     const step = (round: number, what: string, c: number) =>
       progress(
@@ -486,6 +513,10 @@ export async function runThroughput(options: ThroughputOptions): Promise<Through
       for (const c of w.concurrencies) {
         step(round, 'ortex', c)
         add(await runOrtex(engine, w, c, round).catch((e: Error) => errorRow('ortex', c, round, e)))
+        if (c === 1) {
+          step(round, 'ortex, threads blocking (the default)', c)
+          add(await runOrtex(blocking, w, c, round, 'ortex-blocking').catch((e: Error) => errorRow('ortex-blocking', c, round, e)))
+        }
         if (ref !== null && refModel !== null) {
           step(round, 'naive loop (onnxruntime-node)', c)
           add(await runNaive(ref, refModel, w, c, round).catch((e: Error) => errorRow('naive', c, round, e)))
@@ -511,6 +542,7 @@ export async function runThroughput(options: ThroughputOptions): Promise<Through
     }
   } finally {
     await engine.close()
+    await blocking.close()
     if (refModel !== null) await refModel.release()
   }
   const { prompts: _prompts, ...workload } = w

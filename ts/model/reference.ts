@@ -16,6 +16,9 @@ import { layerName, readModelConfig, type ModelConfig } from './genai-config'
 export interface ReferenceLoadOptions {
   /** ONNX Runtime intra-op threads; default 1. */
   intraOpThreads?: number
+  /** Intra-op threads spin during a run and stop when it returns, as ortex's `intraOpSpinning`;
+   *  default false. */
+  intraOpSpinning?: boolean
 }
 
 export class ReferenceModel {
@@ -34,7 +37,13 @@ export class ReferenceModel {
       interOpNumThreads: 1,
       executionMode: 'sequential',
       graphOptimizationLevel: 'all',
-      extra: { session: { intra_op: { allow_spinning: '0' }, inter_op: { allow_spinning: '0' } } },
+      extra: {
+        session: {
+          intra_op: { allow_spinning: options.intraOpSpinning ? '1' : '0' },
+          inter_op: { allow_spinning: '0' },
+          force_spinning_stop: '1',
+        },
+      },
     })
     return new ReferenceModel(config, session, config.positionIds ? 'mha' : 'gqa')
   }

@@ -23,6 +23,11 @@
 //! "batch_size must be 1 when sequence_length > 1 and past context is given"): those run one
 //! row per invocation; first prompts (no past) may share one.
 //!
+//! Shared past/present: on the CPU, gqa decode invocations bind one buffer per KV tensor as both
+//! past and present ([`SharedPast`]), so GroupQueryAttention appends in place instead of copying
+//! the whole past into a fresh present; the buffers stay from step to step while the decode rows
+//! do (below), and are filled from the blocks otherwise.
+//!
 //! Buffers (ids, mask, positions, past tensors) live in [`Scratch`] and grow to the largest step
 //! seen; nothing is allocated per token beyond what ONNX Runtime allocates for its outputs. The
 //! time spent gathering, in the session and scattering is counted in [`ExecutorStats`].
@@ -34,7 +39,9 @@
 //! padding contract's layout (gqa: each row at `[0, past_b)`; mha: only when every row has the
 //! same past length, since mha puts new keys at `P + j`). Then they are passed straight back
 //! ([`Carry`]) and nothing is gathered; the blocks still receive every new position, so the
-//! next change of batch composition gathers from them as usual.
+//! next change of batch composition gathers from them as usual. gqa decodes on the CPU keep their
+//! shared buffers the same way. `ORTEX_CARRY_PRESENT=0` turns both off, `ORTEX_SHARE_PAST=0` the
+//! shared buffers (gqa decodes then carry present like mha).
 
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,13 +49,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ort::session::{Session, SessionInputValue};
-use ort::value::{DynValue, TensorElementType, TensorRef, ValueType};
+use ort::value::{DynValue, Tensor, TensorElementType, TensorRef, ValueType};
 use ortex_core::executor::{ExecError, Executor, KvGeometry, LogitsLayout, ModelInfo, PlanRow, StepOutput, StepPlan};
 use ortex_core::ids::RequestId;
 use ortex_core::{ErrorCode, OrtexError, Result};
 
 use crate::config::{ModelConfig, TensorNames};
 use crate::kv_store::{KvKind, KvStore};
+use crate::runtime::ExecutionProvider;
+use crate::shared_past::{self, SharedPast};
 
 /// Where `present` puts a row's new keys and values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -200,6 +209,8 @@ pub struct OrtExecutor {
     carry: Option<Carry>,
     /// `ORTEX_CARRY_PRESENT=0` turns carrying off (to measure what it saves).
     carry_enabled: bool,
+    /// gqa on the CPU: decode invocations run on shared past/present buffers.
+    shared: Option<SharedPast>,
     stats: Arc<ExecutorStats>,
 }
 
@@ -215,7 +226,7 @@ const KINDS: [KvKind; 2] = [KvKind::Key, KvKind::Value];
 
 impl OrtExecutor {
     /// Wraps an opened session after checking its signature against the config.
-    pub fn new(config: ModelConfig, session: Session) -> Result<OrtExecutor> {
+    pub fn new(config: ModelConfig, session: Session, provider: ExecutionProvider) -> Result<OrtExecutor> {
         let layers = config.num_hidden_layers as usize;
         let n = &config.names;
         let mut past = Vec::with_capacity(2 * layers);
@@ -237,7 +248,15 @@ impl OrtExecutor {
         check_signature(&config, &session, &names)?;
         let form = detect_form(&config, &session);
         let scratch = Scratch { past: vec![Vec::new(); 2 * layers], ..Scratch::default() };
-        let carry_enabled = std::env::var("ORTEX_CARRY_PRESENT").map_or(true, |v| v != "0");
+        let carry_enabled = env_flag("ORTEX_CARRY_PRESENT");
+        // CUDA would want device buffers; it keeps ONNX Runtime's own present tensors.
+        let shared = if form == AttentionForm::Gqa && provider == ExecutionProvider::Cpu && env_flag("ORTEX_SHARE_PAST")
+        {
+            let model_file = config.model_file.display().to_string();
+            Some(SharedPast::new(&session).map_err(|e| load_error(format!("{model_file}: cannot bind buffers: {e}")))?)
+        } else {
+            None
+        };
         Ok(OrtExecutor {
             config,
             form,
@@ -247,6 +266,7 @@ impl OrtExecutor {
             scratch,
             carry: None,
             carry_enabled,
+            shared,
             stats: Arc::default(),
         })
     }
@@ -263,6 +283,11 @@ impl OrtExecutor {
     pub fn stats(&self) -> Arc<ExecutorStats> {
         Arc::clone(&self.stats)
     }
+}
+
+/// An on/off switch read from the environment: on unless set to "0".
+fn env_flag(name: &str) -> bool {
+    std::env::var(name).map_or(true, |v| v != "0")
 }
 
 /// Metadata `ortex.attention` when the model has it (ortex make-model); otherwise a model
@@ -374,6 +399,9 @@ impl Executor for OrtExecutor {
             c.head_size as usize,
         )?);
         self.carry = None;
+        if let Some(shared) = &mut self.shared {
+            shared.invalidate();
+        }
         Ok(())
     }
 
@@ -397,6 +425,7 @@ impl Executor for OrtExecutor {
             kv,
             carry: &mut self.carry,
             carry_enabled: self.carry_enabled,
+            shared: self.shared.as_mut(),
             stats: &self.stats,
         };
         for i in 0..scratch.bounds.len() {
@@ -406,6 +435,9 @@ impl Executor for OrtExecutor {
             scratch.rows = rows;
             if result.is_err() {
                 *step.carry = None;
+                if let Some(shared) = step.shared.as_deref_mut() {
+                    shared.invalidate();
+                }
             }
             result?;
         }
@@ -516,6 +548,7 @@ struct Step<'a> {
     kv: &'a mut KvStore,
     carry: &'a mut Option<Carry>,
     carry_enabled: bool,
+    shared: Option<&'a mut SharedPast>,
     stats: &'a ExecutorStats,
 }
 
@@ -551,15 +584,11 @@ impl<'a> Step<'a> {
         scratch: &mut Scratch,
         out: &mut StepOutput,
     ) -> Result<(), ExecError> {
-        let row = |i: u32| -> &PlanRow { &plan.rows[i as usize] };
-        let dims = Dims {
-            batch: rows.len(),
-            past: rows.iter().map(|&i| row(i).start_position as usize).max().unwrap_or(0),
-            new: rows.iter().map(|&i| row(i).token_count as usize).max().unwrap_or(0),
-            kv_heads: self.config.num_key_value_heads as usize,
-            head_size: self.config.head_size as usize,
-        };
-        let decode = rows.iter().all(|&i| row(i).token_count == 1);
+        let dims = self.dims(plan, rows);
+        let decode = dims.new == 1;
+        if decode && self.shared.is_some() {
+            return self.invoke_shared(plan, rows, dims, scratch, out);
+        }
         let carried =
             decode && self.carry.as_ref().is_some_and(|c| c.continues(plan.step, plan, rows, dims, self.form));
         let gather_started = now();
@@ -584,6 +613,78 @@ impl<'a> Step<'a> {
             *self.carry = Self::keep_present(self.form, self.names, plan, rows, dims, &mut outputs);
         }
         ExecutorStats::add(&self.stats.scatter_ns, elapsed_ns(scatter_started));
+        Ok(())
+    }
+
+    /// The invocation's shape: `P` the longest past, `S` the most new tokens.
+    fn dims(&self, plan: &StepPlan, rows: &[u32]) -> Dims {
+        let row = |i: u32| -> &PlanRow { &plan.rows[i as usize] };
+        Dims {
+            batch: rows.len(),
+            past: rows.iter().map(|&i| row(i).start_position as usize).max().unwrap_or(0),
+            new: rows.iter().map(|&i| row(i).token_count as usize).max().unwrap_or(0),
+            kv_heads: self.config.num_key_value_heads as usize,
+            head_size: self.config.head_size as usize,
+        }
+    }
+
+    /// A gqa decode invocation on the shared past/present buffers: filled from the blocks unless
+    /// they continue the previous step's rows, bound as both past and present, run; the new
+    /// positions then go from the buffers into the blocks.
+    fn invoke_shared(
+        &mut self,
+        plan: &StepPlan,
+        rows: &[u32],
+        dims: Dims,
+        scratch: &mut Scratch,
+        out: &mut StepOutput,
+    ) -> Result<(), ExecError> {
+        let gather_started = now();
+        self.fill_inputs(plan, rows, dims, scratch);
+        let context_length = self.config.context_length as usize;
+        let Step { names, session, kv, shared, stats, carry_enabled, config, .. } = self;
+        let shared = shared.as_deref_mut().expect("the caller checked");
+        let carried = *carry_enabled && shared.continues(plan.step, plan, rows);
+        if !carried {
+            let width = shared_past::width_for(dims.past, context_length);
+            let tensors = shared
+                .reshape(names.past.len(), dims.batch, dims.kv_heads, width, dims.head_size)
+                .map_err(ort_error("cannot allocate the KV buffers"))?;
+            let row_floats = dims.kv_heads * width * dims.head_size;
+            for (index, tensor) in tensors.iter_mut().enumerate() {
+                let (layer, kind) = (index / 2, KINDS[index % 2]);
+                let data = tensor.extract_tensor_mut().1;
+                for (b, &i) in rows.iter().enumerate() {
+                    let row = &plan.rows[i as usize];
+                    let dst = &mut data[b * row_floats..(b + 1) * row_floats];
+                    kv.gather(layer, kind, plan.row_blocks(row), row.start_position as usize, dst, width);
+                }
+            }
+        }
+        bind_shared(names, shared, dims, scratch).map_err(ort_error("cannot bind the model's inputs"))?;
+        ExecutorStats::add(&stats.gather_ns, elapsed_ns(gather_started));
+        ExecutorStats::add(&stats.carried, u64::from(carried));
+
+        let run_started = now();
+        let outputs = session.run_binding(&shared.binding).map_err(ort_error("the model run failed"))?;
+        ExecutorStats::add(&stats.run_ns, elapsed_ns(run_started));
+
+        let scatter_started = now();
+        let vocab = config.vocab_size as usize;
+        Self::copy_logits(&outputs, &names.logits, vocab, plan, rows, dims, &scratch.sampled_slot, out)?;
+        let width = shared.width();
+        for (index, (name, tensor)) in names.present.iter().zip(shared.tensors()).enumerate() {
+            let data = tensor.extract_tensor().1;
+            let written = outputs.get(name).and_then(|v| v.try_extract_tensor::<f32>().ok()).map(|(_, d)| d.as_ptr());
+            if written != Some(data.as_ptr()) {
+                return Err(fatal(format!("ONNX Runtime did not write {name} into the buffer bound to it")));
+            }
+            let (layer, kind) = (index / 2, KINDS[index % 2]);
+            scatter_rows(kv, AttentionForm::Gqa, layer, kind, data, width, plan, rows, dims);
+        }
+        drop(outputs);
+        shared.record(plan.step, plan, rows);
+        ExecutorStats::add(&stats.scatter_ns, elapsed_ns(scatter_started));
         Ok(())
     }
 
@@ -648,17 +749,7 @@ impl<'a> Step<'a> {
                     dims.head_size
                 ))
             })?;
-            let row_floats = dims.kv_heads * width * dims.head_size;
-            for (b, &i) in rows.iter().enumerate() {
-                let row = &plan.rows[i as usize];
-                let (past, count) = (row.start_position as usize, row.token_count as usize);
-                let at = match form {
-                    AttentionForm::Mha => dims.past,
-                    AttentionForm::Gqa => past,
-                };
-                let src = &data[b * row_floats..(b + 1) * row_floats];
-                kv.scatter(layer, kind, plan.row_blocks(row), past, count, src, width, at);
-            }
+            scatter_rows(kv, form, layer, kind, data, width, plan, rows, dims);
         }
         Ok(())
     }
@@ -769,6 +860,57 @@ impl<'a> Step<'a> {
         }
         Ok(inputs)
     }
+}
+
+/// One present tensor's new positions (`data`, `[B, KH, width, D]`) into each row's blocks: new
+/// token j of row b sits at `P + j` (mha) or at `past_b + j` (gqa).
+#[allow(clippy::too_many_arguments)] // one tensor's place in the invocation
+fn scatter_rows(
+    kv: &mut KvStore,
+    form: AttentionForm,
+    layer: usize,
+    kind: KvKind,
+    data: &[f32],
+    width: usize,
+    plan: &StepPlan,
+    rows: &[u32],
+    dims: Dims,
+) {
+    let row_floats = dims.kv_heads * width * dims.head_size;
+    for (b, &i) in rows.iter().enumerate() {
+        let row = &plan.rows[i as usize];
+        let (past, count) = (row.start_position as usize, row.token_count as usize);
+        let at = match form {
+            AttentionForm::Mha => dims.past,
+            AttentionForm::Gqa => past,
+        };
+        let src = &data[b * row_floats..(b + 1) * row_floats];
+        kv.scatter(layer, kind, plan.row_blocks(row), past, count, src, width, at);
+    }
+}
+
+/// Binds a shared decode invocation: ids, mask (and positions) from the scratch buffers, each
+/// KV buffer as its past input and its present output, the logits to the CPU.
+fn bind_shared(names: &Names, shared: &mut SharedPast, dims: Dims, scratch: &Scratch) -> ort::Result<()> {
+    let (b, s, t) = (dims.batch, dims.new, dims.total());
+    // Owned copies (a few hundred bytes): ort clones a borrowed input it binds, and that clone
+    // deadlocks in rc.15 (`IdentitySessionHandle::new` binds a borrowed input itself).
+    fn ids(data: &[i64], rows: usize, cols: usize) -> ort::Result<Tensor<i64>> {
+        Tensor::from_array(([rows, cols], data.to_vec()))
+    }
+    let SharedPast { binding, cpu, .. } = shared;
+    binding.bind_input(names.input_ids.as_str(), &ids(&scratch.input_ids[..b * s], b, s)?)?;
+    binding.bind_input(names.attention_mask.as_str(), &ids(&scratch.attention_mask[..b * t], b, t)?)?;
+    if let Some(name) = &names.position_ids {
+        binding.bind_input(name.as_str(), &ids(&scratch.position_ids[..b * s], b, s)?)?;
+    }
+    binding.bind_output_to_device(names.logits.as_str(), cpu)?;
+    let (binding, tensors) = shared.binding_and_tensors();
+    for ((past, present), tensor) in names.past.iter().zip(&names.present).zip(tensors.iter_mut()) {
+        binding.bind_input(past.as_str(), &*tensor)?;
+        binding.bind_output(present.as_str(), &mut *tensor)?;
+    }
+    Ok(())
 }
 
 /// `present`'s sequence width when its shape is `[B, KH, >= T, D]`.

@@ -4,6 +4,7 @@
 //! - [`runtime`]: the ONNX Runtime library (opened at runtime by absolute path) and session options
 //! - [`tokenizer`]: `tokenizer.json` through Hugging Face `tokenizers`, as the engine's text codec
 //! - [`kv_store`]: the paged KV storage behind the engine's block pool
+//! - [`shared_past`]: past/present buffers shared in place by GroupQueryAttention decodes (CPU)
 //! - [`executor`]: [`executor::OrtExecutor`], one engine step = a few model invocations
 //!
 //! [`load`] puts them together: folder + options -> an engine. Native only (the WebAssembly build
@@ -13,6 +14,7 @@ pub mod config;
 pub mod executor;
 pub mod kv_store;
 pub mod runtime;
+pub mod shared_past;
 pub mod tokenizer;
 
 use std::path::Path;
@@ -37,6 +39,8 @@ pub struct LoadOptions {
     pub execution_provider: Option<ExecutionProvider>,
     /// 0 or absent: ONNX Runtime's default.
     pub intra_op_threads: Option<u32>,
+    /// Intra-op threads spin between operators during a run; absent: false.
+    pub intra_op_spinning: Option<bool>,
 }
 
 /// A loaded model folder: the executor and the text codec an engine is built from.
@@ -54,7 +58,7 @@ impl Model {
         let codec = TokenizerCodec::load(&config.tokenizer_file(), config.vocab_size)?;
         let session =
             runtime::with_environment(library, |env| runtime::open_session(env, &config.model_file, settings))?;
-        let executor = OrtExecutor::new(config, session)?;
+        let executor = OrtExecutor::new(config, session, settings.execution_provider)?;
         Ok(Model { executor, codec })
     }
 }
@@ -64,6 +68,7 @@ pub fn load_engine(dir: &Path, options: &LoadOptions, library: Option<&Path>) ->
     let settings = SessionSettings {
         execution_provider: options.execution_provider.unwrap_or_default(),
         intra_op_threads: options.intra_op_threads,
+        intra_op_spinning: options.intra_op_spinning.unwrap_or(false),
     };
     let model = Model::load(dir, settings, library)?;
     let stats = model.executor.stats();
@@ -83,12 +88,21 @@ mod tests {
 
     #[test]
     fn load_options_split_engine_and_model_settings() {
-        let options =
-            parse_load_options(r#"{"maxBatchSize":4,"executionProvider":"cuda","intraOpThreads":2}"#).unwrap();
+        let options = parse_load_options(
+            r#"{"maxBatchSize":4,"executionProvider":"cuda","intraOpThreads":2,"intraOpSpinning":true}"#,
+        )
+        .unwrap();
         assert_eq!(options.engine.max_batch_size, Some(4));
         assert_eq!(options.execution_provider, Some(ExecutionProvider::Cuda));
         assert_eq!(options.intra_op_threads, Some(2));
-        for bad in [r#"{"unknown":1}"#, r#"{"executionProvider":"tpu"}"#, r#"{"intraOpThreads":-1}"#, "nope"] {
+        assert_eq!(options.intra_op_spinning, Some(true));
+        for bad in [
+            r#"{"unknown":1}"#,
+            r#"{"executionProvider":"tpu"}"#,
+            r#"{"intraOpThreads":-1}"#,
+            r#"{"intraOpSpinning":1}"#,
+            "nope",
+        ] {
             assert_eq!(parse_load_options(bad).unwrap_err().code, ortex_core::ErrorCode::InvalidArgument, "{bad}");
         }
     }

@@ -6,8 +6,11 @@
 //! package onnxruntime-node ships). When onnxruntime-node runs in the same process, loading its
 //! very file matters: the dynamic loader then shares one copy of ONNX Runtime.
 //!
-//! No global thread pools: each session owns its intra-op pool, with spinning off (spinning
-//! threads burn the cores that the JS thread and other sessions need).
+//! No global thread pools: each session owns its intra-op pool, with spinning off by default
+//! (spinning threads burn the cores that the JS thread and other sessions need). Spinning on
+//! (`intraOpSpinning`) keeps the threads spinning between operators during a run, and
+//! `session.force_spinning_stop` makes them stop as soon as the run returns, so they never spin
+//! between engine steps.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -44,6 +47,8 @@ pub struct SessionSettings {
     pub execution_provider: ExecutionProvider,
     /// Intra-op threads; `None` or 0: ONNX Runtime's default (one per physical core).
     pub intra_op_threads: Option<u32>,
+    /// Whether intra-op threads spin between operators while a run is going.
+    pub intra_op_spinning: bool,
 }
 
 fn load_error(message: impl Into<String>) -> OrtexError {
@@ -123,8 +128,10 @@ pub fn open_session(environment: &Environment, model_file: &Path, settings: Sess
         .map_err(builder_error(model_file, "set the optimization level"))?
         .with_inter_threads(1)
         .map_err(builder_error(model_file, "set inter-op threads"))?
-        .with_intra_op_spinning(false)
-        .map_err(builder_error(model_file, "turn intra-op spinning off"))?
+        .with_intra_op_spinning(settings.intra_op_spinning)
+        .map_err(builder_error(model_file, "set intra-op spinning"))?
+        .with_config_entry("session.force_spinning_stop", "1")
+        .map_err(builder_error(model_file, "stop spinning after each run"))?
         .with_inter_op_spinning(false)
         .map_err(builder_error(model_file, "turn inter-op spinning off"))?;
     if let Some(threads) = settings.intra_op_threads.filter(|&t| t > 0) {

@@ -26,10 +26,10 @@ export interface EngineOptions {
   maxRequests?: number
   executionProvider?: 'cpu' | 'cuda'
   intraOpThreads?: number
-  /** Addition: let the session's intra-op threads spin between operators while a model run is
-   *  going (ONNX Runtime's own default, and onnxruntime-genai's); they stop spinning when the run
-   *  returns. Faster runs where the cores are the engine's; default false (threads block, leaving
-   *  the cores to the JavaScript thread and other work). */
+  /** Addition: let the session's intra-op threads spin between operators, and for a short while
+   *  after a run before they block (ONNX Runtime's own default, and onnxruntime-genai's). Faster
+   *  steps where the cores are the engine's; default false (threads block at once, leaving the
+   *  cores to the JavaScript thread and other work). */
   intraOpSpinning?: boolean
 }
 

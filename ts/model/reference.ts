@@ -16,8 +16,8 @@ import { layerName, readModelConfig, type ModelConfig } from './genai-config'
 export interface ReferenceLoadOptions {
   /** ONNX Runtime intra-op threads; default 1. */
   intraOpThreads?: number
-  /** Intra-op threads spin during a run and stop when it returns, as ortex's `intraOpSpinning`;
-   *  default false. */
+  /** Intra-op threads spin between operators (and briefly after a run), as ortex's
+   *  `intraOpSpinning`; default false. */
   intraOpSpinning?: boolean
 }
 
@@ -41,7 +41,6 @@ export class ReferenceModel {
         session: {
           intra_op: { allow_spinning: options.intraOpSpinning ? '1' : '0' },
           inter_op: { allow_spinning: '0' },
-          force_spinning_stop: '1',
         },
       },
     })

@@ -889,8 +889,9 @@ fn scatter_rows(
     }
 }
 
-/// Binds a shared decode invocation: ids, mask (and positions) from the scratch buffers, each
-/// KV buffer as its past input and its present output, the logits to the CPU.
+/// Binds a shared decode invocation: ids, mask (and positions) from the scratch buffers, the
+/// logits to the CPU, and (when not bound already) each KV buffer as its past input and its
+/// present output.
 fn bind_shared(names: &Names, shared: &mut SharedPast, dims: Dims, scratch: &Scratch) -> ort::Result<()> {
     let (b, s, t) = (dims.batch, dims.new, dims.total());
     // Owned copies (a few hundred bytes): ort clones a borrowed input it binds, and that clone
@@ -905,6 +906,10 @@ fn bind_shared(names: &Names, shared: &mut SharedPast, dims: Dims, scratch: &Scr
         binding.bind_input(name.as_str(), &ids(&scratch.position_ids[..b * s], b, s)?)?;
     }
     binding.bind_output_to_device(names.logits.as_str(), cpu)?;
+    if shared.buffers_bound {
+        return Ok(());
+    }
+    shared.buffers_bound = true;
     let (binding, tensors) = shared.binding_and_tensors();
     for ((past, present), tensor) in names.past.iter().zip(&names.present).zip(tensors.iter_mut()) {
         binding.bind_input(past.as_str(), &*tensor)?;

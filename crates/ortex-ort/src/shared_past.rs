@@ -39,6 +39,9 @@ pub struct SharedPast {
     /// The step of the last run.
     step: u64,
     pub binding: IoBinding,
+    /// Whether `binding` holds these very buffers as past and present (bindings persist from run
+    /// to run: only the ids and the mask change at each step).
+    pub buffers_bound: bool,
     /// Where ONNX Runtime puts the outputs that are not bound to a buffer (the logits).
     pub cpu: MemoryInfo<'static>,
 }
@@ -59,6 +62,7 @@ impl SharedPast {
             rows: Vec::new(),
             step: 0,
             binding: session.create_binding()?,
+            buffers_bound: false,
             cpu: MemoryInfo::default(),
         })
     }
@@ -106,6 +110,7 @@ impl SharedPast {
             }
             self.batch = batch;
             self.width = width;
+            self.buffers_bound = false;
         }
         Ok(&mut self.tensors)
     }
@@ -124,6 +129,7 @@ impl SharedPast {
     pub fn invalidate(&mut self) {
         self.rows.clear();
         self.binding.clear();
+        self.buffers_bound = false;
     }
 }
 

@@ -1,11 +1,13 @@
 // What the paged-KV mapping costs on CPU: the ONNX executor's time gathering each row's past out of
-// the engine's blocks, inside ONNX Runtime, and scattering the new keys/values back, per step, with
-// present -> past carrying on (the default) and off (ORTEX_CARRY_PRESENT=0). See docs/performance.md.
+// the engine's blocks, inside ONNX Runtime, and scattering the new keys/values back, per step, in
+// three modes: `shared` (the default: gqa decodes bind one buffer as past and present, mha carries
+// present over as past), `carry` (ORTEX_SHARE_PAST=0: gqa carries present too) and `off`
+// (ORTEX_CARRY_PRESENT=0: every step gathers from the blocks). See docs/performance.md.
 //
 //   node dist/cli.js make-model --out .cache/models/bench-gqa --size bench --attention gqa
 //   node bench/kv-mapping.mjs .cache/models/bench-gqa [--concurrency 1,4,16] [--tokens 128] [--repeats 3] [--threads 2]
 //
-// Prints one line per (concurrency, carry) with per-step medians and writes bench/out/kv-mapping.json.
+// Prints one line per (concurrency, mode) with per-step medians and writes bench/out/kv-mapping.json.
 import { mkdirSync, writeFileSync } from 'node:fs'
 import { parseArgs } from 'node:util'
 import { Engine } from '../dist/index.mjs'
@@ -26,9 +28,18 @@ if (!dir) {
 }
 const PROMPT = 'The river starts as a thin line of water high in the hills. In the morning the air is cold and'
 
-async function once(concurrency, tokens, threads, carry) {
-  process.env.ORTEX_CARRY_PRESENT = carry ? '1' : '0'
-  const engine = await Engine.load(dir, { intraOpThreads: threads, maxBatchSize: Math.max(16, concurrency) })
+const MODES = {
+  shared: {},
+  carry: { ORTEX_SHARE_PAST: '0' },
+  off: { ORTEX_CARRY_PRESENT: '0' },
+}
+
+async function once(concurrency, tokens, threads, mode) {
+  const env = MODES[mode]
+  Object.assign(process.env, env)
+  const engine = await Engine.load(dir, { intraOpThreads: threads, maxBatchSize: Math.max(16, concurrency) }).finally(() => {
+    for (const key of Object.keys(env)) delete process.env[key]
+  })
   try {
     const prompt = engine.tokenize(PROMPT)
     const started = performance.now()
@@ -46,19 +57,19 @@ async function once(concurrency, tokens, threads, carry) {
 const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]
 const rows = []
 for (const concurrency of values.concurrency.split(',').map(Number)) {
-  const runs = { true: [], false: [] }
+  const runs = { shared: [], carry: [], off: [] }
   for (let r = 0; r < Number(values.repeats); r++) {
-    for (const carry of [true, false]) {
-      runs[carry].push(await once(concurrency, Number(values.tokens), Number(values.threads), carry))
+    for (const mode of Object.keys(MODES)) {
+      runs[mode].push(await once(concurrency, Number(values.tokens), Number(values.threads), mode))
     }
   }
-  for (const carry of [true, false]) {
-    const perStep = (key) => median(runs[carry].map((s) => s[key] / s.steps / 1000))
+  for (const mode of Object.keys(MODES)) {
+    const perStep = (key) => median(runs[mode].map((s) => s[key] / s.steps / 1000))
     const row = {
       concurrency,
-      carry,
-      steps: runs[carry][0].steps,
-      carried: runs[carry][0].carried,
+      mode,
+      steps: runs[mode][0].steps,
+      carried: runs[mode][0].carried,
       runMs: perStep('runUs'),
       gatherMs: perStep('gatherUs'),
       scatterMs: perStep('scatterUs'),
@@ -68,7 +79,7 @@ for (const concurrency of values.concurrency.split(',').map(Number)) {
     row.outsideRunPctOfStep = (100 * (row.stepMs - row.runMs)) / row.stepMs
     rows.push(row)
     console.log(
-      `concurrency ${String(concurrency).padStart(2)} carry ${carry ? 'on ' : 'off'}: per step run ${row.runMs.toFixed(2)} ms, ` +
+      `concurrency ${String(concurrency).padStart(2)} ${mode.padEnd(6)}: per step run ${row.runMs.toFixed(2)} ms, ` +
         `gather ${row.gatherMs.toFixed(2)} ms, scatter ${row.scatterMs.toFixed(2)} ms ` +
         `(mapping ${row.mappingPctOfRun.toFixed(1)}% of run; outside the run ${row.outsideRunPctOfStep.toFixed(1)}% of the step)`,
     )

@@ -17,8 +17,10 @@ export const BENCH_HELP = `Usage: ortex bench [--model DIR] [--quick] [options]
 Measures aggregate tokens per second, time to first token and inter-token latency (p50/p99) at
 concurrency 1, 4 and 16 (staggered arrivals, greedy, EOS ignored, the same prompts and token counts
 for every system) for ortex, a naive per-request loop on onnxruntime-node, and onnxruntime-genai's
-Python API over the same model folder, and reports the ratios against ortex's goals. Takes about
-5-10 minutes on 2 cores (--quick: 1-2 minutes).
+Python API over the same model folder, and reports the ratios against ortex's goals. Every system's
+intra-op threads spin between operators (onnxruntime-genai's default; ortex's intraOpSpinning);
+ortex with its default blocking threads also runs at concurrency 1. Takes about 5-10 minutes on
+2 cores (--quick: 1-2 minutes).
 
 Options:
   --model DIR     the model folder (default: ${DEFAULT_BENCH_MODEL}, made with

@@ -650,15 +650,9 @@ impl<'a> Step<'a> {
             let tensors = shared
                 .reshape(names.past.len(), dims.batch, dims.kv_heads, width, dims.head_size)
                 .map_err(ort_error("cannot allocate the KV buffers"))?;
-            let row_floats = dims.kv_heads * width * dims.head_size;
             for (index, tensor) in tensors.iter_mut().enumerate() {
                 let (layer, kind) = (index / 2, KINDS[index % 2]);
-                let data = tensor.extract_tensor_mut().1;
-                for (b, &i) in rows.iter().enumerate() {
-                    let row = &plan.rows[i as usize];
-                    let dst = &mut data[b * row_floats..(b + 1) * row_floats];
-                    kv.gather(layer, kind, plan.row_blocks(row), row.start_position as usize, dst, width);
-                }
+                gather_rows(kv, layer, kind, tensor.extract_tensor_mut().1, width, plan, rows, dims);
             }
         }
         bind_shared(names, shared, dims, scratch).map_err(ort_error("cannot bind the model's inputs"))?;
@@ -810,18 +804,13 @@ impl<'a> Step<'a> {
     /// Copies each row's past from its blocks into the past tensors `[B, KH, P, D]`. Padding
     /// positions keep whatever finite values an earlier step left there (the mask hides them).
     fn gather_past(&self, plan: &StepPlan, rows: &[u32], dims: Dims, scratch: &mut Scratch) {
-        let per_row = dims.past_floats_per_row();
-        let len = dims.batch * per_row;
+        let len = dims.batch * dims.past_floats_per_row();
         for (index, buffer) in scratch.past.iter_mut().enumerate() {
             if buffer.len() < len {
                 buffer.resize(len, 0.0);
             }
             let (layer, kind) = (index / 2, KINDS[index % 2]);
-            for (b, &i) in rows.iter().enumerate() {
-                let row = &plan.rows[i as usize];
-                let dst = &mut buffer[b * per_row..(b + 1) * per_row];
-                self.kv.gather(layer, kind, plan.row_blocks(row), row.start_position as usize, dst, dims.past);
-            }
+            gather_rows(self.kv, layer, kind, &mut buffer[..len], dims.past, plan, rows, dims);
         }
     }
 
@@ -859,6 +848,27 @@ impl<'a> Step<'a> {
             inputs.push((Cow::Borrowed(name.as_str()), view.into()));
         }
         Ok(inputs)
+    }
+}
+
+/// Each row's past from its blocks into one past tensor (`dst`, `[B, KH, width, D]`) at
+/// `[0, past_b)`; positions beyond keep what they held (the mask, or seqlens_k, hides them).
+#[allow(clippy::too_many_arguments)] // one tensor's place in the invocation
+fn gather_rows(
+    kv: &KvStore,
+    layer: usize,
+    kind: KvKind,
+    dst: &mut [f32],
+    width: usize,
+    plan: &StepPlan,
+    rows: &[u32],
+    dims: Dims,
+) {
+    let row_floats = dims.kv_heads * width * dims.head_size;
+    for (b, &i) in rows.iter().enumerate() {
+        let row = &plan.rows[i as usize];
+        let dst = &mut dst[b * row_floats..(b + 1) * row_floats];
+        kv.gather(layer, kind, plan.row_blocks(row), row.start_position as usize, dst, width);
     }
 }
 

@@ -1,14 +1,26 @@
 #!/usr/bin/env python3
 """onnxruntime-genai's side of the throughput benchmark (bench/throughput.ts, ts/bench/throughput.ts).
 
-    python3 bench/genai_throughput.py --spec SPEC.json [--out RESULT.json]
+    python3 bench/genai_throughput.py --spec SPEC.json
 
 Not meant to be run by hand: the throughput benchmark writes the spec (the model folder, the prompts
-as token ids, the generated tokens per request, the concurrency, the requests, the arrival stagger,
-the intra-op threads) and reads the result, so both sides run exactly the same workload. Progress
-goes to stderr; the result (JSON) to --out, else stdout. Without onnxruntime_genai importable, the
-script creates .cache/genai-venv (pip install -r bench/requirements.txt) and re-runs itself there,
-as bench/check_genai.py does.
+as token ids, the generated tokens per request, the arrival stagger, the intra-op threads), starts
+this script once and sends it commands, so both sides run exactly the same workload and the
+onnxruntime-genai runs can be interleaved with ortex's request by request. Without
+onnxruntime_genai importable, the script creates .cache/genai-venv (pip install -r
+bench/requirements.txt) and re-runs itself there, as bench/check_genai.py does.
+
+Protocol: JSON lines. The script loads both systems' models, warms them up and writes
+`{"ok": true, "ready": true, "version": ..., "onnxruntimeVersion": ...}` (or `{"ok": false,
+"error": ...}` and exits 3); then, for each line on stdin, one reply line on stdout:
+
+- `{"run": "request", "mode": "engine" | "generator", "index": i}`: one request alone (prompt i),
+  `{"ok": true, "tokenMs": [...]}` with its token times in ms from its start.
+- `{"run": "closed-loop", "mode": ..., "concurrency": c, "requests": r}`: the closed-loop workload
+  below, `{"ok": true, "requests", "tokens", "wallMs", "tokensPerSecond", "ttftMs", "itlMs"}`.
+
+A failed command replies `{"ok": false, "error": ...}`. Progress goes to stderr, and so does
+anything a library prints once the script runs (stdout carries only the protocol lines). EOF on stdin ends the script.
 
 What onnxruntime-genai 0.18's Python API offers for concurrency, and what is measured:
 
@@ -37,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -50,20 +63,19 @@ def log(message: str) -> None:
     print(f"genai_throughput: {message}", file=sys.stderr, flush=True)
 
 
-OUT_PATH: Path | None = None
+# The protocol's stream: the original stdout. Set up by main(), which points fd 1 at stderr so that
+# nothing a library prints can corrupt it.
+PROTOCOL = sys.stdout
 
 
-def emit(result: dict) -> None:
-    text = json.dumps(result, indent=1)
-    if OUT_PATH is None:
-        print(text)
-    else:
-        OUT_PATH.write_text(text)
+def reply(message: dict) -> None:
+    PROTOCOL.write(json.dumps(message) + "\n")
+    PROTOCOL.flush()
 
 
 def fail(message: str) -> None:
-    """Reports a failure as a result (the benchmark prints it in place of numbers) and exits 3."""
-    emit({"ok": False, "error": message})
+    """Reports a failure in place of the ready line (the benchmark prints it) and exits 3."""
+    reply({"ok": False, "error": message})
     log(message)
     sys.exit(3)
 
@@ -127,87 +139,91 @@ def prompt_of(spec: dict, index: int) -> list[int]:
     return prompts[index % len(prompts)]
 
 
-def run_engine(og, np, spec: dict, concurrency: int, requests: int) -> dict:
-    """og.Engine with static batching, staggered closed-loop arrivals."""
-    n = spec["generatedTokens"]
-    max_prompt = max(len(p) for p in spec["prompts"])
-    overlay = session_overlay(spec)
-    overlay["engine"] = {"static_batching": {"max_batch_size": spec["maxBatchSize"]}}
-    overlay["search"] = {"max_length": max_prompt + n}
-    model = load_model(og, spec, overlay)
-    engine = og.Engine(model)
-    buffer = engine.create_event_buffer(max(64, 4 * spec["maxBatchSize"]))
+class Genai:
+    """Both systems, loaded and warmed up once; every command reuses them."""
 
-    def begin(prompt: list[int]):
-        request = engine.create_request()
+    def __init__(self, og, np, spec: dict) -> None:
+        self.og = og
+        self.np = np
+        self.spec = spec
+        self.n = spec["generatedTokens"]
+        max_prompt = max(len(p) for p in spec["prompts"])
+        overlay = session_overlay(spec)
+        overlay["engine"] = {"static_batching": {"max_batch_size": spec["maxBatchSize"]}}
+        overlay["search"] = {"max_length": max_prompt + self.n}
+        self.engine_model = load_model(og, spec, overlay)
+        self.engine = og.Engine(self.engine_model)
+        self.buffer = self.engine.create_event_buffer(max(64, 4 * spec["maxBatchSize"]))
+        self.generator_model = load_model(og, spec, session_overlay(spec))
+        # Warm-ups: one short request each (the first runs allocate).
+        warm = self.begin(prompt_of(spec, 0)[:8])
+        while self.engine.has_pending_requests():
+            self.engine.run(self.buffer)
+        warm.close()
+        self.generate([prompt_of(spec, 0)[:8]], lambda: None)
+
+    def begin(self, prompt: list[int]):
+        og, n = self.og, self.n
+        request = self.engine.create_request()
         options = og.TurnOptions(request)
         options.set_do_sample(False)
         options.set_max_generated_tokens(n)
         options.set_min_generated_tokens(n)
-        request.begin_turn(np.array(prompt, np.int32), options)
+        request.begin_turn(self.np.array(prompt, self.np.int32), options)
         return request
 
-    # Warm-up: one short request (the first runs allocate).
-    warm = begin(prompt_of(spec, 0)[:8])
-    while engine.has_pending_requests():
-        engine.run(buffer)
-    warm.close()
+    def run_engine(self, concurrency: int, requests: int, first: int = 0) -> list[Record]:
+        """og.Engine with static batching, staggered closed-loop arrivals; requests first, first + 1, ..."""
+        og, engine, buffer = self.og, self.engine, self.buffer
+        stagger = self.spec["staggerMs"]
+        clock = Clock()
+        # (arrival_ms, client, request index) of each client's next request
+        arrivals = [(k * stagger, k, first + k) for k in range(min(concurrency, requests))]
+        live: dict[int, tuple[object, Record, int]] = {}
+        records: list[Record] = []
+        finished = 0
+        while finished < requests:
+            now = clock.ms()
+            for arrival in [a for a in arrivals if a[0] <= now]:
+                arrivals.remove(arrival)
+                at, client, index = arrival
+                record = Record(index, prompt_of(self.spec, index), at)
+                records.append(record)
+                request = self.begin(record.prompt)
+                live[id(request)] = (request, record, client)
+            if not engine.has_pending_requests():
+                if arrivals:
+                    time.sleep(max(0.0, (min(a[0] for a in arrivals) - clock.ms()) / 1000.0))
+                continue
+            engine.run(buffer)
+            now = clock.ms()
+            for i in range(len(buffer)):
+                event = buffer[i]
+                entry = live.get(id(event.request))
+                if entry is None or entry[0] is not event.request:
+                    raise RuntimeError("an event for an unknown request")
+                request, record, client = entry
+                if event.error_code != og.EngineErrorCode.NONE:
+                    raise RuntimeError(f"request {record.index}: engine error {event.error_code}")
+                if event.token is not None:
+                    record.token_ms.append(now)
+                if event.finish_reason != og.FinishReason.NONE:
+                    finished += 1
+                    del live[id(request)]
+                    request.close()
+                    next_index = record.index + concurrency
+                    if next_index < first + requests:
+                        arrivals.append((now, client, next_index))
+        return records
 
-    stagger = spec["staggerMs"]
-    clock = Clock()
-    # (arrival_ms, client, request index) of each client's next request
-    arrivals = [(k * stagger, k, k) for k in range(min(concurrency, requests))]
-    live: dict[int, tuple[object, Record, int]] = {}
-    records: list[Record] = []
-    finished = 0
-    while finished < requests:
-        now = clock.ms()
-        for arrival in [a for a in arrivals if a[0] <= now]:
-            arrivals.remove(arrival)
-            at, client, index = arrival
-            record = Record(index, prompt_of(spec, index), at)
-            records.append(record)
-            request = begin(record.prompt)
-            live[id(request)] = (request, record, client)
-        if not engine.has_pending_requests():
-            if arrivals:
-                time.sleep(max(0.0, (min(a[0] for a in arrivals) - clock.ms()) / 1000.0))
-            continue
-        engine.run(buffer)
-        now = clock.ms()
-        for i in range(len(buffer)):
-            event = buffer[i]
-            entry = live.get(id(event.request))
-            if entry is None or entry[0] is not event.request:
-                raise RuntimeError("an event for an unknown request")
-            request, record, client = entry
-            if event.error_code != og.EngineErrorCode.NONE:
-                raise RuntimeError(f"request {record.index}: engine error {event.error_code}")
-            if event.token is not None:
-                record.token_ms.append(now)
-            if event.finish_reason != og.FinishReason.NONE:
-                finished += 1
-                del live[id(request)]
-                request.close()
-                next_index = record.index + concurrency
-                if next_index < requests:
-                    arrivals.append((now, client, next_index))
-    wall = max(r.token_ms[-1] for r in records)
-    return summarize(records, wall, n)
-
-
-def run_generator(og, np, spec: dict, concurrency: int, requests: int) -> dict:
-    """og.Generator: one request at a time (concurrency 1), else batch-of-prompts."""
-    n = spec["generatedTokens"]
-    pad = spec["padTokenId"]
-    model = load_model(og, spec, session_overlay(spec))
-
-    def generate(prompts: list[list[int]], on_step) -> None:
+    def generate(self, prompts: list[list[int]], on_step) -> None:
+        og, np, n = self.og, self.np, self.n
         width = max(len(p) for p in prompts)
-        params = og.GeneratorParams(model)
+        params = og.GeneratorParams(self.generator_model)
         params.set_search_options(batch_size=len(prompts), max_length=width + n, min_length=width + n,
                                   do_sample=False)
-        generator = og.Generator(model, params)
+        generator = og.Generator(self.generator_model, params)
+        pad = self.spec["padTokenId"]
         ids = np.array([[pad] * (width - len(p)) + p for p in prompts], np.int32)
         generator.append_tokens(ids)
         while not generator.is_done():
@@ -216,66 +232,78 @@ def run_generator(og, np, spec: dict, concurrency: int, requests: int) -> dict:
             on_step()
         del generator
 
-    generate([prompt_of(spec, 0)[:8]], lambda: None)  # warm-up
+    def run_generator(self, concurrency: int, requests: int, first: int = 0) -> list[Record]:
+        """og.Generator: one request at a time (concurrency 1), else batch-of-prompts."""
+        stagger = self.spec["staggerMs"]
+        clock = Clock()
+        records: list[Record] = []
+        batch = min(concurrency, requests)
+        ready_ms = 0.0  # when the previous batch finished
+        for start in range(first, first + requests, batch):
+            group = [Record(i, prompt_of(self.spec, i), (i - start) * stagger if start == first else ready_ms)
+                     for i in range(start, min(first + requests, start + batch))]
+            records.extend(group)
+            delay = (max(r.arrival_ms for r in group) - clock.ms()) / 1000.0
+            if delay > 0:
+                time.sleep(delay)
 
-    stagger = spec["staggerMs"]
-    clock = Clock()
-    records: list[Record] = []
-    batch = min(concurrency, requests)
-    ready_ms = 0.0  # when the previous batch finished
-    for first in range(0, requests, batch):
-        group = [Record(i, prompt_of(spec, i), (i - first) * stagger if first == 0 else ready_ms)
-                 for i in range(first, min(requests, first + batch))]
-        records.extend(group)
-        start = max(r.arrival_ms for r in group)
-        delay = (start - clock.ms()) / 1000.0
-        if delay > 0:
-            time.sleep(delay)
+            def on_step() -> None:
+                now = clock.ms()
+                for r in group:
+                    r.token_ms.append(now)
 
-        def on_step() -> None:
-            now = clock.ms()
-            for r in group:
-                r.token_ms.append(now)
+            self.generate([r.prompt for r in group], on_step)
+            ready_ms = clock.ms()
+        return records
 
-        generate([r.prompt for r in group], on_step)
-        ready_ms = clock.ms()
-    wall = max(r.token_ms[-1] for r in records)
-    return summarize(records, wall, n)
+    def command(self, cmd: dict) -> dict:
+        run = self.run_engine if cmd.get("mode") == "engine" else self.run_generator
+        if cmd.get("mode") not in ("engine", "generator"):
+            raise ValueError(f"unknown mode {cmd.get('mode')!r}")
+        if cmd.get("run") == "request":
+            [record] = run(1, 1, int(cmd["index"]))
+            if len(record.token_ms) != self.n:
+                raise RuntimeError(f"request {record.index} generated {len(record.token_ms)} tokens, not {self.n}")
+            return {"tokenMs": record.token_ms}
+        if cmd.get("run") == "closed-loop":
+            records = run(int(cmd["concurrency"]), int(cmd["requests"]))
+            return summarize(records, max(r.token_ms[-1] for r in records), self.n)
+        raise ValueError(f"unknown run {cmd.get('run')!r}")
 
 
 def main() -> int:
-    global OUT_PATH
+    global PROTOCOL
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spec", required=True, help="the workload, written by the throughput benchmark")
-    ap.add_argument("--out", help="where to write the result (default: stdout)")
     args = ap.parse_args()
-    OUT_PATH = Path(args.out) if args.out else None
+    # Before the redirection: it may re-execute this script, which inherits fds 0-2 only (pip's own
+    # output then reaches the benchmark's stdout, which reads only JSON lines).
     ensure_genai(__file__, fail=fail, log=log)
+    PROTOCOL = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
     import numpy as np
     import onnxruntime_genai as og
 
     spec = json.loads(Path(args.spec).read_text())
-    result: dict = {"ok": True, "version": getattr(og, "__version__", "?"), "runs": []}
+    ready: dict = {"ok": True, "ready": True, "version": getattr(og, "__version__", "?")}
     try:
         import onnxruntime
 
-        result["onnxruntimeVersion"] = onnxruntime.__version__
+        ready["onnxruntimeVersion"] = onnxruntime.__version__
     except ImportError:
         pass
-    for mode in spec["modes"]:
-        for concurrency in spec["concurrencies"]:
-            requests = spec["requestsByConcurrency"][str(concurrency)]
-            log(f"{mode} concurrency {concurrency} ({requests} requests x {spec['generatedTokens']} tokens)")
-            try:
-                run = run_engine if mode == "engine" else run_generator
-                summary = run(og, np, spec, concurrency, requests)
-            except Exception as e:  # noqa: BLE001 -- reported in the result, per configuration
-                result["runs"].append({"mode": mode, "concurrency": concurrency, "error": str(e)})
-                log(f"{mode} concurrency {concurrency} failed: {e}")
-                continue
-            result["runs"].append({"mode": mode, "concurrency": concurrency, **summary})
-            log(f"  {summary['tokensPerSecond']:.1f} tokens/s")
-    emit(result)
+    try:
+        genai = Genai(og, np, spec)
+    except Exception as e:  # noqa: BLE001 -- reported to the benchmark in place of numbers
+        fail(f"loading {spec['modelDir']}: {e}")
+    reply(ready)
+    for line in sys.stdin:
+        if line.strip() == "":
+            continue
+        try:
+            reply({"ok": True, **genai.command(json.loads(line))})
+        except Exception as e:  # noqa: BLE001 -- reported per command
+            reply({"ok": False, "error": str(e)})
     return 0
 
 

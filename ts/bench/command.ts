@@ -19,14 +19,14 @@ concurrency 1, 4 and 16 (staggered arrivals, greedy, EOS ignored, the same promp
 for every system) for ortex, a naive per-request loop on onnxruntime-node, and onnxruntime-genai's
 Python API over the same model folder, and reports the ratios against ortex's goals. Every system's
 intra-op threads spin between operators (onnxruntime-genai's default; ortex's intraOpSpinning);
-ortex with its default blocking threads also runs at concurrency 1. Takes about 5-10 minutes on
-2 cores (--quick: 1-2 minutes).
+ortex with its default blocking threads also runs at concurrency 1, where the systems take turns
+request by request. Takes about 4-8 minutes on 2 cores (--quick: under a minute).
 
 Options:
   --model DIR     the model folder (default: ${DEFAULT_BENCH_MODEL}, made with
                   'ortex make-model --size bench --attention gqa' when absent)
-  --quick         32 tokens per request instead of 128, fewer sequential requests at concurrency 1,
-                  one round
+  --quick         32 tokens per request instead of 128, 2 requests per system at concurrency 1
+                  instead of 8, one round
   --rounds N      run the interleaved configurations N times and report medians (default 2;
                   --quick: 1)
   --out DIR       where to write throughput.json (default: bench/out)

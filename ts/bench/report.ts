@@ -80,7 +80,7 @@ export function formatTable(report: ThroughputReport): string {
       const e = r.executor!
       const perStep = (ms: number) => fixed(ms / Math.max(1, e.steps), 2)
       lines.push(
-        `  concurrency ${String(r.concurrency).padStart(2)}: ${e.steps} steps (${e.invocations} model runs), ` +
+        `  ${r.system.padEnd(15)} concurrency ${String(r.concurrency).padStart(2)}: ${e.steps} steps (${e.invocations} model runs), ` +
           `${fixed(e.stepMs, 2)} ms/step wall, ${perStep(e.runMs)} run, ${perStep(e.gatherMs + e.scatterMs)} gather+scatter, ` +
           `${fixed(e.outsideRunPct)}% outside the runs`,
       )

@@ -13,16 +13,20 @@
 // Workload at concurrency C: C clients; client k sends its first request at k * staggerMs and its
 // next one as soon as the previous finishes (a closed loop), until the configuration's requests are
 // done. Latencies are measured from each request's scheduled arrival, so a system that is busy
-// when a request arrives pays for it. The configurations run interleaved (ortex, naive, genai at
-// C = 1, then at C = 4, ...) so a change in the machine's load hits all systems alike.
+// when a request arrives pays for it. The configurations run interleaved so that a change in the
+// machine's load hits all systems alike: at C = 1 the systems take turns request by request (one
+// client's closed loop is its requests end to end, so each system's requests are laid end to end
+// on its own clock), at C = 4 and 16 configuration by configuration. onnxruntime-genai runs in one
+// Python process for the whole benchmark (loaded once, driven by commands).
 //
 // Used by bench/throughput.ts (the program) and `ortex bench` (ts/bench/command.ts); the engine
 // class is passed in, so this module never loads a backend itself.
 
-import { spawn } from 'node:child_process'
+import { type ChildProcessWithoutNullStreams, spawn } from 'node:child_process'
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import * as os from 'node:os'
 import { join } from 'node:path'
+import { createInterface } from 'node:readline'
 
 import type { ExecutorStats } from '../types'
 import { type RequestRecord, type RunSummary, summarize } from './stats'
@@ -52,7 +56,7 @@ export interface BenchEngineClass {
 
 export interface ThroughputOptions {
   modelDir: string
-  /** 32 tokens per request and fewer sequential requests at concurrency 1 (about a minute). */
+  /** 32 tokens per request and fewer requests at concurrency 1 (about half a minute). */
   quick: boolean
   /** Times the whole interleaved sequence of configurations runs; goals take the median. */
   rounds: number
@@ -160,7 +164,7 @@ export function makeWorkload(modelDir: string, quick: boolean, intraOpThreads: n
     prompts,
     generatedTokens: quick ? QUICK_TOKENS : FULL_TOKENS,
     concurrencies: [1, 4, 16],
-    requestsByConcurrency: quick ? { 1: 2, 4: 4, 16: 16 } : { 1: 4, 4: 4, 16: 16 },
+    requestsByConcurrency: quick ? { 1: 2, 4: 4, 16: 16 } : { 1: 8, 4: 4, 16: 16 },
     staggerMs: STAGGER_MS,
     intraOpThreads,
     intraOpSpinning: true,
@@ -270,51 +274,177 @@ async function runNaive(ref: Reference, model: ReferenceModel, w: Workload, conc
 
 // ---- onnxruntime-genai -------------------------------------------------------------------------
 
-interface GenaiResult {
-  ok: boolean
-  error?: string
-  version?: string
-  onnxruntimeVersion?: string
-  runs?: Array<{ mode: 'engine' | 'generator'; concurrency: number; error?: string } & Partial<RunSummary>>
+type GenaiMode = 'engine' | 'generator'
+type GenaiReply = { ok: boolean; error?: string } & Record<string, unknown>
+
+/**
+ * bench/genai_throughput.py, started once per benchmark: it loads the model for both of its systems
+ * and answers commands (JSON lines), so its runs interleave with ortex's without a model load each.
+ * Its stderr lines go to progress; so do stdout lines that are not the protocol's (pip's, when it
+ * first creates .cache/genai-venv).
+ */
+class GenaiProcess {
+  private readonly waiting: ((reply: GenaiReply) => void)[] = []
+  private exited: string | null = null
+  version: string | undefined
+  onnxruntimeVersion: string | undefined
+
+  private constructor(
+    private readonly child: ChildProcessWithoutNullStreams,
+    private readonly dir: string,
+    onProgress: (line: string) => void,
+  ) {
+    createInterface({ input: child.stderr }).on('line', (line) => {
+      if (line.trim() !== '') onProgress(line.replace(/^genai_throughput: /, 'genai: '))
+    })
+    createInterface({ input: child.stdout }).on('line', (line) => {
+      const reply = parseReply(line)
+      if (reply === null) {
+        if (line.trim() !== '') onProgress(`genai: ${line}`)
+        return
+      }
+      this.waiting.shift()?.({ ...reply })
+    })
+    const end = (why: string) => {
+      this.exited ??= why
+      for (const resolve of this.waiting.splice(0)) resolve({ ok: false, error: `onnxruntime-genai's process ${why}` })
+    }
+    child.on('error', (error) => end(`failed: ${error.message}`))
+    child.on('close', (code, signal) => end(`exited (${signal ?? `status ${code}`})`))
+  }
+
+  /** Starts the script and waits until both systems are loaded; an error message if it cannot. */
+  static async start(options: ThroughputOptions, w: Workload, padTokenId: number): Promise<GenaiProcess | string> {
+    const script = join(options.root, 'bench', 'genai_throughput.py')
+    if (!existsSync(script)) return `${script} is missing (it comes with the repository, not the npm package)`
+    const dir = mkdtempSync(join(os.tmpdir(), 'ortex-bench-'))
+    const specPath = join(dir, 'spec.json')
+    writeFileSync(specPath, JSON.stringify({ ...w, padTokenId }))
+    const child = spawn(options.python, [script, '--spec', specPath], { stdio: ['pipe', 'pipe', 'pipe'] })
+    const genai = new GenaiProcess(child, dir, options.onProgress)
+    const ready = await genai.next()
+    if (!ready.ok) {
+      genai.close()
+      return ready.error ?? 'failed to start'
+    }
+    genai.version = typeof ready.version === 'string' ? ready.version : undefined
+    genai.onnxruntimeVersion = typeof ready.onnxruntimeVersion === 'string' ? ready.onnxruntimeVersion : undefined
+    return genai
+  }
+
+  /** One request alone: its token times in ms from its start. */
+  async request(mode: GenaiMode, index: number): Promise<number[]> {
+    const reply = await this.send({ run: 'request', mode, index })
+    return reply.tokenMs as number[]
+  }
+
+  /** The closed-loop workload at `concurrency`, summarized on the Python side. */
+  async closedLoop(mode: GenaiMode, concurrency: number, requests: number): Promise<RunSummary> {
+    const { ok: _ok, ...summary } = await this.send({ run: 'closed-loop', mode, concurrency, requests })
+    return summary as unknown as RunSummary
+  }
+
+  close(): void {
+    this.child.stdin.end()
+    rmSync(this.dir, { recursive: true, force: true })
+  }
+
+  private async send(command: Record<string, unknown>): Promise<GenaiReply> {
+    const reply = this.next()
+    if (this.exited === null) this.child.stdin.write(`${JSON.stringify(command)}\n`)
+    const result = await reply
+    if (!result.ok) throw new Error(result.error ?? 'failed')
+    return result
+  }
+
+  private next(): Promise<GenaiReply> {
+    if (this.exited !== null) return Promise.resolve({ ok: false, error: `onnxruntime-genai's process ${this.exited}` })
+    return new Promise((resolve) => this.waiting.push(resolve))
+  }
 }
 
-/** Runs bench/genai_throughput.py on one concurrency; its stderr lines go to `onLine`. */
-async function runGenai(options: ThroughputOptions, w: Workload, padTokenId: number, concurrency: number): Promise<GenaiResult> {
-  const script = join(options.root, 'bench', 'genai_throughput.py')
-  if (!existsSync(script)) {
-    return { ok: false, error: `${script} is missing (it comes with the repository, not the npm package)` }
-  }
-  const dir = mkdtempSync(join(os.tmpdir(), 'ortex-bench-'))
-  const specPath = join(dir, 'spec.json')
-  const outPath = join(dir, 'result.json')
-  writeFileSync(
-    specPath,
-    JSON.stringify({ ...w, concurrencies: [concurrency], padTokenId, modes: ['engine', 'generator'] }),
-  )
+function parseReply(line: string): GenaiReply | null {
+  if (!line.startsWith('{')) return null
   try {
-    const status = await new Promise<number | string>((resolve) => {
-      const child = spawn(options.python, [script, '--spec', specPath, '--out', outPath], {
-        stdio: ['ignore', 'ignore', 'pipe'],
-      })
-      let pending = ''
-      child.stderr.setEncoding('utf8')
-      child.stderr.on('data', (data: string) => {
-        pending += data
-        const lines = pending.split('\n')
-        pending = lines.pop()!
-        for (const line of lines) if (line.trim() !== '') options.onProgress(line.replace(/^genai_throughput: /, 'genai: '))
-      })
-      child.on('error', (error) => resolve(error.message))
-      child.on('close', (code) => resolve(code ?? -1))
-    })
-    try {
-      return JSON.parse(readFileSync(outPath, 'utf8')) as GenaiResult
-    } catch {
-      return { ok: false, error: `${options.python} ${script} gave no result (${typeof status === 'number' ? `exit status ${status}` : status})` }
-    }
-  } finally {
-    rmSync(dir, { recursive: true, force: true })
+    const value = JSON.parse(line) as unknown
+    return typeof value === 'object' && value !== null && typeof (value as GenaiReply).ok === 'boolean' ? (value as GenaiReply) : null
+  } catch {
+    return null
   }
+}
+
+// ---- concurrency 1, interleaved ----------------------------------------------------------------
+
+/** A system at concurrency 1: runs request `index` alone, returning its token times from its start. */
+export interface SoloSystem {
+  system: SystemName
+  one(index: number): Promise<number[]>
+  /** Executor timings around the whole block (ortex only). */
+  stats?: () => ExecutorStats | null
+}
+
+/**
+ * Concurrency 1 with the systems taking turns request by request (turnOrder), so that the
+ * machine's drift, which moves the same system's rate by 10-30% within minutes here, hits every
+ * system alike. Each system's requests are then laid end to end on
+ * its own clock, exactly as a closed loop of one client would have run them: its tokens/s is all
+ * tokens over the sum of its requests' times.
+ */
+export async function runInterleavedSolo(systems: SoloSystem[], w: Workload, round: number): Promise<Row[]> {
+  const n = w.generatedTokens
+  const requests = w.requestsByConcurrency[1]!
+  const records = systems.map((): RequestRecord[] => [])
+  const clocks = systems.map(() => 0)
+  const errors: (string | null)[] = systems.map(() => null)
+  const before = systems.map((s) => s.stats?.() ?? null)
+  for (let index = 0; index < requests; index++) {
+    for (let k = 0; k < systems.length; k++) {
+      const i = turnOrder(index, k, systems.length)
+      if (errors[i] !== null) continue
+      try {
+        const tokenMs = await systems[i]!.one(index)
+        const arrivalMs = clocks[i]!
+        records[i]!.push({ index, arrivalMs, tokenMs: tokenMs.map((t) => arrivalMs + t) })
+        clocks[i] = arrivalMs + (tokenMs[tokenMs.length - 1] ?? 0)
+      } catch (error) {
+        errors[i] = (error as Error).message
+      }
+    }
+  }
+  return systems.map((s, i): Row => {
+    const { system } = s
+    if (errors[i] !== null) return { system, concurrency: 1, round, error: errors[i]! }
+    try {
+      const summary = summarize(records[i]!, n)
+      const row: Row = { system, concurrency: 1, round, ...summary }
+      const after = s.stats?.() ?? null
+      if (before[i] !== null && after !== null) row.executor = executorShare(before[i]!, after, summary.wallMs)
+      return row
+    } catch (error) {
+      return { system, concurrency: 1, round, error: (error as Error).message }
+    }
+  })
+}
+
+/**
+ * The k-th system to run request `index`: the systems in an order rotated by the index, reversed
+ * in every other pass over all rotations, so that each system runs in every position and after
+ * different systems (what ran just before can still hold the cores for a moment).
+ */
+export function turnOrder(index: number, k: number, systems: number): number {
+  const rotated = (index + k) % systems
+  return Math.floor(index / systems) % 2 === 0 ? rotated : systems - 1 - rotated
+}
+
+/** One ortex request alone, streamed: its token times from the generate() call. */
+async function ortexOne(engine: BenchEngine, prompt: number[], n: number): Promise<number[]> {
+  const tokenMs: number[] = []
+  const t0 = performance.now()
+  const turn = engine.generate(prompt, { maxGeneratedTokens: n, ignoreEos: true })
+  for await (const _chunk of turn) tokenMs.push(performance.now() - t0)
+  const result = await turn.done
+  if (result.finishReason !== 'max-generated-tokens') throw new Error(`ortex: a turn ended with ${result.finishReason}`)
+  return tokenMs
 }
 
 // ---- goals -------------------------------------------------------------------------------------
@@ -489,15 +619,50 @@ export async function runThroughput(options: ThroughputOptions): Promise<Through
     naive.error = 'skipped (--no-naive)'
   }
   const genai: ThroughputReport['genai'] = options.genai ? { ok: true } : { ok: false, error: 'skipped (--no-genai)' }
-  const padTokenId = readPadTokenId(options.modelDir)
+  let genaiProcess: GenaiProcess | null = null
   try {
+    if (options.genai) {
+      progress('starting onnxruntime-genai (Python): loading the model for its Engine and Generator')
+      const started = await GenaiProcess.start(options, w, readPadTokenId(options.modelDir))
+      if (typeof started === 'string') {
+        genai.ok = false
+        genai.error = started
+        progress(`onnxruntime-genai: ${started}`)
+      } else {
+        genaiProcess = started
+        genai.version = started.version
+        genai.onnxruntimeVersion = started.onnxruntimeVersion
+      }
+    }
     // Warm-ups: the first runs of a session allocate.
     for (const e of [engine, blocking]) {
       await drain(e.generate(w.prompts[0]!.slice(0, 8), { maxGeneratedTokens: 8, ignoreEos: true }))
     }
     if (ref !== null && refModel !== null) await ref.naiveGenerate(refModel, w.prompts[0]!.slice(0, 8), 8, { ignoreEos: true })
-    const systems = 1 + (ref !== null ? 1 : 0) + (genai.ok ? 1 : 0)
-    const total = (systems * w.concurrencies.length + 1) * options.rounds
+    const n = w.generatedTokens
+    const prompt = (index: number) => w.prompts[index % w.prompts.length]!
+    const solo: SoloSystem[] = [
+      { system: 'ortex', one: (i) => ortexOne(engine, prompt(i), n), stats: () => engine.executorStats() },
+      { system: 'ortex-blocking', one: (i) => ortexOne(blocking!, prompt(i), n), stats: () => blocking!.executorStats() },
+    ]
+    if (ref !== null && refModel !== null) {
+      solo.push({
+        system: 'naive',
+        one: async (i) => {
+          const tokenMs: number[] = []
+          const t0 = performance.now()
+          await ref.naiveGenerate(refModel, prompt(i), n, { ignoreEos: true, onToken: () => tokenMs.push(performance.now() - t0) })
+          return tokenMs
+        },
+      })
+    }
+    if (genaiProcess !== null) {
+      const g = genaiProcess
+      solo.push({ system: 'genai-engine', one: (i) => g.request('engine', i) })
+      solo.push({ system: 'genai-generator', one: (i) => g.request('generator', i) })
+    }
+    const batched = 1 + (ref !== null ? 1 : 0) + (genaiProcess !== null ? 1 : 0)
+    const total = (1 + batched * (w.concurrencies.length - 1)) * options.rounds
     let done = 0
     const step = (round: number, what: string, c: number) =>
       progress(
@@ -511,36 +676,33 @@ export async function runThroughput(options: ThroughputOptions): Promise<Through
     }
     for (let round = 1; round <= options.rounds; round++) {
       for (const c of w.concurrencies) {
+        if (c === 1) {
+          step(round, `${solo.map((s) => s.system).join(', ')} taking turns request by request`, c)
+          for (const row of await runInterleavedSolo(solo, w, round)) add(row)
+          continue
+        }
         step(round, 'ortex', c)
         add(await runOrtex(engine, w, c, round).catch((e: Error) => errorRow('ortex', c, round, e)))
-        if (c === 1) {
-          step(round, 'ortex, threads blocking (the default)', c)
-          add(await runOrtex(blocking, w, c, round, 'ortex-blocking').catch((e: Error) => errorRow('ortex-blocking', c, round, e)))
-        }
         if (ref !== null && refModel !== null) {
           step(round, 'naive loop (onnxruntime-node)', c)
           add(await runNaive(ref, refModel, w, c, round).catch((e: Error) => errorRow('naive', c, round, e)))
         }
-        if (genai.ok) {
-          step(round, 'onnxruntime-genai (Python)', c)
-          const result = await runGenai(options, w, padTokenId, c)
-          if (!result.ok) {
-            genai.ok = false
-            genai.error = result.error ?? 'failed'
-            progress(`onnxruntime-genai: ${genai.error}`)
-            continue
-          }
-          genai.version = result.version
-          genai.onnxruntimeVersion = result.onnxruntimeVersion
-          for (const run of result.runs ?? []) {
-            const system: SystemName = run.mode === 'engine' ? 'genai-engine' : 'genai-generator'
-            const { mode: _mode, concurrency, error, ...summary } = run
-            add(error !== undefined ? { system, concurrency, round, error } : { system, concurrency, round, ...(summary as RunSummary) })
+        if (genaiProcess !== null) {
+          step(round, 'onnxruntime-genai (Python): Engine, then Generator', c)
+          for (const [mode, system] of [['engine', 'genai-engine'], ['generator', 'genai-generator']] as const) {
+            const requests = w.requestsByConcurrency[c]!
+            add(
+              await genaiProcess
+                .closedLoop(mode, c, requests)
+                .then((summary): Row => ({ system, concurrency: c, round, ...summary }))
+                .catch((e: Error) => errorRow(system, c, round, e)),
+            )
           }
         }
       }
     }
   } finally {
+    genaiProcess?.close()
     await engine.close()
     await blocking.close()
     if (refModel !== null) await refModel.release()

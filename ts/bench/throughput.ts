@@ -309,6 +309,8 @@ class GenaiProcess {
       this.exited ??= why
       for (const resolve of this.waiting.splice(0)) resolve({ ok: false, error: `onnxruntime-genai's process ${why}` })
     }
+    // A write after the process died fails with EPIPE; its exit is reported by 'close' instead.
+    child.stdin.on('error', () => {})
     child.on('error', (error) => end(`failed: ${error.message}`))
     child.on('close', (code, signal) => end(`exited (${signal ?? `status ${code}`})`))
   }

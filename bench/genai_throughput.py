@@ -257,9 +257,9 @@ class Genai:
         return records
 
     def command(self, cmd: dict) -> dict:
-        run = self.run_engine if cmd.get("mode") == "engine" else self.run_generator
         if cmd.get("mode") not in ("engine", "generator"):
             raise ValueError(f"unknown mode {cmd.get('mode')!r}")
+        run = self.run_engine if cmd["mode"] == "engine" else self.run_generator
         if cmd.get("run") == "request":
             [record] = run(1, 1, int(cmd["index"]))
             if len(record.token_ms) != self.n:

@@ -209,19 +209,15 @@ async function runOrtex(
   w: Workload,
   concurrency: number,
   round: number,
-  system: 'ortex' | 'ortex-blocking' = 'ortex',
 ): Promise<Row> {
   const n = w.generatedTokens
   const before = engine.executorStats()
-  const records = await closedLoop(w, concurrency, async (record, prompt, now) => {
-    const turn = engine.generate(prompt, { maxGeneratedTokens: n, ignoreEos: true })
-    for await (const _chunk of turn) record.tokenMs.push(now())
-    const result = await turn.done
-    if (result.finishReason !== 'max-generated-tokens') throw new Error(`ortex: a turn ended with ${result.finishReason}`)
-  })
+  const records = await closedLoop(w, concurrency, (record, prompt, now) =>
+    ortexRequest(engine, prompt, n, () => record.tokenMs.push(now())),
+  )
   const after = engine.executorStats()
   const summary = summarize(records, n)
-  const row: Row = { system, concurrency, round, ...summary }
+  const row: Row = { system: 'ortex', concurrency, round, ...summary }
   if (before !== null && after !== null) row.executor = executorShare(before, after, summary.wallMs)
   return row
 }
@@ -438,14 +434,19 @@ export function turnOrder(index: number, k: number, systems: number): number {
   return Math.floor(index / systems) % 2 === 0 ? rotated : systems - 1 - rotated
 }
 
-/** One ortex request alone, streamed: its token times from the generate() call. */
-async function ortexOne(engine: BenchEngine, prompt: number[], n: number): Promise<number[]> {
-  const tokenMs: number[] = []
-  const t0 = performance.now()
+/** One ortex request, streamed (as a server would consume it); `onToken` runs at each chunk. */
+async function ortexRequest(engine: BenchEngine, prompt: number[], n: number, onToken: () => void): Promise<void> {
   const turn = engine.generate(prompt, { maxGeneratedTokens: n, ignoreEos: true })
-  for await (const _chunk of turn) tokenMs.push(performance.now() - t0)
+  for await (const _chunk of turn) onToken()
   const result = await turn.done
   if (result.finishReason !== 'max-generated-tokens') throw new Error(`ortex: a turn ended with ${result.finishReason}`)
+}
+
+/** A request run alone: its token times in ms from its start. */
+async function timed(run: (onToken: () => void) => Promise<unknown>): Promise<number[]> {
+  const tokenMs: number[] = []
+  const t0 = performance.now()
+  await run(() => tokenMs.push(performance.now() - t0))
   return tokenMs
 }
 
@@ -644,18 +645,18 @@ export async function runThroughput(options: ThroughputOptions): Promise<Through
     const n = w.generatedTokens
     const prompt = (index: number) => w.prompts[index % w.prompts.length]!
     const solo: SoloSystem[] = [
-      { system: 'ortex', one: (i) => ortexOne(engine, prompt(i), n), stats: () => engine.executorStats() },
-      { system: 'ortex-blocking', one: (i) => ortexOne(blocking!, prompt(i), n), stats: () => blocking!.executorStats() },
+      { system: 'ortex', one: (i) => timed((onToken) => ortexRequest(engine, prompt(i), n, onToken)), stats: () => engine.executorStats() },
+      {
+        system: 'ortex-blocking',
+        one: (i) => timed((onToken) => ortexRequest(blocking!, prompt(i), n, onToken)),
+        stats: () => blocking!.executorStats(),
+      },
     ]
     if (ref !== null && refModel !== null) {
+      const naiveModel = refModel
       solo.push({
         system: 'naive',
-        one: async (i) => {
-          const tokenMs: number[] = []
-          const t0 = performance.now()
-          await ref.naiveGenerate(refModel, prompt(i), n, { ignoreEos: true, onToken: () => tokenMs.push(performance.now() - t0) })
-          return tokenMs
-        },
+        one: (i) => timed((onToken) => ref.naiveGenerate(naiveModel, prompt(i), n, { ignoreEos: true, onToken })),
       })
     }
     if (genaiProcess !== null) {

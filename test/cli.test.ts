@@ -81,7 +81,11 @@ describe('wrong invocations: one line on stderr, a non-zero exit status', () => 
     { args: ['serve', '--simulated', '--port', '99999'], status: 2, message: /--port must be an integer in \[0, 65535\]/ },
     { args: ['serve'], status: 2, message: /give --model DIR or --simulated/ },
     ...(listed.has('bench')
-      ? [{ args: ['bench', '--bogus'], status: 2, message: /Unknown option '--bogus'; see ortex bench --help/ }]
+      ? [
+          { args: ['bench', '--bogus'], status: 2, message: /Unknown option '--bogus'; see ortex bench --help/ },
+          { args: ['bench', '--concurrency', '2'], status: 2, message: /--concurrency must list some of 1,4,16, got "2"/ },
+          { args: ['bench', '--concurrency', '1,,16'], status: 2, message: /--concurrency must list some of 1,4,16/ },
+        ]
       : []),
   ]
   for (const { args, status, message } of cases) {

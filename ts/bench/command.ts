@@ -8,7 +8,7 @@ import { dirname, join, resolve } from 'node:path'
 import { parseArgs } from 'node:util'
 
 import { formatTable, svgChart } from './report'
-import { type BenchEngineClass, runThroughput } from './throughput'
+import { type BenchEngineClass, CONCURRENCIES, runThroughput } from './throughput'
 
 export const DEFAULT_BENCH_MODEL = '.cache/models/bench-gqa'
 
@@ -29,6 +29,8 @@ Options:
                   instead of 8, one round
   --rounds N      run the interleaved configurations N times and report medians (default 2;
                   --quick: 1)
+  --concurrency L the concurrencies to measure, a comma-separated subset of 1,4,16 (default all;
+                  a goal whose concurrency is left out reports no value)
   --out DIR       where to write throughput.json (default: bench/out)
   --svg FILE      where to write the chart (default: OUT/throughput.svg)
   --threads N     ONNX Runtime intra-op threads for every system (default 2)
@@ -54,6 +56,7 @@ interface BenchArgs {
   svg: string | undefined
   threads: number
   rounds: number
+  concurrencies: number[]
   naive: boolean
   genai: boolean
   python: string
@@ -71,6 +74,7 @@ function parseBench(argv: string[], hooks: BenchCommandHooks): BenchArgs | 'help
       svg: { type: 'string' },
       threads: { type: 'string' },
       rounds: { type: 'string' },
+      concurrency: { type: 'string' },
       'no-naive': { type: 'boolean' },
       'no-genai': { type: 'boolean' },
       python: { type: 'string' },
@@ -97,10 +101,22 @@ function parseBench(argv: string[], hooks: BenchCommandHooks): BenchArgs | 'help
     svg: values.svg,
     threads: integer('threads', values.threads, 2, 256),
     rounds: integer('rounds', values.rounds, quick ? 1 : 2, 100),
+    concurrencies: concurrencyList(values.concurrency, hooks),
     naive: values['no-naive'] !== true,
     genai: values['no-genai'] !== true,
     python: values.python ?? 'python3',
   }
+}
+
+/** `--concurrency 1,16`: a non-empty subset of the measured concurrencies, in their order. */
+function concurrencyList(value: string | undefined, hooks: BenchCommandHooks): number[] {
+  if (value === undefined) return [...CONCURRENCIES]
+  const picked = value.split(',').map((part) => part.trim())
+  const unknown = picked.filter((part) => !CONCURRENCIES.some((c) => String(c) === part))
+  if (picked.length === 0 || unknown.length > 0) {
+    throw hooks.usageError(`--concurrency must list some of ${CONCURRENCIES.join(',')}, got ${JSON.stringify(value)}`)
+  }
+  return CONCURRENCIES.filter((c) => picked.includes(String(c)))
 }
 
 function progressWriter(): (line: string) => void {
@@ -136,6 +152,7 @@ export async function runBenchCommand(argv: string[], hooks: BenchCommandHooks):
     modelDir,
     quick: args.quick,
     rounds: args.rounds,
+    concurrencies: args.concurrencies,
     Engine: hooks.Engine,
     root: hooks.root,
     intraOpThreads: args.threads,

@@ -60,6 +60,8 @@ export interface ThroughputOptions {
   quick: boolean
   /** Times the whole interleaved sequence of configurations runs; goals take the median. */
   rounds: number
+  /** The concurrencies to measure, a subset of CONCURRENCIES (default all). */
+  concurrencies?: number[]
   Engine: BenchEngineClass
   /** The package root, where bench/genai_throughput.py lives. */
   root: string
@@ -151,7 +153,16 @@ const PROMPT_TEXT =
   'stones to see how far they can skip across the surface. A good kitchen is a quiet place before the day ' +
   'begins. The bread goes into the oven, the pots are washed, and the cook writes the list of what to buy. '
 
-export function makeWorkload(modelDir: string, quick: boolean, intraOpThreads: number, tokenize: (text: string) => Int32Array): Workload {
+/** The concurrencies the benchmark measures (its goals are at 1 and 16). */
+export const CONCURRENCIES: readonly number[] = [1, 4, 16]
+
+export function makeWorkload(
+  modelDir: string,
+  quick: boolean,
+  intraOpThreads: number,
+  tokenize: (text: string) => Int32Array,
+  concurrencies: readonly number[] = CONCURRENCIES,
+): Workload {
   const text = PROMPT_TEXT.repeat(8)
   const ids = Array.from(tokenize(text))
   const longest = Math.max(...PROMPT_LENGTHS)
@@ -163,7 +174,7 @@ export function makeWorkload(modelDir: string, quick: boolean, intraOpThreads: n
     promptLengths: PROMPT_LENGTHS,
     prompts,
     generatedTokens: quick ? QUICK_TOKENS : FULL_TOKENS,
-    concurrencies: [1, 4, 16],
+    concurrencies: [...concurrencies],
     requestsByConcurrency: quick ? { 1: 2, 4: 4, 16: 16 } : { 1: 8, 4: 4, 16: 16 },
     staggerMs: STAGGER_MS,
     intraOpThreads,
@@ -597,7 +608,7 @@ export async function runThroughput(options: ThroughputOptions): Promise<Through
   let blocking: BenchEngine | null = null
   let w: Workload
   try {
-    w = makeWorkload(options.modelDir, options.quick, options.intraOpThreads, (text) => engine.tokenize(text))
+    w = makeWorkload(options.modelDir, options.quick, options.intraOpThreads, (text) => engine.tokenize(text), options.concurrencies)
     blocking = await load(false)
   } catch (error) {
     await engine.close()
@@ -665,7 +676,7 @@ export async function runThroughput(options: ThroughputOptions): Promise<Through
       solo.push({ system: 'genai-generator', one: (i) => g.request('generator', i) })
     }
     const batched = 1 + (ref !== null ? 1 : 0) + (genaiProcess !== null ? 1 : 0)
-    const total = (1 + batched * (w.concurrencies.length - 1)) * options.rounds
+    const total = w.concurrencies.reduce((sum, c) => sum + (c === 1 ? 1 : batched), 0) * options.rounds
     let done = 0
     const step = (round: number, what: string, c: number) =>
       progress(

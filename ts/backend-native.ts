@@ -1,5 +1,6 @@
-// The native backend: the napi-rs addon (crates/ortex-napi). Its `run` executes the model
-// transaction on the libuv thread pool and writes the events on the JS thread when it resolves.
+// The native backend: the napi-rs addon (crates/ortex-napi). Its `run` executes the transaction
+// off the JS thread (a model's on the engine's own step thread, the simulated model's on the libuv
+// thread pool) and writes the events on the JS thread when it resolves.
 // The addon is loaded on first use, so importing `ortex` never fails on a machine without it.
 
 import { readFileSync, statSync } from 'node:fs'

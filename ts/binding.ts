@@ -99,8 +99,9 @@ export interface CoreSessions {
   checkInvariants(): void
 }
 
-/** The native addon's engine adds an asynchronous run: the model transaction executes on the
- *  libuv thread pool; the events are written into `events` on the JS thread when it resolves. */
+/** The native addon's engine adds an asynchronous run: the transaction executes off the JS thread
+ *  (a model's on the engine's own step thread, the simulated model's on the libuv thread pool);
+ *  the events are written into `events` on the JS thread when it resolves. */
 export interface NativeCoreEngine extends CoreEngine {
   run(events: Int32Array, capacity: number): Promise<number>
   /** The ONNX executor's cumulative timings as JSON: {steps, invocations, rows, tokens, gatherUs,

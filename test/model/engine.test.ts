@@ -389,3 +389,38 @@ describe('the ortex command line on model folders', () => {
     expect(run.stderr).toContain('ORTEX_ORT_DYLIB')
   })
 })
+
+describe('where a model step runs', () => {
+  // A child process with one libuv pool thread, held by a 0.5-2 s pbkdf2 while the engine
+  // generates: the model's steps run on the engine's own thread, so the turn finishes first. On
+  // the pool they would wait for the pbkdf2.
+  const script = (index: string, dir: string) => `
+    const { Engine } = require(${JSON.stringify(index)})
+    const { pbkdf2 } = require('node:crypto')
+    const { readdirSync, readFileSync } = require('node:fs')
+    const threads = () => readdirSync('/proc/self/task').map((t) => readFileSync('/proc/self/task/' + t + '/comm', 'utf8').trim())
+    ;(async () => {
+      const engine = await Engine.load(${JSON.stringify(dir)})
+      const order = []
+      const blocker = new Promise((done) => pbkdf2('x', 'y', 2_000_000, 32, 'sha256', () => done(order.push('pool job'))))
+      const turn = engine.generate([5, 6, 7], { maxGeneratedTokens: 8, ignoreEos: true })
+      const result = await turn.done
+      order.push('turn')
+      const named = threads().filter((name) => name === 'ortex-step').length
+      await blocker
+      await engine.close()
+      console.log(JSON.stringify({ order, tokens: result.usage.generatedTokens, named }))
+    })().catch((error) => { console.error(error); process.exit(1) })
+  `
+
+  it.runIf(process.platform === 'linux')('on the engine thread, not the libuv pool', () => {
+    const index = resolve(__dirname, '../../dist/index.js')
+    const run = spawnSync(process.execPath, ['-e', script(index, dirs.gqa)], {
+      encoding: 'utf8',
+      env: { ...process.env, UV_THREADPOOL_SIZE: '1' },
+      timeout: 60_000,
+    })
+    expect(run.status, run.stderr).toBe(0)
+    expect(JSON.parse(run.stdout)).toEqual({ order: ['turn', 'pool job'], tokens: 8, named: 1 })
+  })
+})

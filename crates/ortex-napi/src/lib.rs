@@ -7,15 +7,17 @@
 //! [`OrtexError`] into a JS `Error` whose `code` is the core's `ErrorCode::as_str()`.
 //!
 //! Threads: the engine lives on the JS thread. `run` plans on the JS thread (`run_begin`), sends
-//! only the [`Transaction`] (which carries the executor) to the libuv thread pool, and commits on
-//! the JS thread again (`run_commit`), which is also where the events are written into the
-//! caller's `Int32Array`. Between the two halves every other method keeps working; the core
-//! applies them at the transaction boundary. The engine sits in an `Arc<Mutex<_>>` only so the
-//! task can find it again in `resolve`; the lock is never taken off the JS thread, so it is
-//! never contended.
+//! only the [`Transaction`] (which carries the executor) off it, and commits on the JS thread
+//! again (`run_commit`), which is also where the events are written into the caller's
+//! `Int32Array`. Off the JS thread means the engine's own [`StepThread`] for a model, the libuv
+//! thread pool for the simulated model (step_thread.rs says why). Between the two halves every
+//! other method keeps working; the core applies them at the transaction boundary. The engine sits
+//! in an `Arc<Mutex<_>>` only so the commit can find it again; the lock is never taken off the JS
+//! thread, so it is never contended.
 
 mod model;
 mod ops;
+mod step_thread;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -23,6 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 use ortex_core::{Engine, ErrorCode, OrtexError, RunStart, Transaction};
+use step_thread::{Job, StepThread};
 
 /// A JS error carrying the core's code (`err.code === error.code.as_str()`). Spelled
 /// `napi::Result<T, String>` at each method: napi-derive recognizes a result by its name.
@@ -72,12 +75,65 @@ pub struct CoreEngine {
     engine: Arc<Mutex<Engine>>,
     /// The ONNX executor's timings (model.rs); None for the simulated model.
     executor_stats: Option<Arc<ortex_ort::ExecutorStats>>,
+    /// Where a model's transactions execute; None for the simulated model (the libuv pool).
+    steps: Option<StepThread>,
 }
 
 impl CoreEngine {
     fn call<T>(&self, call: impl FnOnce(&mut Engine) -> ortex_core::Result<T>) -> napi::Result<T, String> {
         guarded(&mut lock(&self.engine), call).map_err(coded)
     }
+
+    /// Executes `transaction` on `steps`; the promise settles on the JS thread with the commit.
+    fn execute_on<'env>(
+        &self,
+        steps: &StepThread,
+        env: &'env Env,
+        transaction: Transaction,
+        events: Int32Array,
+        capacity: u32,
+    ) -> napi::Result<Object<'env>> {
+        let (deferred, promise) = env.create_deferred()?;
+        let engine = Arc::clone(&self.engine);
+        let job: Job = Box::new(move || {
+            let mut transaction = transaction;
+            execute(&mut transaction);
+            deferred.resolve(move |env| commit(&env, &engine, transaction, events, capacity));
+        });
+        // The thread is gone only if a job panicked past its own guard: execute here instead
+        // (blocking, but the transaction still commits and nothing is lost).
+        if let Err(job) = steps.submit(job) {
+            job();
+        }
+        Ok(promise)
+    }
+}
+
+/// Off the JS thread: the model step, and nothing else. A panic fails the transaction (the
+/// commit rolls the step back and publishes a fatal Failed event) instead of unwinding.
+fn execute(transaction: &mut Transaction) {
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(|| transaction.execute())) {
+        transaction.fail(format!("panic in the executor: {}", ops::panic_message(payload.as_ref())));
+    }
+}
+
+/// On the JS thread: commits `transaction` and writes its events into the caller's buffer.
+fn commit(
+    env: &Env,
+    engine: &Mutex<Engine>,
+    transaction: Transaction,
+    events: Int32Array,
+    capacity: u32,
+) -> napi::Result<u32> {
+    // Look the buffer up again instead of trusting the pointer taken before the hop: JS may have
+    // detached (transferred) it meanwhile, and then it reads as empty and the events stay
+    // retained in the engine.
+    // SAFETY: `env` is the JS thread's; the reference is turned back into its value once.
+    let value = unsafe { Int32Array::to_napi_value(env.raw(), events)? };
+    let buffer = unsafe { <&mut [i32]>::from_napi_value(env.raw(), value)? };
+    let mut engine = lock(engine);
+    guarded(&mut engine, |engine| Ok(engine.run_commit(transaction, buffer, capacity as usize) as u32))
+        .map_err(|error| coded_js(env, error))
 }
 
 #[napi]
@@ -88,7 +144,7 @@ impl CoreEngine {
         let engine = catch_unwind(|| ops::simulated_impl(&options_json))
             .unwrap_or_else(|payload| Err(unhealthy_after_panic(&ops::panic_message(payload.as_ref()))))
             .map_err(coded)?;
-        Ok(CoreEngine { engine: Arc::new(Mutex::new(engine)), executor_stats: None })
+        Ok(CoreEngine { engine: Arc::new(Mutex::new(engine)), executor_stats: None, steps: None })
     }
 
     #[napi]
@@ -148,26 +204,29 @@ impl CoreEngine {
     }
 
     /// Drains retained events at once (an already-settled promise), or executes one transaction
-    /// on the libuv thread pool and writes its events into `events` when it commits.
+    /// off the JS thread and writes its events into `events` when it commits.
     #[napi(ts_return_type = "Promise<number>")]
     pub fn run<'env>(
         &self,
         env: &'env Env,
         mut events: Int32Array,
         capacity: u32,
-    ) -> napi::Result<Either<AsyncTask<RunTask>, PromiseRaw<'env, u32>>> {
+    ) -> napi::Result<Either3<AsyncTask<RunTask>, PromiseRaw<'env, u32>, Object<'env>>> {
         // SAFETY: the JS thread is inside this call; nothing else touches the buffer now.
         let buffer = unsafe { events.as_mut() };
         let start = guarded(&mut lock(&self.engine), |engine| engine.run_begin(buffer, capacity as usize));
         match start {
-            Ok(RunStart::Done(count)) => Ok(Either::B(PromiseRaw::resolve(env, count as u32)?)),
-            Ok(RunStart::Execute(transaction)) => Ok(Either::A(AsyncTask::new(RunTask {
-                engine: Arc::clone(&self.engine),
-                transaction: Some(transaction),
-                events: Some(events),
-                capacity,
-            }))),
-            Err(error) => Ok(Either::B(PromiseRaw::reject(env, coded(error))?)),
+            Ok(RunStart::Done(count)) => Ok(Either3::B(PromiseRaw::resolve(env, count as u32)?)),
+            Ok(RunStart::Execute(transaction)) => match &self.steps {
+                Some(steps) => self.execute_on(steps, env, transaction, events, capacity).map(Either3::C),
+                None => Ok(Either3::A(AsyncTask::new(RunTask {
+                    engine: Arc::clone(&self.engine),
+                    transaction: Some(transaction),
+                    events: Some(events),
+                    capacity,
+                }))),
+            },
+            Err(error) => Ok(Either3::B(PromiseRaw::reject(env, coded(error))?)),
         }
     }
 
@@ -384,8 +443,9 @@ impl CoreSessions {
     }
 }
 
-/// One `run` transaction away from the JS thread. It holds the `Int32Array` (a napi reference,
-/// so the buffer stays alive) but touches it only in `resolve`, on the JS thread.
+/// One `run` transaction of the simulated model on the libuv thread pool. It holds the
+/// `Int32Array` (a napi reference, so the buffer stays alive) but touches it only in `resolve`,
+/// on the JS thread.
 pub struct RunTask {
     engine: Arc<Mutex<Engine>>,
     transaction: Option<Transaction>,
@@ -397,30 +457,15 @@ impl Task for RunTask {
     type Output = ();
     type JsValue = u32;
 
-    /// On the libuv thread pool: the model step, and nothing else.
     fn compute(&mut self) -> napi::Result<()> {
-        let transaction = self.transaction.as_mut().expect("a run task executes its transaction once");
-        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| transaction.execute())) {
-            // The commit rolls the step back and publishes a fatal Failed event.
-            transaction.fail(format!("panic in the executor: {}", ops::panic_message(payload.as_ref())));
-        }
+        execute(self.transaction.as_mut().expect("a run task executes its transaction once"));
         Ok(())
     }
 
-    /// On the JS thread: commit and write the events into the caller's buffer.
     fn resolve(&mut self, env: Env, _: ()) -> napi::Result<u32> {
         let transaction = self.transaction.take().expect("a run task commits its transaction once");
         let events = self.events.take().expect("a run task holds its event buffer until it commits");
-        // Look the buffer up again instead of trusting the pointer taken before the hop: JS may
-        // have detached (transferred) it meanwhile, and then it reads as empty and the events
-        // stay retained in the engine.
-        // SAFETY: `env` is the JS thread's; the reference is turned back into its value once.
-        let value = unsafe { Int32Array::to_napi_value(env.raw(), events)? };
-        let buffer = unsafe { <&mut [i32]>::from_napi_value(env.raw(), value)? };
-        let capacity = self.capacity as usize;
-        let mut engine = lock(&self.engine);
-        guarded(&mut engine, |engine| Ok(engine.run_commit(transaction, buffer, capacity) as u32))
-            .map_err(|error| coded_js(&env, error))
+        commit(&env, &self.engine, transaction, events, self.capacity)
     }
 }
 

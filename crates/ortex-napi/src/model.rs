@@ -11,10 +11,11 @@ use std::sync::{Arc, Mutex};
 
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
-use ortex_core::{Engine, Result};
+use ortex_core::{Engine, ErrorCode, OrtexError, Result};
 use ortex_ort::ExecutorStats;
 use serde_json::json;
 
+use crate::step_thread::StepThread;
 use crate::{coded_js, ops, unhealthy_after_panic, CoreEngine};
 
 /// Builds the engine: `options_json` is EngineOptions plus `executionProvider` and
@@ -49,7 +50,7 @@ pub struct LoadTask {
 }
 
 impl Task for LoadTask {
-    type Output = Result<(Engine, Arc<ExecutorStats>)>;
+    type Output = Result<(Engine, Arc<ExecutorStats>, StepThread)>;
     type JsValue = CoreEngine;
 
     /// On the libuv thread pool.
@@ -57,13 +58,18 @@ impl Task for LoadTask {
         let loaded =
             catch_unwind(AssertUnwindSafe(|| load_impl(&self.model_dir, &self.options_json, self.library.as_deref())))
                 .unwrap_or_else(|payload| Err(unhealthy_after_panic(&ops::panic_message(payload.as_ref()))));
-        Ok(loaded)
+        Ok(loaded.and_then(|(engine, stats)| {
+            let steps = StepThread::spawn().map_err(|e| {
+                OrtexError::new(ErrorCode::ModelLoad, format!("cannot start the engine's step thread: {e}"))
+            })?;
+            Ok((engine, stats, steps))
+        }))
     }
 
     /// On the JS thread: the engine, or the load error with its code (MODEL_LOAD, ...).
     fn resolve(&mut self, env: Env, output: Self::Output) -> napi::Result<CoreEngine> {
-        let (engine, stats) = output.map_err(|error| coded_js(&env, error))?;
-        Ok(CoreEngine { engine: Arc::new(Mutex::new(engine)), executor_stats: Some(stats) })
+        let (engine, stats, steps) = output.map_err(|error| coded_js(&env, error))?;
+        Ok(CoreEngine { engine: Arc::new(Mutex::new(engine)), executor_stats: Some(stats), steps: Some(steps) })
     }
 }
 

@@ -92,20 +92,29 @@ impl CoreEngine {
         transaction: Transaction,
         events: Int32Array,
         capacity: u32,
-    ) -> napi::Result<Object<'env>> {
-        let (deferred, promise) = env.create_deferred()?;
+    ) -> napi::Result<Either<PromiseRaw<'env, u32>, Object<'env>>> {
+        // A transaction that never commits would keep the executor away from the engine for good:
+        // without a way back to this thread, execute it here (blocking, but nothing is lost).
+        let Ok((deferred, promise)) = env.create_deferred() else {
+            let mut transaction = transaction;
+            execute(&mut transaction);
+            let settled = match commit(env, &self.engine, transaction, events, capacity) {
+                Ok(count) => PromiseRaw::resolve(env, count),
+                Err(error) => PromiseRaw::reject(env, error),
+            };
+            return settled.map(Either::A);
+        };
         let engine = Arc::clone(&self.engine);
         let job: Job = Box::new(move || {
             let mut transaction = transaction;
             execute(&mut transaction);
             deferred.resolve(move |env| commit(&env, &engine, transaction, events, capacity));
         });
-        // The thread is gone only if a job panicked past its own guard: execute here instead
-        // (blocking, but the transaction still commits and nothing is lost).
+        // The thread is gone only if a job panicked past its own guard: run the job here instead.
         if let Err(job) = steps.submit(job) {
             job();
         }
-        Ok(promise)
+        Ok(Either::B(promise))
     }
 }
 
@@ -218,7 +227,10 @@ impl CoreEngine {
         match start {
             Ok(RunStart::Done(count)) => Ok(Either3::B(PromiseRaw::resolve(env, count as u32)?)),
             Ok(RunStart::Execute(transaction)) => match &self.steps {
-                Some(steps) => self.execute_on(steps, env, transaction, events, capacity).map(Either3::C),
+                Some(steps) => Ok(match self.execute_on(steps, env, transaction, events, capacity)? {
+                    Either::A(settled) => Either3::B(settled),
+                    Either::B(pending) => Either3::C(pending),
+                }),
                 None => Ok(Either3::A(AsyncTask::new(RunTask {
                     engine: Arc::clone(&self.engine),
                     transaction: Some(transaction),

@@ -132,10 +132,14 @@ export interface ExecutorStats {
   invocations: number
   rows: number
   tokens: number
+  /** Decode runs that took the previous step's KV as their past with no gather. */
+  carried: number
   gatherUs: number
   runUs: number
   scatterUs: number
   executeUs: number
+  /** Model memory the kernel backs with 2 MiB pages, collapsed at load (0 when none). */
+  hugePageBytes: number
 }
 
 export type RequestState = 'created' | 'queued' | 'active' | 'turn-complete' | 'closed'

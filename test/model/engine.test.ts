@@ -132,6 +132,7 @@ describe.each(FORMS)('%s form', (form) => {
       expect(stats.invocations).toBeGreaterThanOrEqual(stats.steps)
       expect(stats.runUs).toBeGreaterThan(0)
       expect(stats.executeUs).toBeGreaterThanOrEqual(stats.gatherUs + stats.runUs + stats.scatterUs)
+      expect(stats.hugePageBytes % (2 << 20)).toBe(0) // whole 2 MiB pages (the tiny model may have none)
       // Stable stretches of decode steps pass present back as past (gqa: always; mha: only rows of
       // equal length, which this workload does not have).
       if (form === 'gqa') expect(stats.carried).toBeGreaterThan(0)

@@ -39,6 +39,7 @@ pub fn executor_stats_json(stats: &ExecutorStats) -> String {
         "runUs": s.run_ns / 1000,
         "scatterUs": s.scatter_ns / 1000,
         "executeUs": s.execute_ns / 1000,
+        "hugePageBytes": s.huge_page_bytes,
     })
     .to_string()
 }
@@ -82,7 +83,7 @@ impl CoreEngine {
     }
 
     /// The ONNX executor's cumulative timings as JSON ({steps, invocations, rows, tokens, carried,
-    /// gatherUs, runUs, scatterUs, executeUs}); null for the simulated model.
+    /// gatherUs, runUs, scatterUs, executeUs, hugePageBytes}); null for the simulated model.
     #[napi]
     pub fn executor_stats_json(&self) -> Option<String> {
         self.executor_stats.as_deref().map(executor_stats_json)

@@ -96,6 +96,8 @@ pub struct ExecutorStats {
     pub scatter_ns: AtomicU64,
     /// The whole `execute`, grouping included.
     pub execute_ns: AtomicU64,
+    /// Model memory collapsed into 2 MiB pages at load (huge_pages.rs).
+    pub huge_page_bytes: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -109,6 +111,7 @@ pub struct StatsSnapshot {
     pub run_ns: u64,
     pub scatter_ns: u64,
     pub execute_ns: u64,
+    pub huge_page_bytes: u64,
 }
 
 impl ExecutorStats {
@@ -124,6 +127,7 @@ impl ExecutorStats {
             run_ns: get(&self.run_ns),
             scatter_ns: get(&self.scatter_ns),
             execute_ns: get(&self.execute_ns),
+            huge_page_bytes: get(&self.huge_page_bytes),
         }
     }
 

@@ -12,6 +12,7 @@
 
 pub mod config;
 pub mod executor;
+pub mod huge_pages;
 pub mod kv_store;
 pub mod runtime;
 pub mod shared_past;
@@ -56,9 +57,14 @@ impl Model {
     pub fn load(dir: &Path, settings: SessionSettings, library: Option<&Path>) -> Result<Model> {
         let config = ModelConfig::load(dir)?;
         let codec = TokenizerCodec::load(&config.tokenizer_file(), config.vocab_size)?;
+        // The weights ONNX Runtime allocates while it builds the session go on huge pages.
+        let before =
+            (settings.execution_provider == ExecutionProvider::Cpu && huge_pages::enabled()).then(huge_pages::snapshot);
         let session =
             runtime::with_environment(library, |env| runtime::open_session(env, &config.model_file, settings))?;
+        let huge = before.map(|before| huge_pages::back_new_mappings(&before)).unwrap_or_default();
         let executor = OrtExecutor::new(config, session, settings.execution_provider)?;
+        executor.stats().huge_page_bytes.store(huge.collapsed_bytes as u64, std::sync::atomic::Ordering::Relaxed);
         Ok(Model { executor, codec })
     }
 }

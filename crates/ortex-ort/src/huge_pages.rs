@@ -10,9 +10,10 @@
 //! that appeared `MADV_HUGEPAGE` and collapses them now (`MADV_COLLAPSE`, Linux 6.1 and later;
 //! earlier kernels leave it to khugepaged). Measured in docs/performance.md.
 //!
-//! Only memory that appeared while the session was built is touched, and only its aligned 2 MiB
-//! ranges, which the collapse fills (so resident memory may grow by up to one huge page per
-//! mapping). Failures are ignored: huge pages are an optimization, never a requirement.
+//! Only memory that appeared while the session was built is touched, only its aligned 2 MiB pages,
+//! and only those already wholly resident (the weights are: ONNX Runtime wrote them), so resident
+//! memory never grows, not even when another engine allocates its KV pool at the same moment.
+//! Failures are ignored: huge pages are an optimization, never a requirement.
 //! `ORTEX_HUGE_PAGES=0` turns it off.
 
 /// Huge page size on x86-64 and aarch64 (4 KiB base pages).
@@ -88,24 +89,47 @@ pub fn new_huge_ranges(before: &AnonymousMappings, after: &AnonymousMappings) ->
     out
 }
 
-/// Advises and collapses the aligned parts of the mappings that appeared since `before`.
+/// Advises and collapses the aligned parts of the mappings that appeared since `before`, one
+/// 2 MiB page at a time and only where every base page is already resident.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 pub fn back_new_mappings(before: &AnonymousMappings) -> HugePageReport {
     let mut report = HugePageReport::default();
     for (start, end) in new_huge_ranges(before, &snapshot()) {
-        let (pointer, length) = (start as *mut libc::c_void, end - start);
-        // SAFETY: advice on a range of this process's own anonymous private mappings; it changes
-        // how the memory is backed, never its contents.
-        if unsafe { libc::madvise(pointer, length, libc::MADV_HUGEPAGE) } != 0 {
-            continue;
-        }
-        report.advised_bytes += length;
-        // SAFETY: as above; the collapse copies the pages into a huge page and keeps the contents.
-        if unsafe { libc::madvise(pointer, length, libc::MADV_COLLAPSE) } == 0 {
-            report.collapsed_bytes += length;
+        for page in (start..end).step_by(HUGE_PAGE_BYTES) {
+            if !resident(page) {
+                continue;
+            }
+            let pointer = page as *mut libc::c_void;
+            // SAFETY: advice on a 2 MiB range of this process's own anonymous private mappings;
+            // it changes how the memory is backed, never its contents.
+            if unsafe { libc::madvise(pointer, HUGE_PAGE_BYTES, libc::MADV_HUGEPAGE) } != 0 {
+                continue;
+            }
+            report.advised_bytes += HUGE_PAGE_BYTES;
+            // SAFETY: as above; the collapse copies the pages into a huge page, contents kept.
+            if unsafe { libc::madvise(pointer, HUGE_PAGE_BYTES, libc::MADV_COLLAPSE) } == 0 {
+                report.collapsed_bytes += HUGE_PAGE_BYTES;
+            }
         }
     }
     report
+}
+
+/// Whether every base page of the 2 MiB page at `start` is in memory. Only those are collapsed:
+/// collapsing fills the missing ones, and an allocation another thread made meanwhile and has not
+/// touched yet (an engine's KV pool, say) must not grow.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn resident(start: usize) -> bool {
+    // SAFETY: sysconf has no preconditions.
+    let base_page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(0);
+    if base_page == 0 || !HUGE_PAGE_BYTES.is_multiple_of(base_page) {
+        return false;
+    }
+    let mut pages = vec![0u8; HUGE_PAGE_BYTES / base_page];
+    // SAFETY: `start` is page aligned, the range lies in one of our mappings, and `pages` has one
+    // byte per base page of it.
+    let ok = unsafe { libc::mincore(start as *mut libc::c_void, HUGE_PAGE_BYTES, pages.as_mut_ptr()) } == 0;
+    ok && pages.iter().all(|&p| p & 1 == 1)
 }
 
 /// Elsewhere: nothing (the addon is built for Linux glibc only).
@@ -152,6 +176,39 @@ mod tests {
         assert!(report.collapsed_bytes <= report.advised_bytes);
         assert_eq!(weights[12_345], -1.0);
         assert!(weights.iter().enumerate().all(|(i, &w)| i == 12_345 || w == i as f32));
+    }
+
+    #[test]
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    fn memory_not_wholly_resident_is_left_alone() {
+        let before = snapshot();
+        let length = 8 * MB;
+        // SAFETY: a fresh private anonymous mapping, unmapped below.
+        let pointer = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                length,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(pointer, libc::MAP_FAILED);
+        // One base page touched in every 2 MiB, as a pool another engine has just begun to use.
+        let start = pointer as usize;
+        for offset in (0..length).step_by(HUGE_PAGE_BYTES) {
+            // SAFETY: inside the mapping.
+            unsafe { *((start + offset) as *mut u8) = 1 };
+        }
+        let report = back_new_mappings(&before);
+        let mut pages = vec![0u8; length / 4096];
+        // SAFETY: the mapping made above, one byte per 4 KiB page.
+        assert_eq!(unsafe { libc::mincore(pointer, length, pages.as_mut_ptr()) }, 0);
+        let resident = pages.iter().filter(|&&p| p & 1 == 1).count();
+        // SAFETY: the mapping made above.
+        unsafe { libc::munmap(pointer, length) };
+        assert!(resident <= length / HUGE_PAGE_BYTES + 1, "{resident} pages resident after {report:?}");
     }
 
     #[test]

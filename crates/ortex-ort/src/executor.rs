@@ -655,8 +655,7 @@ impl<'a> Step<'a> {
                 .reshape(names.past.len(), dims.batch, dims.kv_heads, width, dims.head_size)
                 .map_err(ort_error("cannot allocate the KV buffers"))?;
             for (index, tensor) in tensors.iter_mut().enumerate() {
-                let (layer, kind) = (index / 2, KINDS[index % 2]);
-                gather_rows(kv, layer, kind, tensor.extract_tensor_mut().1, width, plan, rows, dims);
+                TensorRows::of(index, width, plan, rows, dims).gather(kv, tensor.extract_tensor_mut().1);
             }
         }
         bind_shared(names, shared, dims, scratch).map_err(ort_error("cannot bind the model's inputs"))?;
@@ -677,8 +676,7 @@ impl<'a> Step<'a> {
             if written != Some(data.as_ptr()) {
                 return Err(fatal(format!("ONNX Runtime did not write {name} into the buffer bound to it")));
             }
-            let (layer, kind) = (index / 2, KINDS[index % 2]);
-            scatter_rows(kv, AttentionForm::Gqa, layer, kind, data, width, plan, rows, dims);
+            TensorRows::of(index, width, plan, rows, dims).scatter(kv, AttentionForm::Gqa, data);
         }
         drop(outputs);
         shared.record(plan.step, plan, rows);
@@ -732,7 +730,6 @@ impl<'a> Step<'a> {
         dims: Dims,
     ) -> Result<(), ExecError> {
         for (index, name) in present.iter().enumerate() {
-            let (layer, kind) = (index / 2, KINDS[index % 2]);
             let (shape, data) = outputs
                 .get(name)
                 .ok_or_else(|| fatal(format!("the model returned no {name}")))?
@@ -747,7 +744,7 @@ impl<'a> Step<'a> {
                     dims.head_size
                 ))
             })?;
-            scatter_rows(kv, form, layer, kind, data, width, plan, rows, dims);
+            TensorRows::of(index, width, plan, rows, dims).scatter(kv, form, data);
         }
         Ok(())
     }
@@ -813,8 +810,7 @@ impl<'a> Step<'a> {
             if buffer.len() < len {
                 buffer.resize(len, 0.0);
             }
-            let (layer, kind) = (index / 2, KINDS[index % 2]);
-            gather_rows(self.kv, layer, kind, &mut buffer[..len], dims.past, plan, rows, dims);
+            TensorRows::of(index, dims.past, plan, rows, dims).gather(self.kv, &mut buffer[..len]);
         }
     }
 
@@ -855,51 +851,51 @@ impl<'a> Step<'a> {
     }
 }
 
-/// Each row's past from its blocks into one past tensor (`dst`, `[B, KH, width, D]`) at
-/// `[0, past_b)`; positions beyond keep what they held (the mask, or seqlens_k, hides them).
-#[allow(clippy::too_many_arguments)] // one tensor's place in the invocation
-fn gather_rows(
-    kv: &KvStore,
+/// One KV tensor of an invocation, `[B, KH, width, D]`: KV input or output `index` (layer
+/// `index / 2`, key then value) over the invocation's rows, row `b` at `[b * row_floats, ..)`.
+struct TensorRows<'p> {
     layer: usize,
     kind: KvKind,
-    dst: &mut [f32],
     width: usize,
-    plan: &StepPlan,
-    rows: &[u32],
+    plan: &'p StepPlan,
+    rows: &'p [u32],
     dims: Dims,
-) {
-    let row_floats = dims.kv_heads * width * dims.head_size;
-    for (b, &i) in rows.iter().enumerate() {
-        let row = &plan.rows[i as usize];
-        let dst = &mut dst[b * row_floats..(b + 1) * row_floats];
-        kv.gather(layer, kind, plan.row_blocks(row), row.start_position as usize, dst, width);
-    }
 }
 
-/// One present tensor's new positions (`data`, `[B, KH, width, D]`) into each row's blocks: new
-/// token j of row b sits at `P + j` (mha) or at `past_b + j` (gqa).
-#[allow(clippy::too_many_arguments)] // one tensor's place in the invocation
-fn scatter_rows(
-    kv: &mut KvStore,
-    form: AttentionForm,
-    layer: usize,
-    kind: KvKind,
-    data: &[f32],
-    width: usize,
-    plan: &StepPlan,
-    rows: &[u32],
-    dims: Dims,
-) {
-    let row_floats = dims.kv_heads * width * dims.head_size;
-    for (b, &i) in rows.iter().enumerate() {
-        let row = &plan.rows[i as usize];
-        let (past, count) = (row.start_position as usize, row.token_count as usize);
-        let at = match form {
-            AttentionForm::Mha => dims.past,
-            AttentionForm::Gqa => past,
-        };
-        let src = &data[b * row_floats..(b + 1) * row_floats];
-        kv.scatter(layer, kind, plan.row_blocks(row), past, count, src, width, at);
+impl<'p> TensorRows<'p> {
+    fn of(index: usize, width: usize, plan: &'p StepPlan, rows: &'p [u32], dims: Dims) -> Self {
+        TensorRows { layer: index / 2, kind: KINDS[index % 2], width, plan, rows, dims }
+    }
+
+    /// Each row with the range of the tensor it takes.
+    fn each(&self) -> impl Iterator<Item = (&'p PlanRow, std::ops::Range<usize>)> + '_ {
+        let row_floats = self.dims.kv_heads * self.width * self.dims.head_size;
+        self.rows
+            .iter()
+            .enumerate()
+            .map(move |(b, &i)| (&self.plan.rows[i as usize], b * row_floats..(b + 1) * row_floats))
+    }
+
+    /// Each row's past from its blocks into the tensor at `[0, past_b)`; positions beyond keep
+    /// what they held (the mask, or seqlens_k, hides them).
+    fn gather(&self, kv: &KvStore, dst: &mut [f32]) {
+        for (row, range) in self.each() {
+            let blocks = self.plan.row_blocks(row);
+            kv.gather(self.layer, self.kind, blocks, row.start_position as usize, &mut dst[range], self.width);
+        }
+    }
+
+    /// The tensor's new positions (a present output) into each row's blocks: new token j of row
+    /// b sits at `P + j` (mha) or at `past_b + j` (gqa).
+    fn scatter(&self, kv: &mut KvStore, form: AttentionForm, data: &[f32]) {
+        for (row, range) in self.each() {
+            let (past, count) = (row.start_position as usize, row.token_count as usize);
+            let at = match form {
+                AttentionForm::Mha => self.dims.past,
+                AttentionForm::Gqa => past,
+            };
+            kv.scatter(self.layer, self.kind, self.plan.row_blocks(row), past, count, &data[range], self.width, at);
+        }
     }
 }
 

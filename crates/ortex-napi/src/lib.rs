@@ -27,6 +27,10 @@ use napi_derive::napi;
 use ortex_core::{Engine, ErrorCode, OrtexError, RunStart, Transaction};
 use step_thread::{Job, StepThread};
 
+/// What `run` returns: a pool task (simulated model), an already settled promise (a drain, or a
+/// step executed here), or a promise the step thread settles.
+type RunPromise<'env> = Either3<AsyncTask<RunTask>, PromiseRaw<'env, u32>, Object<'env>>;
+
 /// A JS error carrying the core's code (`err.code === error.code.as_str()`). Spelled
 /// `napi::Result<T, String>` at each method: napi-derive recognizes a result by its name.
 type CodedError = napi::Error<String>;
@@ -92,7 +96,7 @@ impl CoreEngine {
         transaction: Transaction,
         events: Int32Array,
         capacity: u32,
-    ) -> napi::Result<Either<PromiseRaw<'env, u32>, Object<'env>>> {
+    ) -> napi::Result<RunPromise<'env>> {
         // A transaction that never commits would keep the executor away from the engine for good:
         // without a way back to this thread, execute it here (blocking, but nothing is lost).
         let Ok((deferred, promise)) = env.create_deferred() else {
@@ -102,7 +106,7 @@ impl CoreEngine {
                 Ok(count) => PromiseRaw::resolve(env, count),
                 Err(error) => PromiseRaw::reject(env, error),
             };
-            return settled.map(Either::A);
+            return settled.map(Either3::B);
         };
         let engine = Arc::clone(&self.engine);
         let job: Job = Box::new(move || {
@@ -114,7 +118,7 @@ impl CoreEngine {
         if let Err(job) = steps.submit(job) {
             job();
         }
-        Ok(Either::B(promise))
+        Ok(Either3::C(promise))
     }
 }
 
@@ -215,22 +219,14 @@ impl CoreEngine {
     /// Drains retained events at once (an already-settled promise), or executes one transaction
     /// off the JS thread and writes its events into `events` when it commits.
     #[napi(ts_return_type = "Promise<number>")]
-    pub fn run<'env>(
-        &self,
-        env: &'env Env,
-        mut events: Int32Array,
-        capacity: u32,
-    ) -> napi::Result<Either3<AsyncTask<RunTask>, PromiseRaw<'env, u32>, Object<'env>>> {
+    pub fn run<'env>(&self, env: &'env Env, mut events: Int32Array, capacity: u32) -> napi::Result<RunPromise<'env>> {
         // SAFETY: the JS thread is inside this call; nothing else touches the buffer now.
         let buffer = unsafe { events.as_mut() };
         let start = guarded(&mut lock(&self.engine), |engine| engine.run_begin(buffer, capacity as usize));
         match start {
             Ok(RunStart::Done(count)) => Ok(Either3::B(PromiseRaw::resolve(env, count as u32)?)),
             Ok(RunStart::Execute(transaction)) => match &self.steps {
-                Some(steps) => Ok(match self.execute_on(steps, env, transaction, events, capacity)? {
-                    Either::A(settled) => Either3::B(settled),
-                    Either::B(pending) => Either3::C(pending),
-                }),
+                Some(steps) => self.execute_on(steps, env, transaction, events, capacity),
                 None => Ok(Either3::A(AsyncTask::new(RunTask {
                     engine: Arc::clone(&self.engine),
                     transaction: Some(transaction),

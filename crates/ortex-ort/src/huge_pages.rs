@@ -94,9 +94,16 @@ pub fn new_huge_ranges(before: &AnonymousMappings, after: &AnonymousMappings) ->
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 pub fn back_new_mappings(before: &AnonymousMappings) -> HugePageReport {
     let mut report = HugePageReport::default();
+    // SAFETY: sysconf has no preconditions.
+    let base_page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(0);
+    if base_page == 0 || !HUGE_PAGE_BYTES.is_multiple_of(base_page) {
+        return report;
+    }
+    // One byte per base page of a huge page, for mincore.
+    let mut residency = vec![0u8; HUGE_PAGE_BYTES / base_page];
     for (start, end) in new_huge_ranges(before, &snapshot()) {
         for page in (start..end).step_by(HUGE_PAGE_BYTES) {
-            if !resident(page) {
+            if !resident(page, &mut residency) {
                 continue;
             }
             let pointer = page as *mut libc::c_void;
@@ -115,17 +122,12 @@ pub fn back_new_mappings(before: &AnonymousMappings) -> HugePageReport {
     report
 }
 
-/// Whether every base page of the 2 MiB page at `start` is in memory. Only those are collapsed:
+/// Whether every base page of the 2 MiB page at `start` is in memory (`pages`: one byte per base
+/// page). Only those are collapsed:
 /// collapsing fills the missing ones, and an allocation another thread made meanwhile and has not
 /// touched yet (an engine's KV pool, say) must not grow.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn resident(start: usize) -> bool {
-    // SAFETY: sysconf has no preconditions.
-    let base_page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(0);
-    if base_page == 0 || !HUGE_PAGE_BYTES.is_multiple_of(base_page) {
-        return false;
-    }
-    let mut pages = vec![0u8; HUGE_PAGE_BYTES / base_page];
+fn resident(start: usize, pages: &mut [u8]) -> bool {
     // SAFETY: `start` is page aligned, the range lies in one of our mappings, and `pages` has one
     // byte per base page of it.
     let ok = unsafe { libc::mincore(start as *mut libc::c_void, HUGE_PAGE_BYTES, pages.as_mut_ptr()) } == 0;

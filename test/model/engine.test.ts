@@ -425,3 +425,40 @@ describe('where a model step runs', () => {
     expect(JSON.parse(run.stdout)).toEqual({ order: ['turn', 'pool job'], tokens: 8, named: 1 })
   })
 })
+
+describe("a model engine's runs at the edges of the program's life", () => {
+  // test/fixtures/model-run-lifetimes.mjs; each mode in its own process.
+  const fixture = resolve(__dirname, '../fixtures/model-run-lifetimes.mjs')
+  const runMode = (mode: string, flags: string[] = []) =>
+    spawnSync(process.execPath, [...flags, fixture, dirs.gqa, mode], { encoding: 'utf8', timeout: 60_000 })
+  const report = (stdout: string) => JSON.parse(stdout.trim().split('\n').pop()!)
+
+  it('a run in flight holds the process, an idle engine never closed does not', () => {
+    const run = runMode('settle')
+    expect(run.signal, 'the process had to be killed (an idle engine kept it alive)').toBeNull()
+    expect(run.status, run.stderr).toBe(0)
+    // Exiting before a run settled would print nothing.
+    expect(report(run.stdout)).toEqual({ settled: [1, 1] })
+  })
+
+  it('terminating a worker mid-turn leaves the process working', () => {
+    const run = runMode('worker')
+    expect(run.signal, run.stderr).toBeNull()
+    expect(run.status, run.stderr).toBe(0)
+    expect(report(run.stdout)).toEqual({ afterTerminate: 4 })
+  })
+
+  it('process.exit() while a step is in flight exits cleanly', () => {
+    const run = runMode('exit')
+    expect(run.signal, run.stderr).toBeNull()
+    expect(run.status, run.stderr).toBe(0)
+    expect(report(run.stdout)).toEqual({ exiting: 3 })
+  })
+
+  it('engines collected without close() leave the next one working', () => {
+    const run = runMode('gc', ['--expose-gc'])
+    expect(run.signal, run.stderr).toBeNull()
+    expect(run.status, run.stderr).toBe(0)
+    expect(report(run.stdout)).toEqual({ afterGc: 4 })
+  })
+})

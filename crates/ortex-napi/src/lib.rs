@@ -9,12 +9,14 @@
 //! Threads: the engine lives on the JS thread. `run` plans on the JS thread (`run_begin`), sends
 //! only the [`Transaction`] (which carries the executor) off it, and commits on the JS thread
 //! again (`run_commit`), which is also where the events are written into the caller's
-//! `Int32Array`. Off the JS thread means the engine's own [`StepThread`] for a model, the libuv
-//! thread pool for the simulated model (step_thread.rs says why). Between the two halves every
+//! `Int32Array`. Off the JS thread means the engine's own [`StepThread`] for a model (its
+//! [`Completions`] bring each run back), the libuv thread pool for the simulated model
+//! (step_thread.rs says why). Between the two halves every
 //! other method keeps working; the core applies them at the transaction boundary. The engine sits
 //! in an `Arc<Mutex<_>>` only so the commit can find it again; the lock is never taken off the JS
 //! thread, so it is never contended.
 
+mod completions;
 mod model;
 mod ops;
 mod step_thread;
@@ -22,14 +24,15 @@ mod step_thread;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use completions::Completions;
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 use ortex_core::{Engine, ErrorCode, OrtexError, RunStart, Transaction};
 use step_thread::{Job, StepThread};
 
-/// What `run` returns: a pool task (simulated model), an already settled promise (a drain, or a
-/// step executed here), or a promise the step thread settles.
-type RunPromise<'env> = Either3<AsyncTask<RunTask>, PromiseRaw<'env, u32>, Object<'env>>;
+/// What `run` returns: a pool task (simulated model), or a promise: already settled (a drain, or a
+/// step executed here) or settled when the step thread's transaction commits.
+type RunPromise<'env> = Either<AsyncTask<RunTask>, PromiseRaw<'env, u32>>;
 
 /// A JS error carrying the core's code (`err.code === error.code.as_str()`). Spelled
 /// `napi::Result<T, String>` at each method: napi-derive recognizes a result by its name.
@@ -80,7 +83,19 @@ pub struct CoreEngine {
     /// The ONNX executor's timings (model.rs); None for the simulated model.
     executor_stats: Option<Arc<ortex_ort::ExecutorStats>>,
     /// Where a model's transactions execute; None for the simulated model (the libuv pool).
-    steps: Option<StepThread>,
+    steps: Option<OffThread>,
+}
+
+/// A model engine's step thread and its way back to the JS thread.
+pub struct OffThread {
+    thread: StepThread,
+    completions: Completions,
+}
+
+impl OffThread {
+    pub fn new(thread: StepThread, completions: Completions) -> OffThread {
+        OffThread { thread, completions }
+    }
 }
 
 impl CoreEngine {
@@ -88,10 +103,11 @@ impl CoreEngine {
         guarded(&mut lock(&self.engine), call).map_err(coded)
     }
 
-    /// Executes `transaction` on `steps`; the promise settles on the JS thread with the commit.
+    /// Executes `transaction` on the step thread; the promise settles on the JS thread with the
+    /// commit.
     fn execute_on<'env>(
         &self,
-        steps: &StepThread,
+        steps: &OffThread,
         env: &'env Env,
         transaction: Transaction,
         events: Int32Array,
@@ -99,26 +115,26 @@ impl CoreEngine {
     ) -> napi::Result<RunPromise<'env>> {
         // A transaction that never commits would keep the executor away from the engine for good:
         // without a way back to this thread, execute it here (blocking, but nothing is lost).
-        let Ok((deferred, promise)) = env.create_deferred() else {
+        let Ok((pending, promise)) = steps.completions.begin(env) else {
             let mut transaction = transaction;
             execute(&mut transaction);
             let settled = match commit(env, &self.engine, transaction, events, capacity) {
                 Ok(count) => PromiseRaw::resolve(env, count),
                 Err(error) => PromiseRaw::reject(env, error),
             };
-            return settled.map(Either3::B);
+            return settled.map(Either::B);
         };
         let engine = Arc::clone(&self.engine);
         let job: Job = Box::new(move || {
             let mut transaction = transaction;
             execute(&mut transaction);
-            deferred.resolve(move |env| commit(&env, &engine, transaction, events, capacity));
+            pending.settle(Box::new(move |env: &Env| commit(env, &engine, transaction, events, capacity)));
         });
         // The thread is gone only if a job panicked past its own guard: run the job here instead.
-        if let Err(job) = steps.submit(job) {
+        if let Err(job) = steps.thread.submit(job) {
             job();
         }
-        Ok(Either3::C(promise))
+        Ok(Either::B(promise))
     }
 }
 
@@ -224,17 +240,17 @@ impl CoreEngine {
         let buffer = unsafe { events.as_mut() };
         let start = guarded(&mut lock(&self.engine), |engine| engine.run_begin(buffer, capacity as usize));
         match start {
-            Ok(RunStart::Done(count)) => Ok(Either3::B(PromiseRaw::resolve(env, count as u32)?)),
+            Ok(RunStart::Done(count)) => Ok(Either::B(PromiseRaw::resolve(env, count as u32)?)),
             Ok(RunStart::Execute(transaction)) => match &self.steps {
                 Some(steps) => self.execute_on(steps, env, transaction, events, capacity),
-                None => Ok(Either3::A(AsyncTask::new(RunTask {
+                None => Ok(Either::A(AsyncTask::new(RunTask {
                     engine: Arc::clone(&self.engine),
                     transaction: Some(transaction),
                     events: Some(events),
                     capacity,
                 }))),
             },
-            Err(error) => Ok(Either3::B(PromiseRaw::reject(env, coded(error))?)),
+            Err(error) => Ok(Either::B(PromiseRaw::reject(env, coded(error))?)),
         }
     }
 

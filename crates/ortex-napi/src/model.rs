@@ -15,8 +15,9 @@ use ortex_core::{Engine, ErrorCode, OrtexError, Result};
 use ortex_ort::ExecutorStats;
 use serde_json::json;
 
+use crate::completions::Completions;
 use crate::step_thread::StepThread;
-use crate::{coded_js, ops, unhealthy_after_panic, CoreEngine};
+use crate::{coded_js, ops, unhealthy_after_panic, CoreEngine, OffThread};
 
 /// Builds the engine: `options_json` is EngineOptions plus `executionProvider` and
 /// `intraOpThreads`; `library` is the ONNX Runtime library to use when neither ORTEX_ORT_DYLIB
@@ -69,8 +70,13 @@ impl Task for LoadTask {
 
     /// On the JS thread: the engine, or the load error with its code (MODEL_LOAD, ...).
     fn resolve(&mut self, env: Env, output: Self::Output) -> napi::Result<CoreEngine> {
-        let (engine, stats, steps) = output.map_err(|error| coded_js(&env, error))?;
-        Ok(CoreEngine { engine: Arc::new(Mutex::new(engine)), executor_stats: Some(stats), steps: Some(steps) })
+        let (engine, stats, thread) = output.map_err(|error| coded_js(&env, error))?;
+        let completions = Completions::new(&env)?;
+        Ok(CoreEngine {
+            engine: Arc::new(Mutex::new(engine)),
+            executor_stats: Some(stats),
+            steps: Some(OffThread::new(thread, completions)),
+        })
     }
 }
 

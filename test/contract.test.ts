@@ -367,6 +367,45 @@ describe.each(BACKENDS)('contract (%s)', (backend: BackendName) => {
   })
 
   describe('buffers and pacing', () => {
+    it('run() calls execute one after another; runSync meanwhile throws RUN_IN_PROGRESS', async () => {
+      const engine = make()
+      const request = engine.createRequest()
+      request.beginTurn('queued runs', { maxGeneratedTokens: 3 })
+      const buffers = [0, 1, 2].map(() => engine.createEventBuffer(8))
+      const settled: number[] = []
+      const runs = buffers.map((buffer, i) =>
+        engine.run(buffer).then((n) => {
+          settled.push(i)
+          return readEvents(buffer, n)
+        }),
+      )
+      expectCode(mod, () => engine.runSync(engine.createEventBuffer(8)), 'RUN_IN_PROGRESS')
+      const events = (await Promise.all(runs)).flat()
+      expect(settled).toEqual([0, 1, 2])
+      expect(tokensOf(events, request)).toEqual(referenceTokens('queued runs', 3))
+      expect(engine.runSync(buffers[0]!)).toBe(0)
+    })
+
+    it('a run queued behind one that rejected still runs', async () => {
+      const engine = make({ faults: { fatalSteps: [1] } })
+      const request = engine.createRequest()
+      request.beginTurn('fatal queue', { maxGeneratedTokens: 6 })
+      const buffer = engine.createEventBuffer(8)
+      const first = engine.run(buffer)
+      const failing = engine.run(buffer)
+      const refused = engine.run(buffer)
+      const after = engine.run(buffer)
+      expect(await first).toBe(1)
+      expect(await failing).toBe(1)
+      expect(buffer.at(0)).toMatchObject({ flags: FLAGS.Failed, request: null })
+      await expectRejects(mod, () => refused, 'ENGINE_UNHEALTHY')
+      await expectRejects(mod, () => after, 'ENGINE_UNHEALTHY')
+      // Its own refusal (it ran its own checks), not the rejection of the run before it.
+      const [refusedError, afterError] = await Promise.all([refused.catch((e) => e), after.catch((e) => e)])
+      expect(afterError).not.toBe(refusedError)
+      request.close()
+    })
+
     it('capacity 1 paces one event per call and drains retained events without model work', () => {
       const engine = make()
       const buffer = engine.createEventBuffer(1)

@@ -417,36 +417,35 @@ export class Engine implements EventOwner {
     if (this._failure !== null) throw unhealthyError(this._failure)
   }
 
+  /** Runs `buffer` after the runs already queued, or at once when there are none (the driven
+   *  loop's case: while driven, run() is refused, so nothing else queues). */
   private enqueueRun(buffer: EventBuffer): Promise<number> {
-    this.runsQueued++
-    const run = this.runTail.then(() => this.runNow(buffer))
-    const settled = run.then(
-      (count) => {
-        this.runsQueued--
-        return count
-      },
-      (error: unknown) => {
-        this.runsQueued--
-        throw error
-      },
-    )
-    this.runTail = settled.then(noop, noop)
-    return settled
+    // A queued run starts however the one before it ended.
+    const next = () => this.runNow(buffer)
+    const ahead = this.runsQueued++
+    const run = ahead === 0 ? next() : this.runTail.then(next, next)
+    this.runTail = run
+    return run
   }
 
+  /** One run of the queue; leaves it (runsQueued) before its promise settles. */
   private async runNow(buffer: EventBuffer): Promise<number> {
-    this._checkOpen()
-    if (this._failure !== null) throw unhealthyError(this._failure)
-    let count: number
     try {
-      count = await this.backendImpl.run(this._core, buffer._words, buffer.capacity)
-    } catch (error) {
-      throw this.convertError(error)
+      this._checkOpen()
+      if (this._failure !== null) throw unhealthyError(this._failure)
+      let count: number
+      try {
+        count = await this.backendImpl.run(this._core, buffer._words, buffer.capacity)
+      } catch (error) {
+        throw this.convertError(error)
+      }
+      count = this.dropEventsOfCollectedRequests(buffer._words, count)
+      buffer._count = count
+      this.route(buffer._words, count)
+      return count
+    } finally {
+      this.runsQueued--
     }
-    count = this.dropEventsOfCollectedRequests(buffer._words, count)
-    buffer._count = count
-    this.route(buffer._words, count)
-    return count
   }
 
   /**
@@ -535,11 +534,10 @@ export class Engine implements EventOwner {
     return converted
   }
 
-  private async driveOnce(): Promise<boolean> {
+  private driveOnce(): Promise<boolean> {
     this.driverBuffer ??= EventBuffer._create(this, DRIVER_BUFFER_CAPACITY)
     const buffer = this.driverBuffer
-    await this.enqueueRun(buffer)
-    return this.lastRunProgressed(buffer)
+    return this.enqueueRun(buffer).then(() => this.lastRunProgressed(buffer))
   }
 
   /** A run with only CapacityBlocked events (or none) may still have prefilled a prompt chunk;

@@ -17,10 +17,12 @@
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use napi::bindgen_prelude::*;
 use napi::sys;
+
+use crate::lock;
 
 /// Runs on the JS thread when the settlement arrives: the run's count, or its error.
 pub type Commit = Box<dyn FnOnce(&Env) -> napi::Result<u32> + Send>;
@@ -225,8 +227,4 @@ fn check(status: sys::napi_status) -> napi::Result<()> {
     } else {
         Err(napi::Error::new(napi::Status::from(status), "Node-API call failed in the step thread's completions"))
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -11,10 +11,9 @@
 //! again (`run_commit`), which is also where the events are written into the caller's
 //! `Int32Array`. Off the JS thread means the engine's own [`StepThread`] for a model (its
 //! [`Completions`] bring each run back), the libuv thread pool for the simulated model
-//! (step_thread.rs says why). Between the two halves every
-//! other method keeps working; the core applies them at the transaction boundary. The engine sits
-//! in an `Arc<Mutex<_>>` only so the commit can find it again; the lock is never taken off the JS
-//! thread, so it is never contended.
+//! (step_thread.rs says why). Between the two halves every other method keeps working; the core
+//! applies them at the transaction boundary. The engine sits in an `Arc<Mutex<_>>` only so the
+//! commit can find it again; the lock is never taken off the JS thread, so it is never contended.
 
 mod completions;
 mod model;
@@ -71,10 +70,10 @@ fn guarded<T>(engine: &mut Engine, call: impl FnOnce(&mut Engine) -> ortex_core:
     }
 }
 
-fn lock(engine: &Mutex<Engine>) -> MutexGuard<'_, Engine> {
-    // Calls into the core unwind inside `guarded`, under the guard, so the lock is never
-    // poisoned; recover anyway rather than panic here.
-    engine.lock().unwrap_or_else(PoisonError::into_inner)
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Nothing panics while holding these locks (calls into the core unwind inside `guarded`,
+    // under the guard), so none is ever poisoned; recover anyway rather than panic here.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[napi]
@@ -87,15 +86,9 @@ pub struct CoreEngine {
 }
 
 /// A model engine's step thread and its way back to the JS thread.
-pub struct OffThread {
+struct OffThread {
     thread: StepThread,
     completions: Completions,
-}
-
-impl OffThread {
-    pub fn new(thread: StepThread, completions: Completions) -> OffThread {
-        OffThread { thread, completions }
-    }
 }
 
 impl CoreEngine {

@@ -75,7 +75,7 @@ impl Task for LoadTask {
         Ok(CoreEngine {
             engine: Arc::new(Mutex::new(engine)),
             executor_stats: Some(stats),
-            steps: Some(OffThread::new(thread, completions)),
+            steps: Some(OffThread { thread, completions }),
         })
     }
 }

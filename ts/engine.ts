@@ -296,7 +296,7 @@ export class Engine implements EventOwner {
     if (this._closed) throw closedError()
   }
 
-  /** @internal Open and healthy: what createRequest and beginTurn need. */
+  /** @internal Open and healthy: what createRequest, beginTurn and a queued run need. */
   _checkUsable(): void {
     this._checkOpen()
     if (this._failure !== null) throw unhealthyError(this._failure)
@@ -431,8 +431,7 @@ export class Engine implements EventOwner {
   /** One run of the queue; leaves it (runsQueued) before its promise settles. */
   private async runNow(buffer: EventBuffer): Promise<number> {
     try {
-      this._checkOpen()
-      if (this._failure !== null) throw unhealthyError(this._failure)
+      this._checkUsable()
       let count: number
       try {
         count = await this.backendImpl.run(this._core, buffer._words, buffer.capacity)

@@ -9,26 +9,13 @@
 //
 // Prints the medians and writes bench/out/huge-pages.json.
 import { mkdirSync, writeFileSync } from 'node:fs'
-import { parseArgs } from 'node:util'
 import { Engine } from '../dist/index.mjs'
+import { PROMPT, median, parseModelArgs } from './model-bench.mjs'
 
-const { values, positionals } = parseArgs({
-  allowPositionals: true,
-  options: {
-    pairs: { type: 'string', default: '16' },
-    tokens: { type: 'string', default: '128' },
-    threads: { type: 'string', default: '2' },
-  },
-})
-const dir = positionals[0]
-if (!dir) {
-  console.error('usage: node bench/huge-pages.mjs MODEL_DIR [--pairs N] [--tokens N] [--threads N]')
-  process.exit(2)
-}
+const { dir, values } = parseModelArgs('huge-pages.mjs', { pairs: '16', tokens: '128', threads: '2' })
 const pairs = Number(values.pairs)
 const tokens = Number(values.tokens)
 const options = { intraOpThreads: Number(values.threads), intraOpSpinning: true }
-const PROMPT = 'The river starts as a thin line of water high in the hills. In the morning the air is cold and'
 
 process.env.ORTEX_HUGE_PAGES = '0'
 const small = await Engine.load(dir, options).finally(() => delete process.env.ORTEX_HUGE_PAGES)
@@ -48,11 +35,6 @@ async function request(engine) {
     wallMsPerToken: (performance.now() - started) / tokens,
     runMsPerStep: (after.runUs - before.runUs) / 1000 / (after.steps - before.steps),
   }
-}
-
-const median = (xs) => {
-  const s = [...xs].sort((a, b) => a - b)
-  return s.length % 2 ? s[s.length >> 1] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2
 }
 
 await request(small) // warm-ups

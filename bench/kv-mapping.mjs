@@ -9,24 +9,10 @@
 //
 // Prints one line per (concurrency, mode) with per-step medians and writes bench/out/kv-mapping.json.
 import { mkdirSync, writeFileSync } from 'node:fs'
-import { parseArgs } from 'node:util'
 import { Engine } from '../dist/index.mjs'
+import { PROMPT, parseModelArgs } from './model-bench.mjs'
 
-const { values, positionals } = parseArgs({
-  allowPositionals: true,
-  options: {
-    concurrency: { type: 'string', default: '1,4,16' },
-    tokens: { type: 'string', default: '128' },
-    repeats: { type: 'string', default: '3' },
-    threads: { type: 'string', default: '2' },
-  },
-})
-const dir = positionals[0]
-if (!dir) {
-  console.error('usage: node bench/kv-mapping.mjs MODEL_DIR [--concurrency 1,4,16] [--tokens N] [--repeats N] [--threads N]')
-  process.exit(2)
-}
-const PROMPT = 'The river starts as a thin line of water high in the hills. In the morning the air is cold and'
+const { dir, values } = parseModelArgs('kv-mapping.mjs', { concurrency: '1,4,16', tokens: '128', repeats: '3', threads: '2' })
 
 const MODES = {
   shared: {},

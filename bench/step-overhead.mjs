@@ -14,26 +14,14 @@
 //
 // Prints the medians and writes bench/out/step-overhead.json.
 import { mkdirSync, writeFileSync } from 'node:fs'
-import { parseArgs } from 'node:util'
 import { Engine } from '../dist/index.mjs'
+import { PROMPT, median, parseModelArgs } from './model-bench.mjs'
 
-const { values, positionals } = parseArgs({
-  allowPositionals: true,
-  options: {
-    rounds: { type: 'string', default: '8' },
-    tokens: { type: 'string', default: '128' },
-    threads: { type: 'string', default: '2' },
-  },
-})
-const dir = positionals[0]
-if (!dir) {
-  console.error('usage: node bench/step-overhead.mjs MODEL_DIR [--rounds N] [--tokens N] [--threads N]')
-  process.exit(2)
-}
+const { dir, values } = parseModelArgs('step-overhead.mjs', { rounds: '8', tokens: '128', threads: '2' })
 const rounds = Number(values.rounds)
 const tokens = Number(values.tokens)
 const engine = await Engine.load(dir, { intraOpThreads: Number(values.threads), intraOpSpinning: true })
-const prompt = engine.tokenize('The river starts as a thin line of water high in the hills. In the morning the air is cold and')
+const prompt = engine.tokenize(PROMPT)
 const turnOptions = { maxGeneratedTokens: tokens, ignoreEos: true }
 
 async function callerDriven(blocking) {
@@ -70,11 +58,6 @@ async function measure(way) {
     outsideExecutorUs: (wallUs - executeUs) / steps,
     executorOutsideRunUs: (executeUs - (after.runUs - before.runUs)) / steps,
   }
-}
-
-const median = (xs) => {
-  const s = [...xs].sort((a, b) => a - b)
-  return s.length % 2 ? s[s.length >> 1] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2
 }
 
 const ways = Object.keys(WAYS)

@@ -461,4 +461,16 @@ describe("a model engine's runs at the edges of the program's life", () => {
     expect(run.status, run.stderr).toBe(0)
     expect(report(run.stdout)).toEqual({ afterGc: 4 })
   })
+
+  it('closed engines give their memory back', () => {
+    const run = spawnSync(
+      process.execPath,
+      ['--expose-gc', resolve(__dirname, '../fixtures/model-memory.mjs'), dirs.gqa],
+      { encoding: 'utf8', timeout: 60_000 },
+    )
+    expect(run.status, run.stderr).toBe(0)
+    // Six more load/close cycles: an engine's chunk of weights left mapped each time would be
+    // 6 x 64 MiB. (A new glibc malloc arena for a new thread can add one 64 MiB heap.)
+    expect(report(run.stdout).growthMiB).toBeLessThan(3 * 64)
+  })
 })

@@ -17,7 +17,7 @@
 //! `ORTEX_HUGE_PAGES=0` turns it off.
 
 /// Huge page size on x86-64 and aarch64 (4 KiB base pages).
-const HUGE_PAGE_BYTES: usize = 2 << 20;
+pub(crate) const HUGE_PAGE_BYTES: usize = 2 << 20;
 
 pub const HUGE_PAGES_ENV: &str = "ORTEX_HUGE_PAGES";
 

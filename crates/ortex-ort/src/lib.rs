@@ -17,6 +17,7 @@ pub mod kv_store;
 pub mod runtime;
 pub mod shared_past;
 pub mod tokenizer;
+pub mod weight_chunks;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -60,8 +61,9 @@ impl Model {
         // The weights ONNX Runtime allocates while it builds the session go on huge pages.
         let before =
             (settings.execution_provider == ExecutionProvider::Cpu && huge_pages::enabled()).then(huge_pages::snapshot);
-        let session =
-            runtime::with_environment(library, |env| runtime::open_session(env, &config.model_file, settings))?;
+        let session = runtime::with_environment(library, |env, chunks| {
+            runtime::open_session(env, chunks, &config.model_file, settings)
+        })?;
         let huge = before.map(|before| huge_pages::back_new_mappings(&before)).unwrap_or_default();
         let executor = OrtExecutor::new(config, session, settings.execution_provider)?;
         executor.stats().huge_page_bytes.store(huge.collapsed_bytes as u64, std::sync::atomic::Ordering::Relaxed);

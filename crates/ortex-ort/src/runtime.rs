@@ -22,6 +22,8 @@ use ort::session::Session;
 use ortex_core::{ErrorCode, OrtexError, Result};
 use serde::Deserialize;
 
+use crate::weight_chunks;
+
 pub const LIBRARY_ENV: &str = "ORTEX_ORT_DYLIB";
 pub const ORT_LIBRARY_ENV: &str = "ORT_DYLIB_PATH";
 
@@ -60,6 +62,8 @@ fn load_error(message: impl Into<String>) -> OrtexError {
 struct Runtime {
     environment: Environment,
     library: PathBuf,
+    /// Whether ortex's CPU allocator is registered in the environment ([`weight_chunks`]).
+    weight_chunks: bool,
 }
 
 static RUNTIME: Mutex<Option<Runtime>> = Mutex::new(None);
@@ -89,7 +93,9 @@ fn choose_library(given: Option<&Path>) -> Result<(PathBuf, &'static str)> {
 
 /// Opens the library once per process and creates the environment; later calls reuse it (a
 /// different path then changes nothing: one process has one ONNX Runtime).
-pub fn with_environment<T>(library: Option<&Path>, f: impl FnOnce(&Environment) -> Result<T>) -> Result<T> {
+///
+/// `f` also learns whether ortex's own CPU allocator is registered (see [`open_session`]).
+pub fn with_environment<T>(library: Option<&Path>, f: impl FnOnce(&Environment, bool) -> Result<T>) -> Result<T> {
     let mut runtime = RUNTIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if runtime.is_none() {
         let (path, source) = choose_library(library)?;
@@ -101,9 +107,11 @@ pub fn with_environment<T>(library: Option<&Path>, f: impl FnOnce(&Environment) 
             .with_telemetry(false)
             .build()
             .map_err(|e| load_error(format!("cannot create the ONNX Runtime environment: {e}")))?;
-        *runtime = Some(Runtime { environment, library: path });
+        let weight_chunks = weight_chunks::register(&environment).is_ok();
+        *runtime = Some(Runtime { environment, library: path, weight_chunks });
     }
-    f(&runtime.as_ref().expect("set above").environment)
+    let runtime = runtime.as_ref().expect("set above");
+    f(&runtime.environment, runtime.weight_chunks)
 }
 
 /// The library the process loaded, once one is.
@@ -119,7 +127,14 @@ fn builder_error<'a>(
 }
 
 /// Opens `model_file` (from its path, so ONNX Runtime finds the external weights beside it).
-pub fn open_session(environment: &Environment, model_file: &Path, settings: SessionSettings) -> Result<Session> {
+/// With `weight_chunks` (the allocator is registered), a CPU session allocates through it, so its
+/// weights are packed into 2 MiB-aligned chunks while it is built.
+pub fn open_session(
+    environment: &Environment,
+    weight_chunks: bool,
+    model_file: &Path,
+    settings: SessionSettings,
+) -> Result<Session> {
     if !model_file.is_file() {
         return Err(load_error(format!("{}: the model file is missing", model_file.display())));
     }
@@ -150,6 +165,13 @@ pub fn open_session(environment: &Environment, model_file: &Path, settings: Sess
             ))
         })?;
     }
+    let chunked = weight_chunks && settings.execution_provider == ExecutionProvider::Cpu && weight_chunks::enabled();
+    if chunked {
+        builder = builder
+            .with_config_entry("session.use_env_allocators", "1")
+            .map_err(builder_error(model_file, "use ortex's allocator"))?;
+    }
+    let _scope = chunked.then(weight_chunks::LoadScope::begin);
     builder.commit_from_file(model_file).map_err(|e| {
         let reason = e.to_string().trim().to_string();
         let hint = if settings.execution_provider == ExecutionProvider::Cuda && reason.contains("CUDA") {

@@ -45,7 +45,8 @@ const WAYS = {
   },
 }
 
-/** One request: per step, microseconds outside the executor and inside it outside the run. */
+/** One request: per step, microseconds of wall time, in the session run, outside the executor, and
+ *  inside it outside the run. */
 async function measure(way) {
   const before = engine.executorStats()
   const started = performance.now()
@@ -54,9 +55,12 @@ async function measure(way) {
   const after = engine.executorStats()
   const steps = after.steps - before.steps
   const executeUs = after.executeUs - before.executeUs
+  const runUs = after.runUs - before.runUs
   return {
+    wallUs: wallUs / steps,
+    runUs: runUs / steps,
     outsideExecutorUs: (wallUs - executeUs) / steps,
-    executorOutsideRunUs: (executeUs - (after.runUs - before.runUs)) / steps,
+    executorOutsideRunUs: (executeUs - runUs) / steps,
   }
 }
 
@@ -74,17 +78,15 @@ await engine.close()
 const summary = Object.fromEntries(
   ways.map((way) => [
     way,
-    {
-      outsideExecutorUs: median(results[way].map((r) => r.outsideExecutorUs)),
-      executorOutsideRunUs: median(results[way].map((r) => r.executorOutsideRunUs)),
-    },
+    Object.fromEntries(Object.keys(results[way][0]).map((key) => [key, median(results[way].map((r) => r[key]))])),
   ]),
 )
 for (const way of ways) {
   const s = summary[way]
   console.log(
-    `${way.padEnd(9)} outside the executor ${s.outsideExecutorUs.toFixed(0).padStart(4)} us/step, ` +
-      `executor outside the run ${s.executorOutsideRunUs.toFixed(0).padStart(3)} us/step`,
+    `${way.padEnd(9)} wall ${s.wallUs.toFixed(0).padStart(5)} us/step, session run ${s.runUs.toFixed(0).padStart(5)}, ` +
+      `outside the executor ${s.outsideExecutorUs.toFixed(0).padStart(4)}, ` +
+      `executor outside the run ${s.executorOutsideRunUs.toFixed(0).padStart(3)}`,
   )
 }
 mkdirSync('bench/out', { recursive: true })

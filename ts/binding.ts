@@ -105,7 +105,7 @@ export interface CoreSessions {
 export interface NativeCoreEngine extends CoreEngine {
   run(events: Int32Array, capacity: number): Promise<number>
   /** The ONNX executor's cumulative timings as JSON: {steps, invocations, rows, tokens, gatherUs,
-   *  runUs, scatterUs, executeUs, hugePageBytes}; null for the simulated model. */
+   *  runUs, scatterUs, executeUs, hugePageBytes, weightChunkBytes}; null for the simulated model. */
   executorStatsJson(): string | null
 }
 

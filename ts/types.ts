@@ -140,6 +140,9 @@ export interface ExecutorStats {
   executeUs: number
   /** Model memory the kernel backs with 2 MiB pages, collapsed at load (0 when none). */
   hugePageBytes: number
+  /** What ONNX Runtime allocated while it built the session, packed into 2 MiB-aligned chunks so
+   *  that it can go on huge pages (0 when off). */
+  weightChunkBytes: number
 }
 
 export type RequestState = 'created' | 'queued' | 'active' | 'turn-complete' | 'closed'

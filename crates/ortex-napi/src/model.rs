@@ -41,6 +41,7 @@ pub fn executor_stats_json(stats: &ExecutorStats) -> String {
         "scatterUs": s.scatter_ns / 1000,
         "executeUs": s.execute_ns / 1000,
         "hugePageBytes": s.huge_page_bytes,
+        "weightChunkBytes": s.weight_chunk_bytes,
     })
     .to_string()
 }

@@ -98,6 +98,9 @@ pub struct ExecutorStats {
     pub execute_ns: AtomicU64,
     /// Model memory collapsed into 2 MiB pages at load (huge_pages.rs).
     pub huge_page_bytes: AtomicU64,
+    /// Memory ONNX Runtime allocated while the session was built, packed into 2 MiB-aligned
+    /// chunks (weight_chunks.rs; freed blocks included).
+    pub weight_chunk_bytes: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -112,6 +115,7 @@ pub struct StatsSnapshot {
     pub scatter_ns: u64,
     pub execute_ns: u64,
     pub huge_page_bytes: u64,
+    pub weight_chunk_bytes: u64,
 }
 
 impl ExecutorStats {
@@ -128,6 +132,7 @@ impl ExecutorStats {
             scatter_ns: get(&self.scatter_ns),
             execute_ns: get(&self.execute_ns),
             huge_page_bytes: get(&self.huge_page_bytes),
+            weight_chunk_bytes: get(&self.weight_chunk_bytes),
         }
     }
 

@@ -89,6 +89,22 @@ pub fn new_huge_ranges(before: &AnonymousMappings, after: &AnonymousMappings) ->
     out
 }
 
+/// Returns to the kernel the heap pages glibc keeps for memory freed so far (`malloc_trim`). A
+/// session's build frees most of what it allocated (the parsed model, and with weights inside the
+/// .onnx file their unpacked copies: hundreds of MB), and glibc's adaptive mmap threshold keeps
+/// much of it resident in its heaps: measured on the bench model with its weights embedded,
+/// 534-660 MB resident after the load without this, 467-471 with it. Called after a build and
+/// before the collapse, so that freed pages are not collapsed and kept.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub fn return_freed_heap() {
+    // SAFETY: malloc_trim has no preconditions; it only releases free memory.
+    unsafe { libc::malloc_trim(0) };
+}
+
+/// Elsewhere: nothing (the addon is built for Linux glibc only).
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub fn return_freed_heap() {}
+
 /// Advises and collapses the aligned parts of the mappings that appeared since `before`, one
 /// 2 MiB page at a time and only where every base page is already resident.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]

@@ -20,6 +20,7 @@ pub mod tokenizer;
 pub mod weight_chunks;
 
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use ortex_core::options::EngineOptions;
@@ -61,12 +62,17 @@ impl Model {
         // The weights ONNX Runtime allocates while it builds the session go on huge pages.
         let before =
             (settings.execution_provider == ExecutionProvider::Cpu && huge_pages::enabled()).then(huge_pages::snapshot);
-        let session = runtime::with_environment(library, |env, chunks| {
+        let opened = runtime::with_environment(library, |env, chunks| {
             runtime::open_session(env, chunks, &config.model_file, settings)
         })?;
+        if settings.execution_provider == ExecutionProvider::Cpu {
+            huge_pages::return_freed_heap();
+        }
         let huge = before.map(|before| huge_pages::back_new_mappings(&before)).unwrap_or_default();
-        let executor = OrtExecutor::new(config, session, settings.execution_provider)?;
-        executor.stats().huge_page_bytes.store(huge.collapsed_bytes as u64, std::sync::atomic::Ordering::Relaxed);
+        let executor = OrtExecutor::new(config, opened.session, settings.execution_provider)?;
+        let stats = executor.stats();
+        stats.huge_page_bytes.store(huge.collapsed_bytes as u64, Ordering::Relaxed);
+        stats.weight_chunk_bytes.store(opened.weight_chunk_bytes as u64, Ordering::Relaxed);
         Ok(Model { executor, codec })
     }
 }

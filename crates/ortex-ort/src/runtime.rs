@@ -126,6 +126,13 @@ fn builder_error<'a>(
     move |e| load_error(format!("{}: cannot {what}: {e}", model_file.display()))
 }
 
+/// A session just built, and how many bytes of what ONNX Runtime allocated meanwhile went into
+/// weight chunks.
+pub struct OpenedSession {
+    pub session: Session,
+    pub weight_chunk_bytes: usize,
+}
+
 /// Opens `model_file` (from its path, so ONNX Runtime finds the external weights beside it).
 /// With `weight_chunks` (the allocator is registered), a CPU session allocates through it, so its
 /// weights are packed into 2 MiB-aligned chunks while it is built.
@@ -134,7 +141,7 @@ pub fn open_session(
     weight_chunks: bool,
     model_file: &Path,
     settings: SessionSettings,
-) -> Result<Session> {
+) -> Result<OpenedSession> {
     if !model_file.is_file() {
         return Err(load_error(format!("{}: the model file is missing", model_file.display())));
     }
@@ -167,12 +174,14 @@ pub fn open_session(
     }
     let chunked = weight_chunks && settings.execution_provider == ExecutionProvider::Cpu && weight_chunks::enabled();
     if chunked {
+        // The session then allocates everything through ortex's allocator, at inference too
+        // (glibc there, instead of ONNX Runtime's arena: no cost measured, docs/performance.md).
         builder = builder
             .with_config_entry("session.use_env_allocators", "1")
             .map_err(builder_error(model_file, "use ortex's allocator"))?;
     }
-    let _scope = chunked.then(weight_chunks::LoadScope::begin);
-    builder.commit_from_file(model_file).map_err(|e| {
+    let scope = chunked.then(weight_chunks::LoadScope::begin);
+    let session = builder.commit_from_file(model_file).map_err(|e| {
         let reason = e.to_string().trim().to_string();
         let hint = if settings.execution_provider == ExecutionProvider::Cuda && reason.contains("CUDA") {
             " (executionProvider 'cuda')"
@@ -180,5 +189,7 @@ pub fn open_session(
             ""
         };
         load_error(format!("{}: ONNX Runtime cannot load the model{hint}: {reason}", model_file.display()))
-    })
+    })?;
+    let weight_chunk_bytes = scope.as_ref().map_or(0, weight_chunks::LoadScope::chunked_bytes);
+    Ok(OpenedSession { session, weight_chunk_bytes })
 }

@@ -4,24 +4,33 @@
 //! ONNX Runtime's own CPU allocator takes its memory from glibc, which maps every large block on
 //! its own at whatever 4 KiB boundary comes: a few MB of prepacked weights then straddle their
 //! 2 MiB pages, and only the aligned middle of each can be collapsed ([`crate::huge_pages`]; on
-//! the bench model 164 of 230 MiB). So ortex registers one CPU allocator of its own in the ONNX
+//! the bench model 160 of 230 MiB). So ortex registers one CPU allocator of its own in the ONNX
 //! Runtime environment (sessions use it through `session.use_env_allocators`). While a thread
-//! builds a session ([`LoadScope`]), the allocator hands out memory from chunks it maps 2 MiB
-//! aligned, one block after the other, so the weights fill whole aligned pages; the collapse after
-//! the build then finds nearly all of them wholly resident. A chunk is unmapped when the last
-//! block in it is freed (the session is dropped) and no load still fills it. At any other time,
-//! the allocator is glibc's `posix_memalign` and `free`, as ONNX Runtime's allocator is without
-//! its arena.
+//! builds a session ([`LoadScope`]), the allocator cuts blocks one after the other from chunks it
+//! maps 2 MiB aligned, so the weights fill whole aligned pages and the collapse after the build
+//! finds nearly all of them wholly resident. At any other time it is glibc's `posix_memalign` and
+//! `free` (ONNX Runtime's arena is not used for these sessions, at inference either).
 //!
-//! A chunk is virtual memory: only what is written becomes resident, so resident memory is what
-//! the blocks use, plus what ONNX Runtime frees during the build inside a chunk (kept until the
-//! session goes; measured in docs/performance.md). `ORTEX_HUGE_PAGES=0` turns this off with the
-//! collapse, and `ORTEX_WEIGHT_CHUNKS=0` alone, for comparison.
+//! A chunk is virtual memory: only what is written becomes resident. What ONNX Runtime frees
+//! during the build (an initializer it has prepacked, say) goes back at once: the last block cut
+//! is cut again, and the whole base pages inside any other are released (`MADV_DONTNEED`). A
+//! chunk is unmapped when its last block is freed (the session is dropped) and no load still cuts
+//! from it. `ORTEX_HUGE_PAGES=0` turns this off with the collapse, `ORTEX_WEIGHT_CHUNKS=0` alone.
+//!
+//! A chunk, and one block in it (every block starts on a cache line after a 64-byte header that
+//! holds its size, so that `free` knows how much it held):
+//!
+//! ```text
+//!  start (2 MiB aligned)                                   start + used_bytes    start + len_bytes
+//!  |[hdr|block][hdr|block]...[pad][hdr|block            ]|........................|
+//!                                       ^ the pointer ONNX Runtime gets
+//! ```
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::ffi::{c_void, CStr};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::marker::PhantomData;
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use ort::environment::Environment;
 use ort::sys::{OrtAllocator, OrtAllocatorType, OrtMemType, OrtMemoryInfo};
@@ -33,21 +42,30 @@ pub const WEIGHT_CHUNKS_ENV: &str = "ORTEX_WEIGHT_CHUNKS";
 
 /// A chunk's virtual size; a block larger than a quarter of it gets a chunk of its own.
 const CHUNK_BYTES: usize = 64 << 20;
-/// Every block starts on a cache line (ONNX Runtime's CPU allocator aligns to 64 too).
+/// Blocks start on a cache line (ONNX Runtime's CPU allocator aligns to 64 too), after a header
+/// of the same size holding the block's size.
 const BLOCK_ALIGN_BYTES: usize = 64;
+const HEADER_BYTES: usize = BLOCK_ALIGN_BYTES;
+/// Larger than any address space: such a request goes to glibc, which refuses it.
+const MAX_BLOCK_BYTES: usize = usize::MAX / 4;
 
+/// Whether sessions should be built into chunks: on, unless turned off or transparent huge pages
+/// are (then chunks would cost ONNX Runtime's arena for nothing).
 pub fn enabled() -> bool {
-    crate::huge_pages::enabled() && std::env::var(WEIGHT_CHUNKS_ENV).map_or(true, |v| v != "0")
+    crate::huge_pages::enabled()
+        && std::env::var(WEIGHT_CHUNKS_ENV).map_or(true, |v| v != "0")
+        && !std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+            .is_ok_and(|mode| mode.contains("[never]"))
 }
 
 /// One 2 MiB-aligned mapping that blocks are cut from, front to back.
 #[derive(Debug)]
 struct Chunk {
-    len: usize,
-    /// Bytes handed out from the start (the next block goes at or after it).
-    used: usize,
-    /// Blocks not yet freed.
-    live: usize,
+    len_bytes: usize,
+    /// Bytes cut from the start; the next block goes at or after it.
+    used_bytes: usize,
+    /// Blocks cut and not yet freed.
+    live_blocks: usize,
     /// Whether a load may still cut blocks from it (then it stays mapped even with none live).
     open: bool,
 }
@@ -55,29 +73,57 @@ struct Chunk {
 /// Every chunk by its start address.
 static CHUNKS: Mutex<BTreeMap<usize, Chunk>> = Mutex::new(BTreeMap::new());
 
-thread_local! {
-    /// The chunk this thread's load cuts small blocks from; `Some(0)`: loading, none yet;
-    /// `None`: not loading.
-    static LOADING: Cell<Option<usize>> = const { Cell::new(None) };
-}
-
-fn chunks() -> std::sync::MutexGuard<'static, BTreeMap<usize, Chunk>> {
+fn chunks() -> MutexGuard<'static, BTreeMap<usize, Chunk>> {
     CHUNKS.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// While it lives, the allocations ONNX Runtime makes on this thread go into chunks.
-pub struct LoadScope(());
+/// What the allocator does on this thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LoadState {
+    /// glibc.
+    Idle,
+    /// Building a session: blocks come from chunks. `open_chunk` is the start of the one small
+    /// blocks are cut from (none yet at first).
+    Loading { open_chunk: Option<usize>, chunked_bytes: usize },
+}
+
+thread_local! {
+    // Const-initialized and without a destructor, so ONNX Runtime may allocate on this thread
+    // even while it exits: keep it that way.
+    static LOAD_STATE: Cell<LoadState> = const { Cell::new(LoadState::Idle) };
+}
+
+/// While it lives, the allocations ONNX Runtime makes on this thread go into chunks. Not `Send`:
+/// it ends the load of the thread that began it. A scope begun inside another does nothing.
+pub(crate) struct LoadScope {
+    outermost: bool,
+    _same_thread: PhantomData<*const ()>,
+}
 
 impl LoadScope {
-    pub fn begin() -> LoadScope {
-        LOADING.set(Some(0));
-        LoadScope(())
+    pub(crate) fn begin() -> LoadScope {
+        let outermost = LOAD_STATE.get() == LoadState::Idle;
+        if outermost {
+            LOAD_STATE.set(LoadState::Loading { open_chunk: None, chunked_bytes: 0 });
+        }
+        LoadScope { outermost, _same_thread: PhantomData }
+    }
+
+    /// Bytes of blocks cut from chunks since the load began (freed ones included).
+    pub(crate) fn chunked_bytes(&self) -> usize {
+        match LOAD_STATE.get() {
+            LoadState::Loading { chunked_bytes, .. } => chunked_bytes,
+            LoadState::Idle => 0,
+        }
     }
 }
 
 impl Drop for LoadScope {
     fn drop(&mut self) {
-        if let Some(start) = LOADING.take().filter(|&s| s != 0) {
+        if !self.outermost {
+            return;
+        }
+        if let LoadState::Loading { open_chunk: Some(start), .. } = LOAD_STATE.replace(LoadState::Idle) {
             close(&mut chunks(), start);
         }
     }
@@ -85,55 +131,77 @@ impl Drop for LoadScope {
 
 /// No more blocks from the chunk at `start`; unmapped at once when none is live.
 fn close(chunks: &mut BTreeMap<usize, Chunk>, start: usize) {
-    if let Some(chunk) = chunks.get_mut(&start) {
-        chunk.open = false;
-        if chunk.live == 0 {
-            unmap(start, chunks.remove(&start).expect("found above").len);
+    let Some(chunk) = chunks.get_mut(&start) else { return };
+    chunk.open = false;
+    if chunk.live_blocks == 0 {
+        let len_bytes = chunk.len_bytes;
+        chunks.remove(&start);
+        unmap(start, len_bytes);
+    }
+}
+
+/// A block of `size_bytes`: from this thread's chunks while it loads, else from glibc.
+fn allocate(size_bytes: usize) -> *mut c_void {
+    let LoadState::Loading { open_chunk, chunked_bytes } = LOAD_STATE.get() else {
+        return allocate_plain(size_bytes);
+    };
+    match allocate_in_chunk(open_chunk, size_bytes) {
+        Some((block, open_chunk)) => {
+            LOAD_STATE.set(LoadState::Loading { open_chunk, chunked_bytes: chunked_bytes + size_bytes });
+            block as *mut c_void
         }
+        None => allocate_plain(size_bytes),
     }
 }
 
-/// A block of `size` bytes: from this thread's open chunk while it loads, else from glibc.
-fn allocate(size: usize) -> *mut c_void {
-    match LOADING.get() {
-        Some(open) => allocate_in_chunk(open, size).unwrap_or_else(|| allocate_plain(size)),
-        None => allocate_plain(size),
-    }
-}
-
-fn allocate_in_chunk(open: usize, size: usize) -> Option<*mut c_void> {
-    // Larger than any address space: let glibc refuse it.
-    if size > usize::MAX / 4 {
+/// Cuts a block from the open chunk, or from a new one; returns it and the chunk to cut the next
+/// small block from.
+fn allocate_in_chunk(open_chunk: Option<usize>, size_bytes: usize) -> Option<(usize, Option<usize>)> {
+    if size_bytes > MAX_BLOCK_BYTES {
         return None;
     }
-    let size = size.max(1);
-    let own_chunk = size > CHUNK_BYTES / 4;
+    let needed_bytes = HEADER_BYTES + size_bytes.max(1);
+    let own_chunk = needed_bytes > CHUNK_BYTES / 4;
+    if let (Some(start), false) = (open_chunk, own_chunk) {
+        // An open chunk stays mapped (only its own load closes it); `None` would start a new one.
+        if let Some(block) = chunks().get_mut(&start).and_then(|chunk| cut(chunk, start, size_bytes)) {
+            return Some((block, open_chunk));
+        }
+    }
+    let len_bytes = if own_chunk { needed_bytes.next_multiple_of(HUGE_PAGE_BYTES) } else { CHUNK_BYTES };
+    let start = map_aligned(len_bytes)?;
     let mut chunks = chunks();
-    if let Some(chunk) = chunks.get_mut(&open).filter(|_| !own_chunk) {
-        let at = chunk.used.next_multiple_of(BLOCK_ALIGN_BYTES);
-        if at + size <= chunk.len {
-            chunk.used = at + size;
-            chunk.live += 1;
-            return Some((open + at) as *mut c_void);
-        }
+    let mut chunk = Chunk { len_bytes, used_bytes: 0, live_blocks: 0, open: !own_chunk };
+    let block = cut(&mut chunk, start, size_bytes).expect("a new chunk holds its first block");
+    chunks.insert(start, chunk);
+    if own_chunk {
+        return Some((block, open_chunk));
     }
-    let len = if own_chunk { size.next_multiple_of(HUGE_PAGE_BYTES) } else { CHUNK_BYTES };
-    let start = map_aligned(len)?;
-    chunks.insert(start, Chunk { len, used: size, live: 1, open: !own_chunk });
-    if !own_chunk {
-        // The rest of the old chunk stays unused (never written, so never resident).
-        if open != 0 {
-            close(&mut chunks, open);
-        }
-        LOADING.set(Some(start));
+    // The rest of the old chunk stays unused (never written, so never resident).
+    if let Some(old) = open_chunk {
+        close(&mut chunks, old);
     }
-    Some(start as *mut c_void)
+    Some((block, Some(start)))
 }
 
-fn allocate_plain(size: usize) -> *mut c_void {
+/// The next block of `size_bytes` in `chunk` (at `start`), its size written in its header.
+fn cut(chunk: &mut Chunk, start: usize, size_bytes: usize) -> Option<usize> {
+    let header = chunk.used_bytes.next_multiple_of(BLOCK_ALIGN_BYTES);
+    let end = header + HEADER_BYTES + size_bytes.max(1);
+    if end > chunk.len_bytes {
+        return None;
+    }
+    chunk.used_bytes = end;
+    chunk.live_blocks += 1;
+    // SAFETY: the header lies inside the chunk's mapping, 64-byte aligned, before the block.
+    unsafe { ((start + header) as *mut usize).write(size_bytes) };
+    Some(start + header + HEADER_BYTES)
+}
+
+fn allocate_plain(size_bytes: usize) -> *mut c_void {
     let mut out = std::ptr::null_mut();
     // SAFETY: the alignment is a power of two and a multiple of the pointer size.
-    match unsafe { libc::posix_memalign(&mut out, BLOCK_ALIGN_BYTES, size.max(1)) } {
+    match unsafe { libc::posix_memalign(&mut out, BLOCK_ALIGN_BYTES, size_bytes.max(1)) } {
         0 => out,
         _ => std::ptr::null_mut(),
     }
@@ -147,10 +215,12 @@ fn free(block: *mut c_void) {
     {
         let mut chunks = chunks();
         if let Some((&start, chunk)) = chunks.range_mut(..=address).next_back() {
-            if address < start + chunk.len {
-                chunk.live -= 1;
-                if chunk.live == 0 && !chunk.open {
-                    unmap(start, chunks.remove(&start).expect("found above").len);
+            if address < start + chunk.len_bytes {
+                free_in_chunk(chunk, start, address);
+                if chunk.live_blocks == 0 && !chunk.open {
+                    let len_bytes = chunk.len_bytes;
+                    chunks.remove(&start);
+                    unmap(start, len_bytes);
                 }
                 return;
             }
@@ -161,17 +231,59 @@ fn free(block: *mut c_void) {
     unsafe { libc::free(block) }
 }
 
-/// `len` bytes (a multiple of 2 MiB) of private anonymous memory starting on a 2 MiB boundary.
-fn map_aligned(len: usize) -> Option<usize> {
-    let padded = len + HUGE_PAGE_BYTES;
-    // SAFETY: a fresh private anonymous mapping; the parts outside [start, start + len) are
-    // unmapped right away and nothing else refers to them.
+/// Accounts for a block of `chunk` freed; while a load still cuts from the chunk, its memory goes
+/// back at once: the last block is cut again, any other's whole base pages are released.
+fn free_in_chunk(chunk: &mut Chunk, start: usize, block: usize) {
+    let Some(live_blocks) = chunk.live_blocks.checked_sub(1) else {
+        // A block freed twice: the memory may already belong to another block.
+        eprintln!("ortex: a weight-chunk block was freed twice (0x{block:x}); aborting");
+        std::process::abort();
+    };
+    chunk.live_blocks = live_blocks;
+    if !chunk.open {
+        return; // the chunk goes as a whole with its last block
+    }
+    // SAFETY: every chunk block is preceded by its header, written when it was cut.
+    let size_bytes = unsafe { ((block - HEADER_BYTES) as *const usize).read() };
+    let end = block + size_bytes.max(1);
+    if end == start + chunk.used_bytes {
+        chunk.used_bytes = block - HEADER_BYTES - start;
+    } else {
+        release_pages(block, end);
+    }
+}
+
+/// Gives the whole base pages inside `[from, to)` back to the kernel (they read as zeros if
+/// touched again; the block is freed, so nothing will until the chunk is unmapped).
+fn release_pages(from: usize, to: usize) {
+    // SAFETY: sysconf has no preconditions.
+    let Ok(page_bytes) = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }) else { return };
+    let (first, last) = (from.next_multiple_of(page_bytes), to / page_bytes * page_bytes);
+    if first < last {
+        // SAFETY: whole pages of a freed block in one of this module's mappings; no other block
+        // shares them.
+        unsafe { libc::madvise(first as *mut c_void, last - first, libc::MADV_DONTNEED) };
+    }
+}
+
+/// `len_bytes` (a multiple of 2 MiB) of private anonymous memory starting on a 2 MiB boundary:
+/// map 2 MiB more, then unmap the head before the first boundary and the tail after the end.
+///
+/// ```text
+///  base            start = base rounded up to 2 MiB        start + len_bytes     base + padded
+///  |--- head ------|============ kept ====================|--- tail -------------|
+/// ```
+fn map_aligned(len_bytes: usize) -> Option<usize> {
+    let padded = len_bytes + HUGE_PAGE_BYTES;
+    // SAFETY: a fresh private anonymous mapping; the parts outside [start, start + len_bytes) are
+    // unmapped right away and nothing else refers to them. NORESERVE: a chunk is mostly never
+    // touched, so it should not count against strict overcommit.
     unsafe {
         let base = libc::mmap(
             std::ptr::null_mut(),
             padded,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
             -1,
             0,
         );
@@ -183,17 +295,17 @@ fn map_aligned(len: usize) -> Option<usize> {
         if start > base {
             libc::munmap(base as *mut c_void, start - base);
         }
-        let tail = base + padded - (start + len);
+        let tail = base + padded - (start + len_bytes);
         if tail > 0 {
-            libc::munmap((start + len) as *mut c_void, tail);
+            libc::munmap((start + len_bytes) as *mut c_void, tail);
         }
         Some(start)
     }
 }
 
-fn unmap(start: usize, len: usize) {
+fn unmap(start: usize, len_bytes: usize) {
     // SAFETY: a whole chunk this module mapped, none of whose blocks is live any more.
-    unsafe { libc::munmap(start as *mut c_void, len) };
+    unsafe { libc::munmap(start as *mut c_void, len_bytes) };
 }
 
 /// What ONNX Runtime calls: the allocator's table and the memory info it describes itself with.
@@ -221,13 +333,14 @@ unsafe extern "system" fn ort_info(_this: *const OrtAllocator) -> *const OrtMemo
     REGISTERED.get().map_or(std::ptr::null(), |r| r.info)
 }
 
-/// Registers the allocator in the environment (once per process). An error (an ONNX Runtime without the
-/// call, say) leaves sessions on ONNX Runtime's own allocator.
+/// Registers the allocator in the environment (once per process). An error (an ONNX Runtime
+/// without the call, say) leaves sessions on ONNX Runtime's own allocator.
 pub fn register(environment: &Environment) -> Result<(), String> {
     let api = ort::api();
     let mut info: *mut OrtMemoryInfo = std::ptr::null_mut();
     // SAFETY: plain ONNX Runtime calls with valid out-pointers; the info and the table are leaked
-    // on success, so they outlive every session that uses them.
+    // on success, so they outlive every session that uses them. The table's version is 17 (the
+    // ort-sys headers): ONNX Runtime reads no field past `Info` below 18.
     unsafe {
         check((api.CreateCpuMemoryInfo)(
             OrtAllocatorType::OrtDeviceAllocator,
@@ -262,83 +375,19 @@ unsafe fn check(status: ort::sys::OrtStatusPtr) -> Result<(), String> {
     Err(message)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MB: usize = 1 << 20;
-
-    fn chunk_of(block: *mut c_void) -> Option<(usize, usize, usize, bool)> {
-        let address = block as usize;
-        let chunks = chunks();
-        let (&start, chunk) = chunks.range(..=address).next_back()?;
-        (address < start + chunk.len).then_some((start, chunk.len, chunk.live, chunk.open))
-    }
-
-    fn fill(block: *mut c_void, size: usize, byte: u8) {
-        // SAFETY: `block` holds at least `size` bytes.
-        unsafe { std::ptr::write_bytes(block.cast::<u8>(), byte, size) }
-    }
-
-    #[test]
-    fn blocks_made_while_loading_are_packed_into_one_aligned_chunk() {
-        let scope = LoadScope::begin();
-        let sizes = [3 * MB + 5, 100, 1_700_000, 64];
-        let blocks: Vec<_> = sizes.iter().map(|&size| allocate(size)).collect();
-        for (&block, &size) in blocks.iter().zip(&sizes) {
-            assert_eq!(block as usize % BLOCK_ALIGN_BYTES, 0);
-            fill(block, size, 7);
-        }
-        let (start, len, live, open) = chunk_of(blocks[0]).expect("in a chunk");
-        assert_eq!((start % HUGE_PAGE_BYTES, len, live, open), (0, CHUNK_BYTES, 4, true));
-        assert_eq!(start, blocks[0] as usize);
-        // One after the other, each on the next cache line.
-        for pair in blocks.windows(2).zip(&sizes) {
-            let (gap, size) = (pair.0[1] as usize - pair.0[0] as usize, *pair.1);
-            assert_eq!(gap, size.next_multiple_of(BLOCK_ALIGN_BYTES));
-        }
-        drop(scope);
-        blocks[..3].iter().for_each(|&b| free(b));
-        assert_eq!(chunk_of(blocks[3]).map(|c| (c.2, c.3)), Some((1, false)), "closed, one block live");
-        free(blocks[3]);
-        assert_eq!(chunk_of(blocks[3]), None, "unmapped with its last block");
-    }
-
-    #[test]
-    fn a_large_block_gets_a_chunk_of_its_own_and_small_ones_keep_filling_theirs() {
-        let scope = LoadScope::begin();
-        let small = allocate(1000);
-        let large = allocate(CHUNK_BYTES / 2 + 1);
-        let next = allocate(1000);
-        let (start, len, _, open) = chunk_of(large).expect("in a chunk");
-        assert_eq!(
-            (start, len, open),
-            (large as usize, (CHUNK_BYTES / 2 + 1).next_multiple_of(HUGE_PAGE_BYTES), false)
-        );
-        assert_eq!(next as usize, small as usize + 1024, "the small blocks' chunk is still open");
-        fill(large, CHUNK_BYTES / 2 + 1, 1);
-        free(large);
-        assert_eq!(chunk_of(large), None);
-        free(small);
-        free(next);
-        assert!(chunk_of(small).is_some(), "an open chunk stays mapped with no block live");
-        drop(scope);
-        assert_eq!(chunk_of(small), None, "and goes when its load ends");
-    }
-
-    #[test]
-    fn outside_a_load_blocks_come_from_glibc() {
-        let block = allocate(5 * MB);
-        assert_eq!(block as usize % BLOCK_ALIGN_BYTES, 0);
-        assert_eq!(chunk_of(block), None);
-        fill(block, 5 * MB, 3);
-        free(block);
-        free(std::ptr::null_mut());
-    }
-
-    #[test]
-    fn an_impossible_size_fails_instead_of_wrapping() {
-        let _scope = LoadScope::begin();
-        assert!(allocate(usize::MAX - 8).is_null());
+/// Every chunk is 2 MiB aligned, apart from the others, holds what was cut from it, and is
+/// either open or has a live block (one with neither would have been unmapped).
+pub fn check_invariants() {
+    let chunks = chunks();
+    let mut previous_end = 0;
+    for (&start, chunk) in chunks.iter() {
+        assert_eq!(start % HUGE_PAGE_BYTES, 0, "chunk 0x{start:x} is not 2 MiB aligned");
+        assert!(start >= previous_end, "chunk 0x{start:x} overlaps the one before it");
+        assert!(chunk.used_bytes <= chunk.len_bytes, "chunk 0x{start:x}: {chunk:?}");
+        assert!(chunk.open || chunk.live_blocks > 0, "chunk 0x{start:x} should have been unmapped");
+        previous_end = start + chunk.len_bytes;
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -22,6 +22,10 @@ Protocol: JSON lines. The script loads both systems' models, warms them up and w
 A failed command replies `{"ok": false, "error": ...}`. Progress goes to stderr, and so does
 anything a library prints once the script runs (stdout carries only the protocol lines). EOF on stdin ends the script.
 
+Both systems stream text, as a server built on them would and as ortex's side does (its `for await`
+chunks carry each token's text): every request decodes each new token with its own
+og.TokenizerStream, and the text is kept with the request.
+
 What onnxruntime-genai 0.18's Python API offers for concurrency, and what is measured:
 
 - `engine`: og.Engine / og.Request / Request.begin_turn / Engine.run(event buffer), the request API.
@@ -98,13 +102,15 @@ class Clock:
 
 
 class Record:
-    """One request: its prompt, scheduled arrival and token times (ms since the run's start)."""
+    """One request: its prompt, scheduled arrival, token times (ms since the run's start) and the
+    text its tokens streamed."""
 
     def __init__(self, index: int, prompt: list[int], arrival_ms: float) -> None:
         self.index = index
         self.prompt = prompt
         self.arrival_ms = arrival_ms
         self.token_ms: list[float] = []
+        self.text: list[str] = []
 
 
 def summarize(records: list[Record], wall_ms: float, tokens_per_request: int) -> dict:
@@ -155,6 +161,7 @@ class Genai:
         self.engine = og.Engine(self.engine_model)
         self.buffer = self.engine.create_event_buffer(max(64, 4 * spec["maxBatchSize"]))
         self.generator_model = load_model(og, spec, session_overlay(spec))
+        self.tokenizer = og.Tokenizer(self.engine_model)
         # Warm-ups: one short request each (the first runs allocate).
         warm = self.begin(prompt_of(spec, 0)[:8])
         while self.engine.has_pending_requests():
@@ -190,7 +197,7 @@ class Genai:
                 record = Record(index, prompt_of(self.spec, index), at)
                 records.append(record)
                 request = self.begin(record.prompt)
-                live[id(request)] = (request, record, client)
+                live[id(request)] = (request, record, client, self.tokenizer.create_stream())
             if not engine.has_pending_requests():
                 if arrivals:
                     time.sleep(max(0.0, (min(a[0] for a in arrivals) - clock.ms()) / 1000.0))
@@ -202,11 +209,12 @@ class Genai:
                 entry = live.get(id(event.request))
                 if entry is None or entry[0] is not event.request:
                     raise RuntimeError("an event for an unknown request")
-                request, record, client = entry
+                request, record, client, stream = entry
                 if event.error_code != og.EngineErrorCode.NONE:
                     raise RuntimeError(f"request {record.index}: engine error {event.error_code}")
                 if event.token is not None:
                     record.token_ms.append(now)
+                    record.text.append(stream.decode(event.token))
                 if event.finish_reason != og.FinishReason.NONE:
                     finished += 1
                     del live[id(request)]
@@ -216,7 +224,8 @@ class Genai:
                         arrivals.append((now, client, next_index))
         return records
 
-    def generate(self, prompts: list[list[int]], on_step) -> None:
+    def generate(self, prompts: list[list[int]], on_step) -> list[list[str]]:
+        """Batch-of-prompts generation; calls on_step() after each step; returns each row's text."""
         og, np, n = self.og, self.np, self.n
         width = max(len(p) for p in prompts)
         params = og.GeneratorParams(self.generator_model)
@@ -226,11 +235,16 @@ class Genai:
         pad = self.spec["padTokenId"]
         ids = np.array([[pad] * (width - len(p)) + p for p in prompts], np.int32)
         generator.append_tokens(ids)
+        streams = [self.tokenizer.create_stream() for _ in prompts]
+        texts: list[list[str]] = [[] for _ in prompts]
         while not generator.is_done():
             generator.generate_next_token()
-            generator.get_next_tokens()
+            tokens = generator.get_next_tokens()
+            for row, stream in enumerate(streams):
+                texts[row].append(stream.decode(int(tokens[row])))
             on_step()
         del generator
+        return texts
 
     def run_generator(self, concurrency: int, requests: int, first: int = 0) -> list[Record]:
         """og.Generator: one request at a time (concurrency 1), else batch-of-prompts."""
@@ -252,7 +266,8 @@ class Genai:
                 for r in group:
                     r.token_ms.append(now)
 
-            self.generate([r.prompt for r in group], on_step)
+            for record, text in zip(group, self.generate([r.prompt for r in group], on_step)):
+                record.text = text
             ready_ms = clock.ms()
         return records
 

@@ -93,8 +93,8 @@ pub fn new_huge_ranges(before: &AnonymousMappings, after: &AnonymousMappings) ->
 /// session's build frees most of what it allocated (the parsed model, and with weights inside the
 /// .onnx file their unpacked copies: hundreds of MB), and glibc's adaptive mmap threshold keeps
 /// much of it resident in its heaps: measured on the bench model with its weights embedded,
-/// 534-660 MB resident after the load without this, 467-471 with it. Called after a build and
-/// before the collapse, so that freed pages are not collapsed and kept.
+/// 534-660 MB resident after the load without this, 451-487 with it (docs/performance.md).
+/// Called after a build and before the collapse, so that freed pages are not collapsed and kept.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 pub fn return_freed_heap() {
     // SAFETY: malloc_trim has no preconditions; it only releases free memory.
@@ -105,16 +105,19 @@ pub fn return_freed_heap() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 pub fn return_freed_heap() {}
 
+/// The kernel's base page size, when it divides a huge page (always, on the platforms built for).
+pub(crate) fn base_page_bytes() -> Option<usize> {
+    // SAFETY: sysconf has no preconditions.
+    let bytes = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).ok()?;
+    (bytes > 0 && HUGE_PAGE_BYTES.is_multiple_of(bytes)).then_some(bytes)
+}
+
 /// Advises and collapses the aligned parts of the mappings that appeared since `before`, one
 /// 2 MiB page at a time and only where every base page is already resident.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 pub fn back_new_mappings(before: &AnonymousMappings) -> HugePageReport {
     let mut report = HugePageReport::default();
-    // SAFETY: sysconf has no preconditions.
-    let base_page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(0);
-    if base_page == 0 || !HUGE_PAGE_BYTES.is_multiple_of(base_page) {
-        return report;
-    }
+    let Some(base_page) = base_page_bytes() else { return report };
     // One byte per base page of a huge page, for mincore.
     let mut residency = vec![0u8; HUGE_PAGE_BYTES / base_page];
     for (start, end) in new_huge_ranges(before, &snapshot()) {

@@ -256,8 +256,7 @@ fn free_in_chunk(chunk: &mut Chunk, start: usize, block: usize) {
 /// Gives the whole base pages inside `[from, to)` back to the kernel (they read as zeros if
 /// touched again; the block is freed, so nothing will until the chunk is unmapped).
 fn release_pages(from: usize, to: usize) {
-    // SAFETY: sysconf has no preconditions.
-    let Ok(page_bytes) = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }) else { return };
+    let Some(page_bytes) = crate::huge_pages::base_page_bytes() else { return };
     let (first, last) = (from.next_multiple_of(page_bytes), to / page_bytes * page_bytes);
     if first < last {
         // SAFETY: whole pages of a freed block in one of this module's mappings; no other block

@@ -17,7 +17,7 @@ fn fill(block: *mut c_void, size_bytes: usize, byte: u8) {
 
 /// Whether every base page of `[from, from + len)` is resident.
 fn resident(from: usize, len: usize) -> bool {
-    let mut pages = vec![0u8; len.div_ceil(4096)];
+    let mut pages = vec![0u8; len.div_ceil(crate::huge_pages::base_page_bytes().expect("a base page size"))];
     // SAFETY: a page-aligned range of a live mapping, one byte per page.
     let ok = unsafe { libc::mincore(from as *mut c_void, len, pages.as_mut_ptr()) } == 0;
     assert!(ok);
@@ -96,10 +96,11 @@ fn memory_freed_during_a_load_goes_back_at_once() {
     for block in [first, middle, last] {
         fill(block, MB, 9);
     }
-    let page_after = |b: *mut c_void| (b as usize).next_multiple_of(4096);
-    assert!(resident(page_after(middle), MB - 4096));
+    let page = crate::huge_pages::base_page_bytes().expect("a base page size");
+    let page_after = |b: *mut c_void| (b as usize).next_multiple_of(page);
+    assert!(resident(page_after(middle), MB - page));
     free(middle);
-    assert!(!resident(page_after(middle), MB - 4096), "a block in the middle: its pages released");
+    assert!(!resident(page_after(middle), MB - page), "a block in the middle: its pages released");
     free(last);
     assert_eq!(allocate(100), last, "the last block is cut again");
     // SAFETY: the first block is live and holds a MiB.

@@ -131,9 +131,15 @@ impl Drop for LoadScope {
 
 /// No more blocks from the chunk at `start`; unmapped at once when none is live.
 fn close(chunks: &mut BTreeMap<usize, Chunk>, start: usize) {
-    let Some(chunk) = chunks.get_mut(&start) else { return };
-    chunk.open = false;
-    if chunk.live_blocks == 0 {
+    if let Some(chunk) = chunks.get_mut(&start) {
+        chunk.open = false;
+        unmap_if_unused(chunks, start);
+    }
+}
+
+/// Unmaps the chunk at `start` once it is closed and none of its blocks is live.
+fn unmap_if_unused(chunks: &mut BTreeMap<usize, Chunk>, start: usize) {
+    if let Some(chunk) = chunks.get(&start).filter(|c| c.live_blocks == 0 && !c.open) {
         let len_bytes = chunk.len_bytes;
         chunks.remove(&start);
         unmap(start, len_bytes);
@@ -217,11 +223,7 @@ fn free(block: *mut c_void) {
         if let Some((&start, chunk)) = chunks.range_mut(..=address).next_back() {
             if address < start + chunk.len_bytes {
                 free_in_chunk(chunk, start, address);
-                if chunk.live_blocks == 0 && !chunk.open {
-                    let len_bytes = chunk.len_bytes;
-                    chunks.remove(&start);
-                    unmap(start, len_bytes);
-                }
+                unmap_if_unused(&mut chunks, start);
                 return;
             }
         }

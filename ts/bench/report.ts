@@ -20,6 +20,9 @@ const COLORS: Readonly<Record<SystemName, string>> = {
   'genai-generator': '#b45309',
 }
 
+/** Ratios near a goal's target print with three decimals: with two, 0.995x read "1.00x (missed)". */
+const RATIO_DIGITS = 3
+
 const fixed = (x: number | null | undefined, digits = 1) => (x === null || x === undefined ? '-' : x.toFixed(digits))
 
 export function formatTable(report: ThroughputReport): string {
@@ -92,10 +95,10 @@ export function formatTable(report: ThroughputReport): string {
   lines.push('')
   lines.push('goals:')
   for (const g of report.goals) {
-    const value = g.value === null ? 'not measured' : g.unit === '%' ? `${fixed(g.value)}%` : `${fixed(g.value, 2)}x`
+    const value = g.value === null ? 'not measured' : g.unit === '%' ? `${fixed(g.value)}%` : `${fixed(g.value, RATIO_DIGITS)}x`
     const verdict = g.met === null ? '' : g.met ? ' (met)' : ' (missed)'
-    const each = rounds ? ` (rounds: ${g.perRound.map((v) => (v === null ? '-' : fixed(v, 2))).join(', ')})` : ''
-    lines.push(`  ${g.goal}: ${value}${g.ratio === null ? '' : `, ${fixed(g.ratio, 2)} of the target`}${verdict}${each}`)
+    const each = rounds ? ` (rounds: ${g.perRound.map((v) => fixed(v, g.unit === '%' ? 2 : RATIO_DIGITS)).join(', ')})` : ''
+    lines.push(`  ${g.goal}: ${value}${g.ratio === null ? '' : `, ${fixed(g.ratio, RATIO_DIGITS)} of the target`}${verdict}${each}`)
   }
   return lines.join('\n')
 }

@@ -1,12 +1,12 @@
 // The throughput benchmark's text report (ts/bench/report.ts): a goal's printed value agrees with
-// its verdict.
+// its verdict, and ortex's engines say how much of their weights went on huge pages.
 
 import { describe, expect, it } from 'vitest'
 
 import { formatTable } from '../ts/bench/report'
-import type { Goal, ThroughputReport } from '../ts/bench/throughput'
+import type { Goal, Row, ThroughputReport } from '../ts/bench/throughput'
 
-function report(goals: Goal[]): ThroughputReport {
+function report(goals: Goal[], summary: Row[] = [], ortexWeights: ThroughputReport['ortexWeights'] = []): ThroughputReport {
   return {
     createdAt: '2026-11-30T00:00:00.000Z',
     quick: false,
@@ -24,9 +24,10 @@ function report(goals: Goal[]): ThroughputReport {
     },
     rounds: 3,
     rows: [],
-    summary: [],
+    summary,
     naive: { ok: true },
     genai: { ok: true, version: '0.18.0', onnxruntimeVersion: '1.32.0' },
+    ortexWeights,
     goals,
     elapsedS: 1,
   }
@@ -63,5 +64,41 @@ describe('formatTable', () => {
     )
     expect(text).not.toContain('1.00x')
     expect(text).toContain('at concurrency 16: 5.4%, 0.541 of the target (met) (rounds: 5.51, 5.41, -)')
+  })
+
+  it('lists each ortex engine weights on huge pages and in chunks under its steps', () => {
+    const percentiles = { p50: 1, p99: 2 }
+    const row: Row = {
+      system: 'ortex',
+      concurrency: 1,
+      round: 0,
+      requests: 8,
+      tokens: 1024,
+      wallMs: 12_000,
+      tokensPerSecond: 85,
+      ttftMs: percentiles,
+      itlMs: percentiles,
+      executor: {
+        steps: 1024,
+        invocations: 1024,
+        runMs: 11_600,
+        gatherMs: 30,
+        scatterMs: 45,
+        executeMs: 11_700,
+        stepMs: 11.7,
+        outsideRunPct: 3.3,
+      },
+    }
+    const text = formatTable(
+      report([], [row], [
+        { system: 'ortex', hugePageBytes: 212 * 2 ** 20, weightChunkBytes: 217 * 2 ** 20 },
+        { system: 'ortex-blocking', hugePageBytes: 0, weightChunkBytes: 0 },
+      ]),
+    )
+    const lines = text.split('\n')
+    const steps = lines.findIndex((line) => line.startsWith('  ortex           concurrency  1: 1024 steps'))
+    expect(steps).toBeGreaterThan(0)
+    expect(lines[steps + 1]).toBe('  ortex           weights: 212 MiB on huge pages, 217 MiB in weight chunks')
+    expect(lines[steps + 2]).toBe('  ortex-blocking  weights: 0 MiB on huge pages, 0 MiB in weight chunks')
   })
 })

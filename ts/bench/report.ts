@@ -23,6 +23,8 @@ const COLORS: Readonly<Record<SystemName, string>> = {
 /** Ratios near a goal's target print with three decimals: with two, 0.995x read "1.00x (missed)". */
 const RATIO_DIGITS = 3
 
+const mib = (bytes: number) => (bytes / 2 ** 20).toFixed(0)
+
 const fixed = (x: number | null | undefined, digits = 1) => (x === null || x === undefined ? '-' : x.toFixed(digits))
 
 export function formatTable(report: ThroughputReport): string {
@@ -86,6 +88,12 @@ export function formatTable(report: ThroughputReport): string {
         `  ${r.system.padEnd(15)} concurrency ${String(r.concurrency).padStart(2)}: ${e.steps} steps (${e.invocations} model runs), ` +
           `${fixed(e.stepMs, 2)} ms/step wall, ${perStep(e.runMs)} run, ${perStep(e.gatherMs + e.scatterMs)} gather+scatter, ` +
           `${fixed(e.outsideRunPct)}% outside the runs`,
+      )
+    }
+    for (const weights of report.ortexWeights) {
+      lines.push(
+        `  ${weights.system.padEnd(15)} weights: ${mib(weights.hugePageBytes)} MiB on huge pages, ` +
+          `${mib(weights.weightChunkBytes)} MiB in weight chunks`,
       )
     }
   }

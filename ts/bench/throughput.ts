@@ -122,6 +122,12 @@ export interface Goal {
   detail: string
 }
 
+export interface OrtexWeights {
+  system: 'ortex' | 'ortex-blocking'
+  hugePageBytes: number
+  weightChunkBytes: number
+}
+
 export interface ThroughputReport {
   createdAt: string
   quick: boolean
@@ -134,6 +140,9 @@ export interface ThroughputReport {
   summary: Row[]
   naive: { ok: boolean; error?: string }
   genai: { ok: boolean; version?: string; onnxruntimeVersion?: string; error?: string }
+  /** Per ortex engine, how much of the model's weights went on huge pages and into weight chunks
+   *  (they move the concurrency-1 numbers by a few percent: docs/performance.md). */
+  ortexWeights: OrtexWeights[]
   goals: Goal[]
   elapsedS: number
 }
@@ -614,6 +623,7 @@ export async function runThroughput(options: ThroughputOptions): Promise<Through
     await engine.close()
     throw error
   }
+  const ortexWeights = [weightsOf('ortex', engine), weightsOf('ortex-blocking', blocking)].flatMap((x) => x ?? [])
   const naive = { ok: options.naive } as ThroughputReport['naive']
   let ref: Reference | null = null
   let refModel: ReferenceModel | null = null
@@ -738,9 +748,16 @@ export async function runThroughput(options: ThroughputOptions): Promise<Through
     summary: summarizeRounds(rows),
     naive,
     genai,
+    ortexWeights,
     goals: goals(rows, options.rounds),
     elapsedS: (performance.now() - started) / 1000,
   }
+}
+
+/** What the engine's load put on huge pages and into weight chunks (null without a model). */
+function weightsOf(system: OrtexWeights['system'], engine: BenchEngine): OrtexWeights | null {
+  const stats = engine.executorStats()
+  return stats === null ? null : { system, hugePageBytes: stats.hugePageBytes, weightChunkBytes: stats.weightChunkBytes }
 }
 
 async function drain(turn: BenchTurn): Promise<void> {

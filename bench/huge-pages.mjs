@@ -12,9 +12,8 @@
 // --off chunks: the baseline keeps the collapse but not the 2 MiB-aligned weight chunks
 //               (ORTEX_WEIGHT_CHUNKS=0), so only the aligned middles of glibc's blocks collapse.
 // Prints the medians and writes bench/out/huge-pages-off-OFF-cC.json.
-import { mkdirSync, writeFileSync } from 'node:fs'
 import { Engine } from '../dist/index.mjs'
-import { PROMPT, median, parseModelArgs } from './model-bench.mjs'
+import { PROMPT, median, mib, parseModelArgs, writeReport } from './model-bench.mjs'
 
 const BASELINE_ENV = { pages: 'ORTEX_HUGE_PAGES', chunks: 'ORTEX_WEIGHT_CHUNKS' }
 const { dir, values } = parseModelArgs('huge-pages.mjs', {
@@ -80,7 +79,7 @@ const report = {
 const label = { baseline: `${values.off} off`, huge: 'default' }
 for (const name of ['baseline', 'huge']) {
   console.log(
-    `${label[name].padEnd(10)} ${(report.hugePageBytes[name] / 2 ** 20).toFixed(0).padStart(4)} MiB on huge pages, ` +
+    `${label[name].padEnd(10)} ${mib(report.hugePageBytes[name]).padStart(4)} MiB on huge pages, ` +
       `${report.wallMsPerToken[name].toFixed(2)} ms/token wall, ${report.runMsPerStep[name].toFixed(2)} ms/step in the session run`,
   )
 }
@@ -88,7 +87,6 @@ const paired = report.pairedRatioBaselineOverHuge
 console.log(
   `paired (${label.baseline}) / default: wall ${paired.wall.toFixed(3)}, run ${paired.run.toFixed(3)} (${pairs} pairs, concurrency ${concurrency})`,
 )
-mkdirSync('bench/out', { recursive: true })
-writeFileSync(`bench/out/huge-pages-off-${values.off}-c${concurrency}.json`, `${JSON.stringify(report, null, 2)}\n`)
+writeReport(`huge-pages-off-${values.off}-c${concurrency}.json`, report)
 await baseline.close()
 await huge.close()

@@ -8,9 +8,8 @@
 //   node bench/kv-mapping.mjs .cache/models/bench-gqa [--concurrency 1,4,16] [--tokens 128] [--repeats 3] [--threads 2]
 //
 // Prints one line per (concurrency, mode) with per-step medians and writes bench/out/kv-mapping.json.
-import { mkdirSync, writeFileSync } from 'node:fs'
 import { Engine } from '../dist/index.mjs'
-import { PROMPT, parseModelArgs } from './model-bench.mjs'
+import { PROMPT, parseModelArgs, writeReport } from './model-bench.mjs'
 
 const { dir, values } = parseModelArgs('kv-mapping.mjs', { concurrency: '1,4,16', tokens: '128', repeats: '3', threads: '2' })
 
@@ -71,5 +70,4 @@ for (const concurrency of values.concurrency.split(',').map(Number)) {
     )
   }
 }
-mkdirSync(new URL('./out/', import.meta.url), { recursive: true })
-writeFileSync(new URL('./out/kv-mapping.json', import.meta.url), JSON.stringify({ dir, ...values, rows }, null, 2))
+writeReport('kv-mapping.json', { dir, ...values, rows })

@@ -6,7 +6,7 @@
 //   node bench/load-memory.mjs .cache/models/bench-gqa [--threads 2]
 import { readFileSync } from 'node:fs'
 import { Engine } from '../dist/index.mjs'
-import { parseModelArgs } from './model-bench.mjs'
+import { mib, parseModelArgs } from './model-bench.mjs'
 
 const { dir, values } = parseModelArgs('load-memory.mjs', { threads: '2' })
 
@@ -21,7 +21,6 @@ const before = residentMb()
 const engine = await Engine.load(dir, { intraOpThreads: Number(values.threads) })
 const after = residentMb()
 const stats = engine.executorStats()
-const mib = (bytes) => (bytes / 2 ** 20).toFixed(0)
 console.log(
   `resident ${before.rss} -> ${after.rss} MB (peak ${after.peak} MB); huge pages ${mib(stats.hugePageBytes)} MiB, ` +
     `weight chunks ${mib(stats.weightChunkBytes)} MiB` +

@@ -1,6 +1,8 @@
-// What the model-folder benchmark scripts (huge-pages.mjs, kv-mapping.mjs, step-overhead.mjs)
-// share: their command line (a model folder, then `--name value` options with defaults), the
-// prompt they generate from, and the median they report.
+// What the model-folder benchmark scripts (huge-pages.mjs, kv-mapping.mjs, load-memory.mjs,
+// step-overhead.mjs) share: their command line (a model folder, then `--name value` options with
+// defaults), the prompt they generate from, the median and MiB they report, and where their JSON
+// reports go.
+import { mkdirSync, writeFileSync } from 'node:fs'
 import { parseArgs } from 'node:util'
 
 export const PROMPT = 'The river starts as a thin line of water high in the hills. In the morning the air is cold and'
@@ -20,6 +22,18 @@ export function parseModelArgs(script, defaults) {
     process.exit(2)
   }
   return { dir, values }
+}
+
+/** `bytes` in whole MiB, as text. */
+export function mib(bytes) {
+  return (bytes / 2 ** 20).toFixed(0)
+}
+
+/** Writes `report` as JSON to bench/out/`file` (beside this script, whatever the working directory). */
+export function writeReport(file, report) {
+  const out = new URL('./out/', import.meta.url)
+  mkdirSync(out, { recursive: true })
+  writeFileSync(new URL(file, out), `${JSON.stringify(report, null, 2)}\n`)
 }
 
 /** The median; the mean of the middle two for an even count. */

@@ -13,9 +13,8 @@
 //   node bench/step-overhead.mjs .cache/models/bench-gqa [--rounds 8] [--tokens 128] [--threads 2]
 //
 // Prints the medians and writes bench/out/step-overhead.json.
-import { mkdirSync, writeFileSync } from 'node:fs'
 import { Engine } from '../dist/index.mjs'
-import { PROMPT, median, parseModelArgs } from './model-bench.mjs'
+import { PROMPT, median, parseModelArgs, writeReport } from './model-bench.mjs'
 
 const { dir, values } = parseModelArgs('step-overhead.mjs', { rounds: '8', tokens: '128', threads: '2' })
 const rounds = Number(values.rounds)
@@ -89,8 +88,4 @@ for (const way of ways) {
       `executor outside the run ${s.executorOutsideRunUs.toFixed(0).padStart(3)}`,
   )
 }
-mkdirSync('bench/out', { recursive: true })
-writeFileSync(
-  'bench/out/step-overhead.json',
-  JSON.stringify({ model: dir, rounds, tokens, threads: Number(values.threads), summary, results }, null, 2),
-)
+writeReport('step-overhead.json', { model: dir, rounds, tokens, threads: Number(values.threads), summary, results })

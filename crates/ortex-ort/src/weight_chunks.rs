@@ -28,7 +28,7 @@
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
-use std::ffi::{c_void, CStr};
+use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
@@ -336,14 +336,14 @@ unsafe extern "system" fn ort_info(_this: *const OrtAllocator) -> *const OrtMemo
 
 /// Registers the allocator in the environment (once per process). An error (an ONNX Runtime
 /// without the call, say) leaves sessions on ONNX Runtime's own allocator.
-pub fn register(environment: &Environment) -> Result<(), String> {
+pub fn register(environment: &Environment) -> ort::Result<()> {
     let api = ort::api();
     let mut info: *mut OrtMemoryInfo = std::ptr::null_mut();
     // SAFETY: plain ONNX Runtime calls with valid out-pointers; the info and the table are leaked
     // on success, so they outlive every session that uses them. The table's version is 17 (the
     // ort-sys headers): ONNX Runtime reads no field past `Info` below 18.
     unsafe {
-        check((api.CreateCpuMemoryInfo)(
+        ort::Error::result_from_status((api.CreateCpuMemoryInfo)(
             OrtAllocatorType::OrtDeviceAllocator,
             OrtMemType::OrtMemTypeDefault,
             &mut info,
@@ -359,21 +359,8 @@ pub fn register(environment: &Environment) -> Result<(), String> {
             drop(Box::from_raw(allocator));
             (api.ReleaseMemoryInfo)(info);
         }
-        check((api.RegisterAllocator)(environment.ptr().cast_mut(), registered.allocator))
+        ort::Error::result_from_status((api.RegisterAllocator)(environment.ptr().cast_mut(), registered.allocator))
     }
-}
-
-/// # Safety
-/// `status` is null or an ONNX Runtime status this call may release.
-unsafe fn check(status: ort::sys::OrtStatusPtr) -> Result<(), String> {
-    let status = status.0;
-    if status.is_null() {
-        return Ok(());
-    }
-    let api = ort::api();
-    let message = CStr::from_ptr((api.GetErrorMessage)(status)).to_string_lossy().into_owned();
-    (api.ReleaseStatus)(status);
-    Err(message)
 }
 
 /// Every chunk is 2 MiB aligned, apart from the others, holds what was cut from it, and is

@@ -47,7 +47,7 @@ function writeEsmWrappers(): void {
 
 export default defineConfig([
   {
-    entry: { ...ENTRY_POINTS, cli: 'ts/cli.ts' },
+    entry: { ...ENTRY_POINTS, cli: 'ts/cli/main.ts' },
     format: ['cjs'],
     outDir: 'dist',
     // A devDependency that the model tooling may reach (the reference loop): never bundle its

@@ -14,8 +14,8 @@ What it does:
     `tokenizers` library (the Rust crate ortex uses) loads tokenizer.json and encodes the same ids;
  3. generates --max-new tokens greedily (stopping after an EOS token, like the reference loop);
  4. runs the same plain loop on onnxruntime's Python API (batch 1, present fed back as past);
- 5. compares with ortex's JS reference loop (ts/model/reference.ts): the tokens given by --expect /
-    --expect-file, else computed by bundling ts/model/reference-cli.ts with esbuild and running it
+ 5. compares with ortex's JS reference loop (test/reference/reference.ts): the tokens given by --expect /
+    --expect-file, else computed by bundling test/reference/cli.ts with esbuild and running it
     in node (skipped with --no-node); also compares the JS tokenizer's encoding of the text.
 Exit status 0 when everything that ran agrees, 1 on a mismatch, 2 on a usage or load error.
 """
@@ -54,7 +54,7 @@ def genai_generate(og, model, prompt: list[int], max_new: int, eos: set[int]) ->
 
 
 def ort_generate(model_dir: Path, cfg: dict, prompt: list[int], max_new: int, eos: set[int]) -> list[int]:
-    """The plain loop of ts/model/reference.ts (naiveGenerate) on onnxruntime's Python API."""
+    """The plain loop of test/reference/reference.ts (naiveGenerate) on onnxruntime's Python API."""
     import numpy as np
     import onnxruntime as ort
 
@@ -98,7 +98,7 @@ def node_reference(model_dir: Path, prompt: list[int], text: str, max_new: int) 
         print("  (node_modules/.bin/esbuild missing: run npm install; skipping the JS reference)")
         return None
     bundle.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.check_call([str(esbuild), str(ROOT / "ts" / "model" / "reference-cli.ts"), "--bundle", "--platform=node",
+    subprocess.check_call([str(esbuild), str(ROOT / "test" / "reference" / "cli.ts"), "--bundle", "--platform=node",
                            "--format=esm", "--external:onnxruntime-node", "--log-level=warning",
                            f"--outfile={bundle}"], cwd=ROOT)
     res = subprocess.run(["node", str(bundle), str(model_dir), "--tokens", ",".join(map(str, prompt)),

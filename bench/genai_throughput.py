@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""onnxruntime-genai's side of the throughput benchmark (bench/throughput.ts, ts/bench/throughput.ts).
+"""onnxruntime-genai's side of the throughput benchmark (bench/throughput/).
 
     python3 bench/genai_throughput.py --spec SPEC.json
 
@@ -85,7 +85,7 @@ def fail(message: str) -> None:
 
 
 def percentile(values: list[float], p: float) -> float | None:
-    """Nearest-rank percentile, as ts/bench/stats.ts computes it."""
+    """Nearest-rank percentile, as bench/throughput/stats.ts computes it."""
     if not values:
         return None
     s = sorted(values)

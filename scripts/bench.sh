@@ -15,4 +15,4 @@ esbuild bench/facade-events.ts bench/out/facade-events.mjs && node bench/out/fac
 echo "== full-duplex latency"
 esbuild bench/duplex-latency.ts bench/out/duplex-latency.mjs && node bench/out/duplex-latency.mjs
 echo "== throughput on a real model (ortex vs naive onnxruntime-node loop vs onnxruntime-genai)"
-esbuild bench/throughput.ts bench/out/throughput.mjs && node bench/out/throughput.mjs "$@"
+esbuild bench/throughput/main.ts bench/out/throughput.mjs && node bench/out/throughput.mjs "$@"

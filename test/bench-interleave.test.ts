@@ -1,9 +1,9 @@
-// The throughput benchmark's concurrency-1 interleaving (ts/bench/throughput.ts): every system runs
+// The throughput benchmark's concurrency-1 interleaving (bench/throughput/throughput.ts): every system runs
 // every request once, in orders that vary, and each system's requests are laid end to end.
 
 import { describe, expect, it } from 'vitest'
 
-import { type SoloSystem, type Workload, runInterleavedSolo, turnOrder } from '../ts/bench/throughput'
+import { type SoloSystem, type Workload, runInterleavedSolo, turnOrder } from '../bench/throughput/throughput'
 
 describe('turnOrder', () => {
   it('runs every system once per request, in every position, after different systems', () => {

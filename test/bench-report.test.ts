@@ -1,10 +1,10 @@
-// The throughput benchmark's text report (ts/bench/report.ts): a goal's printed value agrees with
+// The throughput benchmark's text report (bench/throughput/report.ts): a goal's printed value agrees with
 // its verdict, and ortex's engines say how much of their weights went on huge pages.
 
 import { describe, expect, it } from 'vitest'
 
-import { formatTable } from '../ts/bench/report'
-import type { Goal, Row, ThroughputReport } from '../ts/bench/throughput'
+import { formatTable } from '../bench/throughput/report'
+import type { Goal, Row, ThroughputReport } from '../bench/throughput/throughput'
 
 function report(goals: Goal[], summary: Row[] = [], ortexWeights: ThroughputReport['ortexWeights'] = []): ThroughputReport {
   return {

@@ -33,7 +33,7 @@ describe('ortex --help', () => {
       expect(run.stderr).toBe('')
       expect(run.stdout).toContain('Usage:')
     }
-    for (const command of ['generate', 'serve', 'make-model']) expect(listed, command).toContain(command)
+    expect([...listed].sort()).toEqual(['generate', 'make-model', 'serve'])
   })
 
   it('prints the version', () => {
@@ -42,9 +42,8 @@ describe('ortex --help', () => {
     expect(run.stdout.trim()).toBe(JSON.parse(readFileSync(path.join(repo, 'package.json'), 'utf8')).version)
   })
 
-  for (const command of ['generate', 'serve', 'make-model', 'bench']) {
-    // `bench` is checked once `ortex --help` lists it (it lands with the benchmarks).
-    it.skipIf(!listed.has(command))(`${command} --help prints its usage and exits 0`, () => {
+  for (const command of ['generate', 'serve', 'make-model']) {
+    it(`${command} --help prints its usage and exits 0`, () => {
       for (const flag of ['--help', '-h']) {
         const run = ortex(command, flag)
         expect(run.status).toBe(0)
@@ -66,8 +65,8 @@ describe('wrong invocations: one line on stderr, a non-zero exit status', () => 
     { args: ['generate', '--simulated', 'extra'], status: 2, message: /Unexpected argument 'extra'/ },
     { args: ['generate', '--model', missing], status: 1, message: /MODEL_LOAD: model folder ".*no-such-model" does not exist/ },
     { args: ['generate', '--model', scratch], status: 1, message: /MODEL_LOAD: .* has no genai_config\.json/ },
-    { args: ['generate', '--simulated', '--max-tokens', 'abc'], status: 2, message: /--max-tokens must be an integer, got "abc"/ },
-    { args: ['generate', '--simulated', '--max-tokens', '0'], status: 2, message: /--max-tokens must be in \[1, / },
+    { args: ['generate', '--simulated', '--max-tokens', 'abc'], status: 2, message: /--max-tokens must be an integer in \[1, \d+\], got "abc"/ },
+    { args: ['generate', '--simulated', '--max-tokens', '0'], status: 2, message: /--max-tokens must be an integer in \[1, \d+\], got "0"/ },
     { args: ['generate', '--simulated', '--concurrency', '1e3'], status: 2, message: /--concurrency must be an integer/ },
     { args: ['generate', '--simulated', '--concurrency', '-1'], status: 2, message: /'--concurrency' argument is ambiguous/ },
     { args: ['generate', '--simulated', '--temperature=-1'], status: 2, message: /--temperature must be a number >= 0/ },
@@ -80,13 +79,6 @@ describe('wrong invocations: one line on stderr, a non-zero exit status', () => 
     { args: ['serve', '--bogus'], status: 2, message: /Unknown option '--bogus'; see ortex serve --help/ },
     { args: ['serve', '--simulated', '--port', '99999'], status: 2, message: /--port must be an integer in \[0, 65535\]/ },
     { args: ['serve'], status: 2, message: /give --model DIR or --simulated/ },
-    ...(listed.has('bench')
-      ? [
-          { args: ['bench', '--bogus'], status: 2, message: /Unknown option '--bogus'; see ortex bench --help/ },
-          { args: ['bench', '--concurrency', '2'], status: 2, message: /--concurrency must list some of 1,4,16, got "2"/ },
-          { args: ['bench', '--concurrency', '1,,16'], status: 2, message: /--concurrency must list some of 1,4,16/ },
-        ]
-      : []),
   ]
   for (const { args, status, message } of cases) {
     it(`ortex ${args.map((a) => a.replace(scratch, '$TMP')).join(' ')}`, () => {

@@ -1,5 +1,5 @@
 // The engine on real ONNX models (crates/ortex-ort through the native addon), over tiny models
-// generated at test time in both attention forms. The ground truth is ts/model/reference.ts's
+// generated at test time in both attention forms. The ground truth is test/reference/reference.ts's
 // plain single-request loop on onnxruntime-node: no paging, no batching.
 
 import { spawnSync } from 'node:child_process'
@@ -8,8 +8,8 @@ import { tmpdir } from 'node:os'
 import { join, resolve } from 'node:path'
 import { Engine, OrtexError } from 'ortex'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { makeModel } from '../../ts/model/make-model'
-import { ReferenceModel, naiveGenerate } from '../../ts/model/reference'
+import { makeModel } from '../../ts/modelkit/make-model'
+import { ReferenceModel, naiveGenerate } from '../reference/reference'
 
 const FORMS = ['mha', 'gqa'] as const
 type Form = (typeof FORMS)[number]

@@ -1,4 +1,4 @@
-// The model generator (ts/model/make-model.ts): folder layout, determinism, genai_config.json,
+// The model generator (ts/modelkit/make-model.ts): folder layout, determinism, genai_config.json,
 // tokenizer.json, the ONNX graph's signature. Tiny models only, generated into a temp dir.
 
 import { createHash } from 'node:crypto'
@@ -7,10 +7,10 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import onnxProto from 'onnx-proto'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { readModelConfig } from '../../ts/model/genai-config'
-import { countParameters } from '../../ts/model/llama'
-import { DATA_FILE, MODEL_FILE, SIZES, makeModel, type ModelSummary } from '../../ts/model/make-model'
-import { ByteLevelBpe, BYTE_TO_CHAR, trainBpe } from '../../ts/model/tokenizer'
+import { readModelConfig } from '../../ts/modelkit/genai-config'
+import { countParameters } from '../../ts/modelkit/llama'
+import { DATA_FILE, MODEL_FILE, SIZES, makeModel, type ModelSummary } from '../../ts/modelkit/make-model'
+import { ByteLevelBpe, BYTE_TO_CHAR, trainBpe } from '../../ts/modelkit/tokenizer'
 
 const { onnx } = onnxProto
 const FILES = ['genai_config.json', MODEL_FILE, DATA_FILE, 'tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json']

@@ -1,4 +1,4 @@
-// The reference loop (ts/model/reference.ts) on onnxruntime-node over tiny generated models, and
+// The reference loop (test/reference/reference.ts) on onnxruntime-node over tiny generated models, and
 // the padding contract the engine's executor relies on (docs/model-format.md): batched rows with
 // different past lengths equal each row alone, for both attention forms.
 
@@ -7,8 +7,8 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import ort from 'onnxruntime-node'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { layerName } from '../../ts/model/genai-config'
-import { makeModel } from '../../ts/model/make-model'
+import { layerName } from '../../ts/modelkit/genai-config'
+import { makeModel } from '../../ts/modelkit/make-model'
 import {
   ReferenceModel,
   argmax,
@@ -17,7 +17,7 @@ import {
   naiveGenerate,
   referenceGenerate,
   type KvCache,
-} from '../../ts/model/reference'
+} from '../reference/reference'
 
 const FORMS = ['mha', 'gqa'] as const
 const PROMPTS = [

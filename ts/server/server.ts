@@ -15,7 +15,6 @@
 
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto'
 import type { AddressInfo } from 'node:net'
-import { parseArgs } from 'node:util'
 
 import type { RawData, WebSocket, WebSocketServer } from 'ws'
 
@@ -59,7 +58,7 @@ export interface DuplexServerOptions {
   now?: () => number
 }
 
-const DEFAULT_PORT = 8787
+export const DEFAULT_PORT = 8787
 const DEFAULT_MAX_MESSAGE_BYTES = 65_536
 const DEFAULT_SWEEP_INTERVAL_MS = 1000
 const DEFAULT_TURN: TurnOptions = { maxGeneratedTokens: 256 }
@@ -417,103 +416,4 @@ export async function startDuplexServer(engine: Engine, options?: DuplexServerOp
   })
   engine.start()
   return new DuplexServer(wss, manager, maxMessageBytes, turn, sweepIntervalMs)
-}
-
-// ---- the `ortex serve` command -------------------------------------------------------------------
-
-export const SERVE_HELP = `Usage: ortex serve (--model DIR | --simulated) [options]
-
-Serves full-duplex sessions over WebSocket (protocol: docs/duplex-protocol.md).
-
-Options:
-  --model DIR              an ONNX model folder (genai_config.json, model.onnx, tokenizer.json)
-  --simulated              the deterministic simulated model
-  --port N                 TCP port (default ${DEFAULT_PORT}; 0 picks a free one)
-  --host ADDR              address to listen on (default 127.0.0.1)
-  --max-sessions N         sessions at once (default unlimited)
-  --disconnect-grace-ms N  how long a dropped session waits for a resume (default 30000)
-  --idle-ttl-ms N          idle sessions expire after this (default 300000; 0 disables)
-  --max-output-tokens N    tokens per response unless a client asks otherwise (default 256)
-  --seed N                 the simulated model's seed (default 0)
-  --backend NAME           'native' (default) or 'wasm' (simulated model only)
-  -h, --help               show this help
-`
-
-/** What cli.ts hands over: the two Engine classes and its usage-error constructor. */
-export interface ServeCommandContext {
-  native: typeof Engine
-  wasm: typeof Engine
-  usageError: (message: string) => Error
-}
-
-/** `ortex serve ...`: runs until SIGINT / SIGTERM. */
-export async function runServeCommand(argv: string[], context: ServeCommandContext): Promise<void> {
-  const { values } = parseArgs({
-    args: argv,
-    strict: true,
-    allowPositionals: false,
-    options: {
-      model: { type: 'string' },
-      simulated: { type: 'boolean' },
-      port: { type: 'string' },
-      host: { type: 'string' },
-      'max-sessions': { type: 'string' },
-      'disconnect-grace-ms': { type: 'string' },
-      'idle-ttl-ms': { type: 'string' },
-      'max-output-tokens': { type: 'string' },
-      seed: { type: 'string' },
-      backend: { type: 'string' },
-      help: { type: 'boolean', short: 'h' },
-    },
-  })
-  if (values.help) {
-    process.stdout.write(SERVE_HELP)
-    return
-  }
-  const usage = context.usageError
-  if (values.model !== undefined && values.simulated) throw usage('give either --model or --simulated, not both')
-  if (values.model === undefined && !values.simulated) throw usage('give --model DIR or --simulated')
-  const backend = values.backend ?? 'native'
-  if (backend !== 'native' && backend !== 'wasm') throw usage(`--backend must be 'native' or 'wasm', got ${JSON.stringify(backend)}`)
-  const flag = (name: string, value: string | undefined, min: number, max: number): number | undefined => {
-    if (value === undefined) return undefined
-    const n = Number(value)
-    if (!/^\d+$/.test(value) || !Number.isSafeInteger(n) || n < min || n > max) {
-      throw usage(`--${name} must be an integer in [${min}, ${max}], got ${JSON.stringify(value)}`)
-    }
-    return n
-  }
-  const port = flag('port', values.port, 0, 65_535) ?? DEFAULT_PORT
-  const maxSessions = flag('max-sessions', values['max-sessions'], 1, 1 << 20)
-  const disconnectGraceMs = flag('disconnect-grace-ms', values['disconnect-grace-ms'], 1, Number.MAX_SAFE_INTEGER)
-  const idleTtl = flag('idle-ttl-ms', values['idle-ttl-ms'], 0, Number.MAX_SAFE_INTEGER)
-  const maxOutputTokens = flag('max-output-tokens', values['max-output-tokens'], 1, 1 << 24) ?? 256
-  const seed = flag('seed', values.seed, 0, Number.MAX_SAFE_INTEGER) ?? 0
-  const EngineClass = backend === 'wasm' ? context.wasm : context.native
-  const engine =
-    values.model !== undefined
-      ? await EngineClass.load(values.model)
-      : EngineClass.simulated({ seed, eosProbability: 0.02, maxBatchSize: 64 })
-  const server = await startDuplexServer(engine, {
-    port,
-    host: values.host ?? '127.0.0.1',
-    maxSessions,
-    disconnectGraceMs,
-    idleTtlMs: idleTtl === undefined ? undefined : idleTtl === 0 ? null : idleTtl,
-    turn: { maxGeneratedTokens: maxOutputTokens },
-  })
-  const model = values.model === undefined ? `simulated model, ${engine.backend}` : values.model
-  process.stdout.write(`ortex serve: listening on ${server.url} (${model})\n`)
-  await new Promise<void>((resolve) => {
-    const stop = (): void => {
-      process.off('SIGINT', stop)
-      process.off('SIGTERM', stop)
-      resolve()
-    }
-    process.on('SIGINT', stop)
-    process.on('SIGTERM', stop)
-  })
-  process.stdout.write('ortex serve: shutting down\n')
-  await server.close()
-  await engine.close()
 }

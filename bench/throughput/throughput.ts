@@ -1,6 +1,6 @@
 // The throughput benchmark: aggregate tokens per second, time to first token and inter-token
 // latency of ortex on a real model folder, side by side in one run with
-//   (a) the naive per-request loop on onnxruntime-node (ts/model/reference.ts naiveGenerate: batch
+//   (a) the naive per-request loop on onnxruntime-node (test/reference/reference.ts naiveGenerate: batch
 //       1, present fed back as past), several of them interleaved on one session as a JavaScript
 //       server would run them, and
 //   (b) onnxruntime-genai's Python API over the same folder (bench/genai_throughput.py, its own
@@ -19,7 +19,7 @@
 // on its own clock), at C = 4 and 16 configuration by configuration. onnxruntime-genai runs in one
 // Python process for the whole benchmark (loaded once, driven by commands).
 //
-// Used by bench/throughput.ts (the program) and `ortex bench` (ts/bench/command.ts); the engine
+// Used by bench/throughput/main.ts (the program, through command.ts); the engine
 // class is passed in, so this module never loads a backend itself.
 
 import { type ChildProcessWithoutNullStreams, spawn } from 'node:child_process'
@@ -28,7 +28,7 @@ import * as os from 'node:os'
 import { join } from 'node:path'
 import { createInterface } from 'node:readline'
 
-import type { ExecutorStats } from '../types'
+import type { ExecutorStats } from '../../ts/types'
 import { type RequestRecord, type RunSummary, summarize } from './stats'
 
 /** What the benchmark needs of an Engine (the package's, or the sources' under the CLI). */
@@ -260,11 +260,11 @@ function executorShare(before: ExecutorStats, after: ExecutorStats, wallMs: numb
 
 // ---- the naive loop ----------------------------------------------------------------------------
 
-type Reference = typeof import('../model/reference')
-type ReferenceModel = import('../model/reference').ReferenceModel
+type Reference = typeof import('../../test/reference/reference')
+type ReferenceModel = import('../../test/reference/reference').ReferenceModel
 
 /**
- * Loads ts/model/reference.ts (and with it onnxruntime-node) on first use. It imports
+ * Loads test/reference/reference.ts (and with it onnxruntime-node) on first use. It imports
  * onnxruntime-node's default export: Node's ESM loader gives a CommonJS package's module.exports
  * there, but the CommonJS build of the CLI (dist/cli.js) takes `default` from the package, which,
  * compiled TypeScript marked __esModule, has none. Under CommonJS the package gets a `default`
@@ -275,9 +275,9 @@ async function loadReference(): Promise<Reference> {
     const ortModule = require('onnxruntime-node') as Record<string, unknown>
     if (ortModule.default === undefined) Object.defineProperty(ortModule, 'default', { value: ortModule })
   } catch {
-    // ESM (bench/throughput.ts's bundle): no require, and the default import works as it is.
+    // ESM (bench/throughput/main.ts's bundle): no require, and the default import works as it is.
   }
-  return import('../model/reference')
+  return import('../../test/reference/reference')
 }
 
 async function runNaive(ref: Reference, model: ReferenceModel, w: Workload, concurrency: number, round: number): Promise<Row> {

@@ -11,7 +11,7 @@
 import ort from 'onnxruntime-node'
 import type { InferenceSession, Tensor } from 'onnxruntime-node'
 import { join } from 'node:path'
-import { layerName, readModelConfig, type ModelConfig } from './genai-config'
+import { layerName, readModelConfig, type ModelConfig } from '../../ts/modelkit/genai-config'
 
 export interface ReferenceLoadOptions {
   /** ONNX Runtime intra-op threads; default 1. */

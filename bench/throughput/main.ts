@@ -1,9 +1,9 @@
 // Throughput on a real model: ortex against a naive onnxruntime-node loop and onnxruntime-genai,
-// at concurrency 1, 4 and 16 with staggered arrivals (ts/bench/throughput.ts; docs/performance.md,
-// "Throughput on a real model"). The same program as `ortex bench`, run on the built package.
+// at concurrency 1, 4 and 16 with staggered arrivals (throughput.ts; docs/performance.md,
+// "Throughput on a real model"), run on the built package (npm run bench runs it).
 //
 // Build first (npm run build), then from the repository root:
-//   npx esbuild bench/throughput.ts --bundle --platform=node --format=esm --external:ortex \
+//   npx esbuild bench/throughput/main.ts --bundle --platform=node --format=esm --external:ortex \
 //     --external:onnxruntime-node --outfile=bench/out/throughput.mjs \
 //     && node bench/out/throughput.mjs [--quick] [--model DIR] [--no-genai] [--no-naive]
 // The default model is .cache/models/bench-gqa (made when absent). Prints a table and the goals,
@@ -12,7 +12,7 @@
 import { fileURLToPath } from 'node:url'
 import { Engine } from 'ortex'
 
-import { runBenchCommand } from '../ts/bench/command'
+import { runBenchCommand } from './command'
 
 class UsageError extends Error {}
 

@@ -1,7 +1,6 @@
-// `ortex bench` (and bench/throughput.ts, which calls the same function): the throughput benchmark
-// on a model folder (ts/bench/throughput.ts), progress on stderr, the table and the goals on
-// stdout, a JSON report and an SVG chart on disk. The CLI imports this module only when the command
-// runs.
+// The throughput benchmark's command line (bench/throughput/main.ts runs it): the benchmark
+// on a model folder (throughput.ts), progress on stderr, the table and the goals on
+// stdout, a JSON report and an SVG chart on disk. 
 
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs'
 import { dirname, join, resolve } from 'node:path'
@@ -12,7 +11,7 @@ import { type BenchEngineClass, CONCURRENCIES, runThroughput } from './throughpu
 
 export const DEFAULT_BENCH_MODEL = '.cache/models/bench-gqa'
 
-export const BENCH_HELP = `Usage: ortex bench [--model DIR] [--quick] [options]
+export const BENCH_HELP = `Usage: node bench/out/throughput.mjs [--model DIR] [--quick] [options]   (npm run bench runs it)
 
 Measures aggregate tokens per second, time to first token and inter-token latency (p50/p99) at
 concurrency 1, 4 and 16 (staggered arrivals, greedy, EOS ignored, the same prompts and token counts
@@ -131,7 +130,7 @@ function progressWriter(): (line: string) => void {
 async function ensureModel(dir: string, progress: (line: string) => void): Promise<void> {
   if (existsSync(join(dir, 'genai_config.json'))) return
   progress(`making the bench model in ${dir} (ortex make-model --size bench --attention gqa)`)
-  const { makeModel } = await import('../model/make-model')
+  const { makeModel } = await import('../../ts/modelkit/make-model')
   const summary = await makeModel({ outDir: dir, size: 'bench', attention: 'gqa' })
   progress(`made ${summary.parameters.toLocaleString('en-US')} parameters in ${(summary.elapsedMs / 1000).toFixed(1)} s`)
 }

@@ -1,6 +1,6 @@
 // A small command around the reference loop, for bench/check_genai.py and manual checks:
 //
-//   npx esbuild ts/model/reference-cli.ts --bundle --platform=node --format=esm \
+//   npx esbuild test/reference/cli.ts --bundle --platform=node --format=esm \
 //     --external:onnxruntime-node --outfile=.cache/reference-cli.mjs
 //   node .cache/reference-cli.mjs MODEL_DIR [--tokens 1,2,3] [--text "..."] [--max-new 16] [--ignore-eos]
 //
@@ -11,7 +11,7 @@
 import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { referenceGenerate } from './reference'
-import { ByteLevelBpe } from './tokenizer'
+import { ByteLevelBpe } from '../../ts/modelkit/tokenizer'
 
 async function main(argv: string[]): Promise<void> {
   const dir = argv[0]

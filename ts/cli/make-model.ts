@@ -1,0 +1,59 @@
+// `ortex make-model`: writes a deterministic random-weight model folder (ts/modelkit/make-model.ts,
+// docs/model-format.md) with a progress bar on stderr. The generator is imported only when the
+// command runs, so the other commands never load it.
+
+import { parseArgs } from 'node:util'
+
+import { UsageError, choiceFlag, integerFlag, progressBar } from './args'
+
+export const MAKE_MODEL_HELP = `Usage: ortex make-model --out DIR [--size tiny|bench] [--attention mha|gqa] [--seed N]
+
+Writes a deterministic random-weight Llama-style model folder (genai_config.json, model.onnx,
+model.onnx.data, tokenizer.json) that ortex and onnxruntime-genai load. The same size, attention
+and seed always give the same bytes.
+
+Options:
+  --out DIR            the folder to write (created if missing; our files in it are overwritten)
+  --size NAME          'tiny' (default: 0.16M parameters, under 1 MB, for tests) or 'bench'
+                       (62M parameters, 250 MB, for benchmarks)
+  --attention NAME     'gqa' (default: com.microsoft.GroupQueryAttention, as onnxruntime-genai's
+                       builder emits for CPU) or 'mha' (plain ONNX operators)
+  --seed N             the weights' seed, an integer in [0, 4294967295] (default 0)
+  -h, --help           show this help
+`
+
+export async function runMakeModelCommand(argv: string[]): Promise<void> {
+  const { values } = parseArgs({
+    args: argv,
+    strict: true,
+    allowPositionals: false,
+    options: {
+      out: { type: 'string' },
+      size: { type: 'string' },
+      attention: { type: 'string' },
+      seed: { type: 'string' },
+      help: { type: 'boolean', short: 'h' },
+    },
+  })
+  if (values.help) {
+    process.stdout.write(MAKE_MODEL_HELP)
+    return
+  }
+  if (values.out === undefined || values.out === '') throw new UsageError('give --out DIR')
+  const size = choiceFlag('size', values.size, ['tiny', 'bench'] as const)
+  const attention = choiceFlag('attention', values.attention, ['mha', 'gqa'] as const)
+  const seed = integerFlag('seed', values.seed, undefined, 0, 0xffffffff)
+  const { makeModel } = await import('../modelkit/make-model')
+  const bar = progressBar('weights')
+  let summary
+  try {
+    summary = await makeModel({ outDir: values.out, size, attention, seed, onProgress: (done, total) => bar.update(done, total) })
+  } finally {
+    bar.end()
+  }
+  process.stdout.write(
+    `${summary.outDir}: ${summary.size} ${summary.attention} seed ${summary.seed}, ` +
+      `${summary.parameters.toLocaleString('en-US')} parameters, ${(summary.totalBytes / 1e6).toFixed(2)} MB ` +
+      `in ${(summary.elapsedMs / 1000).toFixed(1)} s\n`,
+  )
+}

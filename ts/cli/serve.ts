@@ -1,0 +1,82 @@
+// `ortex serve`: the WebSocket server of docs/duplex-protocol.md over a model folder or the
+// simulated model, until SIGINT / SIGTERM.
+
+import { parseArgs } from 'node:util'
+
+import { DEFAULT_PORT, startDuplexServer } from '../server/server'
+import { ENGINE_FLAGS, engineChoice, integerFlag, openEngine } from './args'
+
+export const SERVE_HELP = `Usage: ortex serve (--model DIR | --simulated) [options]
+
+Serves full-duplex sessions over WebSocket (protocol: docs/duplex-protocol.md).
+
+Options:
+  --model DIR              an ONNX model folder (genai_config.json, model.onnx, tokenizer.json)
+  --simulated              the deterministic simulated model
+  --port N                 TCP port (default ${DEFAULT_PORT}; 0 picks a free one)
+  --host ADDR              address to listen on (default 127.0.0.1)
+  --max-sessions N         sessions at once (default unlimited)
+  --disconnect-grace-ms N  how long a dropped session waits for a resume (default 30000)
+  --idle-ttl-ms N          idle sessions expire after this (default 300000; 0 disables)
+  --max-output-tokens N    tokens per response unless a client asks otherwise (default 256)
+  --seed N                 the simulated model's seed (default 0)
+  --backend NAME           'native' (default) or 'wasm' (simulated model only)
+  -h, --help               show this help
+`
+
+/** Resolves on the first SIGINT or SIGTERM. */
+function untilSignal(): Promise<void> {
+  return new Promise<void>((resolve) => {
+    const stop = (): void => {
+      process.off('SIGINT', stop)
+      process.off('SIGTERM', stop)
+      resolve()
+    }
+    process.on('SIGINT', stop)
+    process.on('SIGTERM', stop)
+  })
+}
+
+/** `ortex serve ...`: runs until SIGINT / SIGTERM. */
+export async function runServeCommand(argv: string[]): Promise<void> {
+  const { values } = parseArgs({
+    args: argv,
+    strict: true,
+    allowPositionals: false,
+    options: {
+      ...ENGINE_FLAGS,
+      port: { type: 'string' },
+      host: { type: 'string' },
+      'max-sessions': { type: 'string' },
+      'disconnect-grace-ms': { type: 'string' },
+      'idle-ttl-ms': { type: 'string' },
+      'max-output-tokens': { type: 'string' },
+      help: { type: 'boolean', short: 'h' },
+    },
+  })
+  if (values.help) {
+    process.stdout.write(SERVE_HELP)
+    return
+  }
+  const choice = engineChoice(values)
+  const port = integerFlag('port', values.port, DEFAULT_PORT, 0, 65_535)
+  const maxSessions = integerFlag('max-sessions', values['max-sessions'], undefined, 1, 1 << 20)
+  const disconnectGraceMs = integerFlag('disconnect-grace-ms', values['disconnect-grace-ms'], undefined, 1, Number.MAX_SAFE_INTEGER)
+  const idleTtl = integerFlag('idle-ttl-ms', values['idle-ttl-ms'], undefined, 0, Number.MAX_SAFE_INTEGER)
+  const maxOutputTokens = integerFlag('max-output-tokens', values['max-output-tokens'], 256, 1, 1 << 24)
+  const engine = await openEngine(choice, {}, { eosProbability: 0.02, maxBatchSize: 64 })
+  const server = await startDuplexServer(engine, {
+    port,
+    host: values.host ?? '127.0.0.1',
+    maxSessions,
+    disconnectGraceMs,
+    idleTtlMs: idleTtl === undefined ? undefined : idleTtl === 0 ? null : idleTtl,
+    turn: { maxGeneratedTokens: maxOutputTokens },
+  })
+  const model = choice.model === undefined ? `simulated model, ${engine.backend}` : choice.model
+  process.stdout.write(`ortex serve: listening on ${server.url} (${model})\n`)
+  await untilSignal()
+  process.stdout.write('ortex serve: shutting down\n')
+  await server.close()
+  await engine.close()
+}

@@ -17,7 +17,7 @@ use crate::rng::{hash2, Rng};
 use crate::sampling;
 use crate::scheduler::{PlanInput, PlanReport, Scheduler};
 use crate::sim::SimExecutor;
-use crate::text::{SimText, TextCodec};
+use crate::text::{ClosedCodec, SimText, TextCodec};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct EngineStats {
@@ -378,10 +378,12 @@ impl Engine {
     pub fn run_commit(&mut self, transaction: Transaction, out: &mut [i32], capacity: usize) -> usize {
         let Transaction { plan, output, executor, result } = transaction;
         assert_eq!(self.in_flight, Some(plan.step), "a transaction returned to the wrong engine state");
-        self.executor = Some(executor);
         self.in_flight = None;
         self.stats.steps += 1;
-        self.stats.virtual_time_us = self.executor.as_ref().map_or(0, |e| e.virtual_time_us());
+        self.stats.virtual_time_us = executor.virtual_time_us();
+        // A closed engine keeps nothing of its model: the executor (its KV storage, a real model's
+        // session and threads) goes as soon as the step that carried it returns.
+        self.executor = (!self.closed).then_some(executor);
         match result.expect("a transaction is executed before it is committed") {
             Ok(()) if output.matches(plan.sampled_rows()) => self.commit_rows(&plan, &output),
             Ok(()) => {
@@ -397,6 +399,7 @@ impl Engine {
             }
         }
         self.spare = Some((plan, output));
+        self.drop_stale_staged();
         self.release_closed();
         if self.closed {
             self.staged.clear();
@@ -414,7 +417,9 @@ impl Engine {
         self.in_flight.is_some() || !self.retained.is_empty() || self.requests.values().any(Request::needs_compute)
     }
 
-    /// Closes every request; afterwards only `close` and `close_request` are accepted.
+    /// Closes every request and releases the model (the executor with its KV storage, and the
+    /// text codec) at once, or when the step in flight returns; afterwards only `close` and
+    /// `close_request` are accepted.
     pub fn close(&mut self) {
         if self.closed {
             return;
@@ -424,6 +429,13 @@ impl Engine {
             self.close_request(id).expect("a live request closes");
         }
         self.closed = true;
+        self.executor = None;
+        self.codec = Box::new(ClosedCodec);
+    }
+
+    /// Whether the engine still holds its executor (false once closed and no step is in flight).
+    pub fn holds_executor(&self) -> bool {
+        self.executor.is_some() || self.in_flight.is_some()
     }
 
     pub fn is_closed(&self) -> bool {
@@ -636,6 +648,19 @@ impl Engine {
             }
         }
         written
+    }
+
+    /// Drops what planning staged for a request that a call while the step was in flight closed,
+    /// or for a turn it ended (a cancel publishes the turn's finish at once): nothing of a turn
+    /// follows its finish, and nothing reaches a closed request.
+    fn drop_stale_staged(&mut self) {
+        let requests = &self.requests;
+        self.staged.retain(|event| {
+            let Some(id) = event.request else { return true };
+            let Some(request) = requests.get(&id).filter(|r| !r.closed) else { return false };
+            // A finish (an unserviceable turn, failed at planning) ends its turn: always kept.
+            event.is_turn_finished() || event.turn.0 == 0 || request.running_turn().map(|t| t.id) == Some(event.turn)
+        });
     }
 
     fn stage_plan_report(&mut self, report: &PlanReport) {

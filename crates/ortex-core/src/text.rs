@@ -12,6 +12,20 @@ pub trait TextCodec: Send {
     fn detokenize(&self, tokens: &[i32]) -> Result<String>;
 }
 
+/// What a closed engine keeps instead of its codec (a real model's tokenizer is megabytes): the
+/// engine refuses text calls once closed, so this is never asked.
+pub struct ClosedCodec;
+
+impl TextCodec for ClosedCodec {
+    fn tokenize(&self, _text: &str) -> Result<Vec<i32>> {
+        Err(OrtexError::new(crate::error::ErrorCode::EngineClosed, "the engine is closed"))
+    }
+
+    fn detokenize(&self, _tokens: &[i32]) -> Result<String> {
+        Err(OrtexError::new(crate::error::ErrorCode::EngineClosed, "the engine is closed"))
+    }
+}
+
 /// The simulated model's text codec.
 #[derive(Debug, Clone)]
 pub struct SimText {

@@ -21,6 +21,7 @@ mod ops;
 mod step_thread;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use completions::Completions;
@@ -76,19 +77,41 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-#[napi]
+#[napi(custom_finalize)]
 pub struct CoreEngine {
     engine: Arc<Mutex<Engine>>,
     /// The ONNX executor's timings (model.rs); None for the simulated model.
     executor_stats: Option<Arc<ortex_ort::ExecutorStats>>,
     /// Where a model's transactions execute; None for the simulated model (the libuv pool).
     steps: Option<OffThread>,
+    /// What this engine told V8 it holds outside the JavaScript heap (a model's weights and KV),
+    /// so that collection is prompted by it; given back on close or finalization.
+    external_bytes: AtomicI64,
 }
 
-/// A model engine's step thread and its way back to the JS thread.
+/// A model engine's step thread and its way back to the JS thread. The thread goes with
+/// `close()` (after the step it is on); the way back stays until the engine is collected, since a
+/// step in flight still settles its promise through it.
 struct OffThread {
-    thread: StepThread,
+    thread: Mutex<Option<StepThread>>,
     completions: Completions,
+}
+
+impl CoreEngine {
+    /// Gives back what was reported to V8 (on the JS thread).
+    fn release_external(&self, env: &Env) {
+        let bytes = self.external_bytes.swap(0, Ordering::Relaxed);
+        if bytes > 0 {
+            let _ = env.adjust_external_memory(-bytes);
+        }
+    }
+}
+
+impl ObjectFinalize for CoreEngine {
+    fn finalize(self, env: Env) -> napi::Result<()> {
+        self.release_external(&env);
+        Ok(())
+    }
 }
 
 impl CoreEngine {
@@ -123,8 +146,13 @@ impl CoreEngine {
             execute(&mut transaction);
             pending.settle(Box::new(move |env: &Env| commit(env, &engine, transaction, events, capacity)));
         });
-        // The thread is gone only if a job panicked past its own guard: run the job here instead.
-        if let Err(job) = steps.thread.submit(job) {
+        // The thread is gone only if a job panicked past its own guard (or the engine closed, which
+        // refuses runs before they get here): run the job here instead.
+        let refused = match &*lock(&steps.thread) {
+            Some(thread) => thread.submit(job).err(),
+            None => Some(job),
+        };
+        if let Some(job) = refused {
             job();
         }
         Ok(Either::B(promise))
@@ -166,7 +194,12 @@ impl CoreEngine {
         let engine = catch_unwind(|| ops::simulated_impl(&options_json))
             .unwrap_or_else(|payload| Err(unhealthy_after_panic(&ops::panic_message(payload.as_ref()))))
             .map_err(coded)?;
-        Ok(CoreEngine { engine: Arc::new(Mutex::new(engine)), executor_stats: None, steps: None })
+        Ok(CoreEngine {
+            engine: Arc::new(Mutex::new(engine)),
+            executor_stats: None,
+            steps: None,
+            external_bytes: AtomicI64::new(0),
+        })
     }
 
     #[napi]
@@ -267,12 +300,20 @@ impl CoreEngine {
         self.call(|engine| ops::detokenize_impl(engine, tokens))
     }
 
+    /// Closes the engine and releases its model: the executor (KV storage, ONNX Runtime session
+    /// and its threads) at once or when the step in flight returns, and the step thread after
+    /// that step.
     #[napi]
-    pub fn close(&self) -> napi::Result<(), String> {
-        self.call(|engine| {
+    pub fn close(&self, env: Env) -> napi::Result<(), String> {
+        let closed = self.call(|engine| {
             ops::close_impl(engine);
             Ok(())
-        })
+        });
+        if let Some(steps) = &self.steps {
+            drop(lock(&steps.thread).take());
+        }
+        self.release_external(&env);
+        closed
     }
 
     /// Test hook: a broken invariant (a core assertion) comes back as an ENGINE_UNHEALTHY error.

@@ -7,11 +7,12 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::AtomicI64;
+use std::sync::Mutex;
 
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
-use ortex_core::{Engine, ErrorCode, OrtexError, Result};
+use ortex_core::{ErrorCode, OrtexError, Result};
 use ortex_ort::ExecutorStats;
 use serde_json::json;
 
@@ -22,7 +23,7 @@ use crate::{coded_js, ops, unhealthy_after_panic, CoreEngine, OffThread};
 /// Builds the engine: `options_json` is EngineOptions plus `executionProvider` and
 /// `intraOpThreads`; `library` is the ONNX Runtime library to use when neither ORTEX_ORT_DYLIB
 /// nor ORT_DYLIB_PATH names one.
-pub fn load_impl(model_dir: &str, options_json: &str, library: Option<&str>) -> Result<(Engine, Arc<ExecutorStats>)> {
+pub fn load_impl(model_dir: &str, options_json: &str, library: Option<&str>) -> Result<ortex_ort::LoadedEngine> {
     let options = ortex_ort::parse_load_options(options_json)?;
     ortex_ort::load_engine(Path::new(model_dir), &options, library.map(Path::new))
 }
@@ -53,7 +54,7 @@ pub struct LoadTask {
 }
 
 impl Task for LoadTask {
-    type Output = Result<(Engine, Arc<ExecutorStats>, StepThread)>;
+    type Output = Result<(ortex_ort::LoadedEngine, StepThread)>;
     type JsValue = CoreEngine;
 
     /// On the libuv thread pool.
@@ -61,22 +62,25 @@ impl Task for LoadTask {
         let loaded =
             catch_unwind(AssertUnwindSafe(|| load_impl(&self.model_dir, &self.options_json, self.library.as_deref())))
                 .unwrap_or_else(|payload| Err(unhealthy_after_panic(&ops::panic_message(payload.as_ref()))));
-        Ok(loaded.and_then(|(engine, stats)| {
+        Ok(loaded.and_then(|loaded| {
             let steps = StepThread::spawn().map_err(|e| {
                 OrtexError::new(ErrorCode::ModelLoad, format!("cannot start the engine's step thread: {e}"))
             })?;
-            Ok((engine, stats, steps))
+            Ok((loaded, steps))
         }))
     }
 
     /// On the JS thread: the engine, or the load error with its code (MODEL_LOAD, ...).
     fn resolve(&mut self, env: Env, output: Self::Output) -> napi::Result<CoreEngine> {
-        let (engine, stats, thread) = output.map_err(|error| coded_js(&env, error))?;
+        let (loaded, thread) = output.map_err(|error| coded_js(&env, error))?;
         let completions = Completions::new(&env)?;
+        let external_bytes = i64::try_from(loaded.memory_bytes).unwrap_or(i64::MAX);
+        env.adjust_external_memory(external_bytes)?;
         Ok(CoreEngine {
-            engine: Arc::new(Mutex::new(engine)),
-            executor_stats: Some(stats),
-            steps: Some(OffThread { thread, completions }),
+            engine: std::sync::Arc::new(Mutex::new(loaded.engine)),
+            executor_stats: Some(loaded.stats),
+            steps: Some(OffThread { thread: Mutex::new(Some(thread)), completions }),
+            external_bytes: AtomicI64::new(external_bytes),
         })
     }
 }

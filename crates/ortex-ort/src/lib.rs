@@ -77,8 +77,16 @@ impl Model {
     }
 }
 
-/// An engine over a model folder, and the handle to its executor's timings.
-pub fn load_engine(dir: &Path, options: &LoadOptions, library: Option<&Path>) -> Result<(Engine, Arc<ExecutorStats>)> {
+/// An engine over a model folder, the handle to its executor's timings, and about how much
+/// memory it holds outside the JavaScript heap.
+pub struct LoadedEngine {
+    pub engine: Engine,
+    pub stats: Arc<ExecutorStats>,
+    /// The model's files (the weights ONNX Runtime holds) plus the KV pool, in bytes.
+    pub memory_bytes: u64,
+}
+
+pub fn load_engine(dir: &Path, options: &LoadOptions, library: Option<&Path>) -> Result<LoadedEngine> {
     let settings = SessionSettings {
         execution_provider: options.execution_provider.unwrap_or_default(),
         intra_op_threads: options.intra_op_threads,
@@ -86,8 +94,17 @@ pub fn load_engine(dir: &Path, options: &LoadOptions, library: Option<&Path>) ->
     };
     let model = Model::load(dir, settings, library)?;
     let stats = model.executor.stats();
+    let kv_bytes_per_token = 2 * u64::from(model.executor.config().num_hidden_layers) * model.executor.config().kv_width() as u64 * 4;
     let engine = Engine::new(&options.engine, Box::new(model.executor), Box::new(model.codec), 0)?;
-    Ok((engine, stats))
+    let kv_tokens = u64::from(engine.config().num_blocks) * u64::from(engine.config().block_size);
+    let memory_bytes = folder_bytes(dir) + kv_tokens * kv_bytes_per_token;
+    Ok(LoadedEngine { engine, stats, memory_bytes })
+}
+
+/// The bytes of the regular files directly in `dir` (0 for what cannot be read).
+fn folder_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries.flatten().filter_map(|entry| entry.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum()
 }
 
 /// Parses `Engine.load`'s options JSON; malformed JSON, wrong types and unknown fields are

@@ -20,8 +20,11 @@ pub enum BlockState {
 
 #[derive(Debug, Clone)]
 pub struct BlockPool {
+    num_blocks: u32,
+    /// Blocks `0..states.len()` have been handed out at least once; the rest are free and were
+    /// never touched, so a pool of 2^24 blocks costs memory only for the blocks in use.
     states: Vec<BlockState>,
-    /// Stack of free block indices; the top is handed out first.
+    /// Stack of returned block indices; the top is handed out first, before any untouched block.
     free_list: Vec<u32>,
     num_reserved: u32,
     num_committed: u32,
@@ -29,21 +32,20 @@ pub struct BlockPool {
 
 impl BlockPool {
     pub fn new(num_blocks: u32) -> Self {
-        BlockPool {
-            states: vec![BlockState::Free; num_blocks as usize],
-            // Reversed so that block 0 is handed out first: traces read naturally.
-            free_list: (0..num_blocks).rev().collect(),
-            num_reserved: 0,
-            num_committed: 0,
-        }
+        BlockPool { num_blocks, states: Vec::new(), free_list: Vec::new(), num_reserved: 0, num_committed: 0 }
     }
 
     pub fn num_total_blocks(&self) -> u32 {
-        self.states.len() as u32
+        self.num_blocks
     }
 
     pub fn num_free_blocks(&self) -> u32 {
-        self.free_list.len() as u32
+        self.free_list.len() as u32 + self.num_untouched_blocks()
+    }
+
+    /// Blocks never handed out: block 0 first, so that traces read naturally.
+    fn num_untouched_blocks(&self) -> u32 {
+        self.num_blocks - self.states.len() as u32
     }
 
     pub fn num_reserved_blocks(&self) -> u32 {
@@ -55,7 +57,8 @@ impl BlockPool {
     }
 
     pub fn state(&self, block: BlockId) -> BlockState {
-        self.states[block.0 as usize]
+        assert!(block.0 < self.num_blocks, "block {} is outside the pool of {}", block.0, self.num_blocks);
+        self.states.get(block.0 as usize).copied().unwrap_or(BlockState::Free)
     }
 
     /// Reserves `count` blocks, appending them to `table`, or none at all when fewer are free.
@@ -64,7 +67,7 @@ impl BlockPool {
             return false;
         }
         for _ in 0..count {
-            let index = self.free_list.pop().expect("free list shorter than its count");
+            let index = self.take_free();
             let state = &mut self.states[index as usize];
             assert_eq!(*state, BlockState::Free, "block {index} on the free list but not free");
             *state = BlockState::Reserved;
@@ -72,6 +75,17 @@ impl BlockPool {
         }
         self.num_reserved += count;
         true
+    }
+
+    /// A returned block if there is one, else the lowest untouched block.
+    fn take_free(&mut self) -> u32 {
+        if let Some(index) = self.free_list.pop() {
+            return index;
+        }
+        let index = self.states.len() as u32;
+        assert!(index < self.num_blocks, "no free block left");
+        self.states.push(BlockState::Free);
+        index
     }
 
     pub fn commit(&mut self, blocks: &[BlockId]) {
@@ -101,9 +115,10 @@ impl BlockPool {
     }
 
     fn transition(&mut self, block: BlockId, from: BlockState, to: BlockState) {
-        let state = &mut self.states[block.0 as usize];
-        assert_eq!(*state, from, "block {} is {:?}, expected {:?} before {:?}", block.0, state, from, to);
-        *state = to;
+        let state = self.states.get_mut(block.0 as usize);
+        let found = state.as_deref().copied().unwrap_or(BlockState::Free);
+        assert_eq!(found, from, "block {} is {:?}, expected {:?} before {:?}", block.0, found, from, to);
+        *state.expect("a block that is not free has been handed out") = to;
     }
 
     /// free + reserved + committed = total, and the counters agree with the per-block states.
@@ -114,13 +129,15 @@ impl BlockPool {
         for s in &self.states {
             counts[*s as usize] += 1;
         }
+        counts[BlockState::Free as usize] += self.num_untouched_blocks();
         assert_eq!(
             counts,
             [self.num_free_blocks(), self.num_reserved, self.num_committed],
             "block states disagree with counters"
         );
-        let mut seen = vec![false; total as usize];
+        let mut seen = vec![false; self.states.len()];
         for &i in &self.free_list {
+            assert!((i as usize) < self.states.len(), "untouched block {i} on the free list");
             assert!(!seen[i as usize], "block {i} twice on the free list");
             seen[i as usize] = true;
             assert_eq!(self.states[i as usize], BlockState::Free);
@@ -142,6 +159,21 @@ mod tests {
         assert!(!pool.reserve(2, &mut table), "only one block is left");
         assert_eq!(table.len(), 3);
         assert_eq!(pool.num_free_blocks(), 1);
+        pool.check_invariants();
+    }
+
+    #[test]
+    fn a_huge_pool_costs_only_the_blocks_in_use() {
+        let mut pool = BlockPool::new(1 << 24);
+        let mut table = Vec::new();
+        assert!(pool.reserve(3, &mut table));
+        assert_eq!(table, [BlockId(0), BlockId(1), BlockId(2)]);
+        assert_eq!(pool.states.len(), 3);
+        assert_eq!(pool.num_free_blocks(), (1 << 24) - 3);
+        pool.rollback(&table[1..]);
+        let mut again = Vec::new();
+        assert!(pool.reserve(3, &mut again));
+        assert_eq!(again, [BlockId(2), BlockId(1), BlockId(3)], "returned blocks first, the last returned on top");
         pool.check_invariants();
     }
 

@@ -21,9 +21,9 @@ use std::collections::BTreeSet;
 
 use crate::error::{ErrorCode, OrtexError, Result};
 
-/// The longest operation id the lease keeps, in bytes, so that a misbehaving client cannot make
-/// the set of operations in flight grow without bound per entry.
-pub const MAX_OPERATION_ID_BYTES: usize = 256;
+/// The longest operation id the lease keeps, in characters, so that a misbehaving client cannot
+/// make the set of operations in flight grow without bound per entry.
+pub const MAX_OPERATION_ID_CHARS: usize = 256;
 
 /// The most operations one lease keeps in flight; beyond it `begin_operation` is refused as
 /// retryable capacity, because finishing an operation makes room again.
@@ -303,10 +303,16 @@ pub fn validate_operation_id(operation_id: &str) -> Result<()> {
     if operation_id.is_empty() {
         return Err(OrtexError::invalid("operationId must not be empty"));
     }
-    if operation_id.len() > MAX_OPERATION_ID_BYTES {
-        return Err(OrtexError::invalid(format!("operationId is longer than {MAX_OPERATION_ID_BYTES} bytes")));
+    if longer_than(operation_id, MAX_OPERATION_ID_CHARS) {
+        return Err(OrtexError::invalid(format!("operationId is longer than {MAX_OPERATION_ID_CHARS} characters")));
     }
     Ok(())
+}
+
+/// Whether `text` holds more than `max_chars` characters (Unicode scalar values). A string of at
+/// most `max_chars` bytes is short enough without counting.
+pub fn longer_than(text: &str, max_chars: usize) -> bool {
+    text.len() > max_chars && text.chars().count() > max_chars
 }
 
 #[cfg(test)]
@@ -402,8 +408,12 @@ mod tests {
         lease.begin_operation(1_000, "op").unwrap();
         assert_eq!(lease.begin_operation(1_000, "op").unwrap_err().code, ErrorCode::InvalidArgument);
         assert_eq!(lease.end_operation(1_000, "other").unwrap_err().code, ErrorCode::InvalidArgument);
-        let long = "x".repeat(MAX_OPERATION_ID_BYTES + 1);
+        let long = "x".repeat(MAX_OPERATION_ID_CHARS + 1);
         assert_eq!(lease.begin_operation(1_000, &long).unwrap_err().code, ErrorCode::InvalidArgument);
+        // The limit counts characters: 256 two-byte characters (512 bytes) are allowed.
+        let accented = "é".repeat(MAX_OPERATION_ID_CHARS);
+        lease.begin_operation(1_000, &accented).unwrap();
+        assert!(!longer_than(&accented, MAX_OPERATION_ID_CHARS) && longer_than(&format!("{accented}é"), MAX_OPERATION_ID_CHARS));
     }
 
     #[test]

@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, VecDeque};
 use super::append::DEFAULT_COMPLETED_APPEND_LIMIT;
 use super::fence::{validate_fence, Fence};
 use super::lease::{Lease, LeaseConfig, LeaseGeneration};
+use super::lease::longer_than;
 use super::state::Session;
 use crate::error::{ErrorCode, OrtexError, Result};
 
@@ -25,11 +26,12 @@ use crate::error::{ErrorCode, OrtexError, Result};
 /// sessions a long-running server sees.
 pub const CLOSED_ID_RECORD_LIMIT: usize = 1024;
 
-/// The longest session id accepted, in bytes.
-pub const MAX_SESSION_ID_BYTES: usize = 128;
+/// The longest session id accepted, in characters (Unicode scalar values: what a JavaScript
+/// caller counts with `[...id].length`), the unit of every string limit in the protocol.
+pub const MAX_SESSION_ID_CHARS: usize = 128;
 
-/// The longest close reason accepted, in bytes.
-pub const MAX_CLOSE_REASON_BYTES: usize = 256;
+/// The longest close reason accepted, in characters.
+pub const MAX_CLOSE_REASON_CHARS: usize = 256;
 
 /// The close reason used when the engine lost a request that a session owned.
 pub const REQUEST_CLEANUP_REASON: &str = "request_cleanup";
@@ -314,15 +316,15 @@ fn validate_session_id(session_id: &str) -> Result<()> {
     if session_id.is_empty() {
         return Err(OrtexError::invalid("sessionId must not be empty"));
     }
-    if session_id.len() > MAX_SESSION_ID_BYTES {
-        return Err(OrtexError::invalid(format!("sessionId is longer than {MAX_SESSION_ID_BYTES} bytes")));
+    if longer_than(session_id, MAX_SESSION_ID_CHARS) {
+        return Err(OrtexError::invalid(format!("sessionId is longer than {MAX_SESSION_ID_CHARS} characters")));
     }
     Ok(())
 }
 
 fn validate_close_reason(reason: &str) -> Result<()> {
-    if reason.len() > MAX_CLOSE_REASON_BYTES {
-        return Err(OrtexError::invalid(format!("close reason is longer than {MAX_CLOSE_REASON_BYTES} bytes")));
+    if longer_than(reason, MAX_CLOSE_REASON_CHARS) {
+        return Err(OrtexError::invalid(format!("close reason is longer than {MAX_CLOSE_REASON_CHARS} characters")));
     }
     Ok(())
 }
@@ -501,7 +503,7 @@ mod tests {
         let mut manager = manager(None);
         assert_eq!(manager.begin_close("x", None, "r").unwrap_err().code, ErrorCode::InvalidArgument);
         manager.open("x", 0, None).unwrap();
-        let long_reason = "r".repeat(MAX_CLOSE_REASON_BYTES + 1);
+        let long_reason = "r".repeat(MAX_CLOSE_REASON_CHARS + 1);
         assert_eq!(manager.begin_close("x", None, &long_reason).unwrap_err().code, ErrorCode::InvalidArgument);
         manager.begin_close("x", None, "r").unwrap();
         manager.finalize_close("x").unwrap();

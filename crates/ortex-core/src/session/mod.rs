@@ -40,10 +40,10 @@ pub use append::{
 pub use fence::{fence_mismatch, require_current, require_same_epoch, validate_fence, Fence, FenceKey};
 pub use lease::{
     Lease, LeaseActivity, LeaseConfig, LeaseGeneration, DEFAULT_DISCONNECT_GRACE_MS, DEFAULT_IDLE_TTL_MS,
-    MAX_OPERATIONS_IN_FLIGHT, MAX_OPERATION_ID_BYTES,
+    MAX_OPERATIONS_IN_FLIGHT, MAX_OPERATION_ID_CHARS,
 };
 pub use manager::{
-    ExpiryReason, SessionExpiry, SessionManager, CLOSED_ID_RECORD_LIMIT, MAX_CLOSE_REASON_BYTES, MAX_SESSION_ID_BYTES,
+    ExpiryReason, SessionExpiry, SessionManager, CLOSED_ID_RECORD_LIMIT, MAX_CLOSE_REASON_CHARS, MAX_SESSION_ID_CHARS,
     REQUEST_CLEANUP_REASON,
 };
 pub use state::{

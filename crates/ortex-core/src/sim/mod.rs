@@ -27,6 +27,8 @@ const CANDIDATE_MULTIPLIERS: [u64; SIM_CANDIDATES] = [
     0x5899_65CC_7537_4CC3,
 ];
 const FAULT_SALT: u64 = 0x4641_554C;
+/// The virtual clock stops here: 2^53 - 1, the largest integer a JavaScript number holds exactly.
+pub const MAX_VIRTUAL_TIME_US: u64 = (1 << 53) - 1;
 
 #[derive(Debug, Clone)]
 pub struct SimModel {
@@ -111,6 +113,9 @@ pub struct SimExecutor {
     token_cost_us: u64,
     virtual_time_us: u64,
     geometry: KvGeometry,
+    /// One context hash per KV slot, grown as blocks are first written: the pool may be as large
+    /// as the options allow (2^28 slots, 2 GiB) while only the blocks in use take memory, so a
+    /// large `numBlocks` or `maxLength` costs nothing up front, on WebAssembly too.
     slots: Vec<u64>,
 }
 
@@ -133,6 +138,21 @@ impl SimExecutor {
             geometry: KvGeometry { num_blocks: 0, block_size: 1 },
             slots: Vec::new(),
         })
+    }
+
+    /// A slot never written reads as 0, as it did when every slot was allocated up front.
+    fn slot(&self, index: usize) -> u64 {
+        self.slots.get(index).copied().unwrap_or(0)
+    }
+
+    /// Grows the slots to cover `index` (doubling, so growth costs O(1) per slot written).
+    fn slot_mut(&mut self, index: usize) -> &mut u64 {
+        if index >= self.slots.len() {
+            let total = (self.geometry.num_blocks as usize) * (self.geometry.block_size as usize);
+            let len = (index + 1).next_power_of_two().max(self.geometry.block_size as usize).min(total);
+            self.slots.resize(len, 0);
+        }
+        &mut self.slots[index]
     }
 
     fn injected_fault(&self, step: u64) -> Option<ExecError> {
@@ -168,12 +188,14 @@ impl Executor for SimExecutor {
             )));
         }
         self.geometry = geometry;
-        self.slots = vec![0; slots as usize];
+        self.slots = Vec::new();
         Ok(())
     }
 
     fn execute(&mut self, plan: &StepPlan, out: &mut StepOutput) -> Result<(), ExecError> {
-        self.virtual_time_us += self.step_cost_us + self.token_cost_us * u64::from(plan.total_tokens());
+        let cost_us = self.token_cost_us.saturating_mul(u64::from(plan.total_tokens())).saturating_add(self.step_cost_us);
+        // Saturates where JavaScript numbers stop being exact, so the clock never wraps around.
+        self.virtual_time_us = self.virtual_time_us.saturating_add(cost_us).min(MAX_VIRTUAL_TIME_US);
         if let Some(fault) = self.injected_fault(plan.step) {
             return Err(fault);
         }
@@ -192,7 +214,7 @@ impl Executor for SimExecutor {
             } else {
                 let previous = row.start_position - 1;
                 let (block, offset) = (previous / block_size - row.first_block, previous % block_size);
-                let context = self.slots[(blocks[block as usize].0 * block_size + offset) as usize];
+                let context = self.slot((blocks[block as usize].0 * block_size + offset) as usize);
                 if offset + 1 == block_size {
                     (block + 1, 0, context)
                 } else {
@@ -201,7 +223,7 @@ impl Executor for SimExecutor {
             };
             for (i, &token) in plan.row_tokens(row).iter().enumerate() {
                 context = self.model.extend(context, token, row.start_position + i as u32);
-                self.slots[(blocks[block as usize].0 * block_size + offset) as usize] = context;
+                *self.slot_mut((blocks[block as usize].0 * block_size + offset) as usize) = context;
                 offset += 1;
                 if offset == block_size {
                     block += 1;

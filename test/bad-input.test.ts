@@ -37,6 +37,17 @@ interface Case {
 
 const any = (v: unknown) => v as any
 
+/** Runs `call`, which must throw, and checks the message names `option` before rethrowing. */
+function expectNamed(call: () => unknown, option: string): never {
+  try {
+    call()
+  } catch (error) {
+    expect((error as Error).message).toContain(option)
+    throw error
+  }
+  throw new Error(`${option}: the call did not throw`)
+}
+
 const cases: Case[] = [
   // ----- engine options -----
   { name: 'options: negative blockSize', code: 'INVALID_ARGUMENT', call: ({ mod }) => mod.Engine.simulated({ blockSize: -1 }) },
@@ -157,6 +168,40 @@ const cases: Case[] = [
       if (one.at(0).request === ctx.request) ctx.request = second
     },
     call: ({ request }) => request.beginTurn('cc', { maxGeneratedTokens: 1 }),
+  },
+
+  // ----- token ids: 0 <= id < vocabSize in every input form, on every entry point -----
+  { name: 'beginTurn: a negative id in an Int32Array', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn(new Int32Array([4, -9, 4])) },
+  { name: 'beginTurn: -1 alone in an Int32Array', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn(new Int32Array([-1])) },
+  { name: 'beginTurn: a negative id in an array', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn([4, -1]) },
+  { name: 'beginTurn: an id past the vocabulary in a Uint16Array', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn(new Uint16Array([5, 65535])) },
+  { name: 'beginTurn: an id past the vocabulary in a Uint32Array', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn(new Uint32Array([2 ** 32 - 1])) },
+  { name: 'beginTurn: a fraction in a Float64Array', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn(new Float64Array([1.5])) },
+  { name: 'beginTurn: a negative id in an Int8Array', code: 'INVALID_ARGUMENT', call: ({ request }) => request.beginTurn(new Int8Array([7, -3])) },
+  { name: 'prefill: a negative id in an Int32Array', code: 'INVALID_ARGUMENT', call: ({ request }) => request.prefill(new Int32Array([-2147483648])) },
+  { name: 'prefill: an id past the vocabulary', code: 'INVALID_ARGUMENT', call: ({ request }) => request.prefill(new Int32Array([32000])) },
+  {
+    name: 'generate: a negative id in an Int32Array',
+    code: 'INVALID_ARGUMENT',
+    driven: true,
+    call: ({ engine }) => engine.generate(new Int32Array([4, -9, 4])),
+    beforeSmoke: ({ engine }) => expect(engine.stats().activeRequests).toBe(1),
+  },
+  {
+    name: 'generate: an id past the vocabulary in a Uint32Array',
+    code: 'INVALID_ARGUMENT',
+    driven: true,
+    call: ({ engine }) => engine.generate(new Uint32Array([40_000])),
+    beforeSmoke: ({ engine }) => expect(engine.stats().activeRequests).toBe(1),
+  },
+
+  // ----- sizes: documented-valid sizes work; past the limit, INVALID_ARGUMENT names the option -----
+  { name: 'options: numBlocks above 2^24', code: 'INVALID_ARGUMENT', call: ({ mod }) => expectNamed(() => mod.Engine.simulated({ numBlocks: 2 ** 24 + 1 }), 'numBlocks') },
+  { name: 'options: maxLength above 2^24', code: 'INVALID_ARGUMENT', call: ({ mod }) => expectNamed(() => mod.Engine.simulated({ maxLength: 2 ** 24 + 1 }), 'maxLength') },
+  {
+    name: 'options: numBlocks x blockSize past the simulator\'s 2^28 slots',
+    code: 'INVALID_ARGUMENT',
+    call: ({ mod }) => expectNamed(() => mod.Engine.simulated({ numBlocks: 2 ** 24, blockSize: 32 }), 'numBlocks'),
   },
 
   // ----- cancellation -----

@@ -41,6 +41,9 @@ const DRIVER_BUFFER_CAPACITY = 1024
 /** Events that show a run moved something (CapacityBlocked alone does not). */
 const PROGRESS_FLAGS = EventFlags.Token | EventFlags.TurnFinished | EventFlags.Failed | EventFlags.Retryable
 
+/** Why an engine stopped serving: an engine-level failure, or close(). */
+export type EngineEndReason = 'engine_failure' | 'engine_closed'
+
 interface EngineInit {
   core: CoreEngine
   backend: Backend
@@ -82,7 +85,9 @@ export class Engine implements EventOwner {
     try {
       core = backend.simulated(JSON.stringify(json))
     } catch (error) {
-      throw toOrtexError(error, 'UNSUPPORTED')
+      // A missing binding is already an OrtexError (UNSUPPORTED); anything else that is not one of
+      // the core's coded errors is an internal failure, never "unsupported".
+      throw toOrtexError(error)
     }
     return new this({ core, backend } satisfies EngineInit as never)
   }
@@ -111,6 +116,8 @@ export class Engine implements EventOwner {
   /** stats().steps as last seen by the driven loop, to tell a prefill step from a stall. */
   private lastSteps = -1
   private closing: Promise<void> | null = null
+  /** Told once when the engine fails (an engine-level failure) or is closed. */
+  private readonly endListeners = new Set<(reason: EngineEndReason) => void>()
 
   /** Engines are made by Engine.simulated() and Engine.load(). */
   protected constructor(init: never) {
@@ -262,6 +269,7 @@ export class Engine implements EventOwner {
     } catch {
       // Closing is best effort and never throws.
     }
+    this.notifyEnd('engine_closed')
     this.closing = this.runTail.then(noop, noop)
     return this.closing
   }
@@ -343,6 +351,11 @@ export class Engine implements EventOwner {
 
   /** @internal */
   _turnBegun(state: TurnState, request: Request): void {
+    const previous = this.turns.get(state.requestId)
+    if (previous !== undefined && !previous.finished) {
+      // Request._begin refuses this; reaching here would lose a turn's `done` for good.
+      throw new Error(`internal error: turn ${state.turnId} of request ${state.requestId} replaces unfinished turn ${previous.turnId}`)
+    }
     this.turns.set(state.requestId, state)
     if (this.driver.driven) state.pinned = request
     this.driver.kick()
@@ -352,6 +365,17 @@ export class Engine implements EventOwner {
   _turnFinished(state: TurnState): void {
     if (this.turns.get(state.requestId) === state) this.turns.delete(state.requestId)
     state.ownedRequest?.close()
+  }
+
+  /** @internal Calls `listener` once when the engine fails or is closed (at once if it already
+   *  has); returns a function that removes it. The duplex sessions close on it. */
+  _onEnd(listener: (reason: EngineEndReason) => void): () => void {
+    if (this._closed || this._failure !== null) {
+      listener(this._closed ? 'engine_closed' : 'engine_failure')
+      return noop
+    }
+    this.endListeners.add(listener)
+    return () => this.endListeners.delete(listener)
   }
 
   /** @internal A closed request freed its blocks: a request waiting for capacity may fit now. */
@@ -521,6 +545,19 @@ export class Engine implements EventOwner {
     if (this._failure !== null) return
     this._failure = code
     for (const state of [...this.turns.values()]) state.finish('failed', code, null)
+    this.notifyEnd('engine_failure')
+  }
+
+  private notifyEnd(reason: EngineEndReason): void {
+    const listeners = [...this.endListeners]
+    this.endListeners.clear()
+    for (const listener of listeners) {
+      try {
+        listener(reason)
+      } catch {
+        // A listener's failure is its own; the engine's state is already final.
+      }
+    }
   }
 
   private convertError(error: unknown): OrtexError {

@@ -123,6 +123,7 @@ export class Request {
   _begin(input: string | Int32Array, checked: v.CheckedTurnOptions, owned: boolean): Turn {
     this._engine._checkUsable()
     this.checkOpen()
+    this.checkPreviousTurnEnded()
     const tokens = this._engine._inputTokens(input)
     const optionsJson = JSON.stringify(checked.json)
     const turnId = this._engine._call(() => this._engine._core.beginTurn(this.id, tokens, optionsJson))
@@ -144,6 +145,23 @@ export class Request {
     }
     this._record.closed = true
     this._turn?._state.finish('cancelled', 'none', null)
+  }
+
+  /**
+   * Every turn ends exactly once. The core hands a turn's finishing event to a run() when that run
+   * starts, and the facade routes it when the run returns; in between the core would accept a new
+   * turn, whose state would take the old one's place before its finish arrived. So a new turn
+   * waits until the previous one has ended here too (EVENTS_PENDING, as for a retained event).
+   */
+  private checkPreviousTurnEnded(): void {
+    const previous = this._turn?._state
+    if (previous === undefined || previous.finished) return
+    const state = this.state
+    if (state === 'queued' || state === 'active') return // the core refuses with TURN_ACTIVE
+    throw new OrtexError(
+      'EVENTS_PENDING',
+      `request ${this.id}: the finishing event of turn ${previous.turnId} is in a run() that has not returned yet; await it first`,
+    )
   }
 
   private checkOpen(): void {

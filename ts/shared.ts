@@ -50,4 +50,4 @@ export type {
   SessionState,
 } from './duplex/events'
 export { DuplexServer, startDuplexServer } from './server/server'
-export type { DuplexServerOptions } from './server/server'
+export type { DuplexServerOptions, DuplexServerStats } from './server/server'

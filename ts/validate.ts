@@ -77,6 +77,38 @@ export function string(name: string, value: unknown): string {
   return value
 }
 
+/** Characters (Unicode code points) in `text`: the unit of every length limit on a string. */
+export function charCount(text: string): number {
+  let count = 0
+  for (let i = 0; i < text.length; i++) {
+    const unit = text.charCodeAt(i)
+    // A high surrogate followed by a low one is one character.
+    if (unit >= 0xd800 && unit <= 0xdbff && i + 1 < text.length) {
+      const next = text.charCodeAt(i + 1)
+      if (next >= 0xdc00 && next <= 0xdfff) i++
+    }
+    count++
+  }
+  return count
+}
+
+/**
+ * A string that crosses into the Rust core (a session id, an operation id, a reason): it must be
+ * well-formed Unicode, since Rust strings cannot hold a lone surrogate and the binding would
+ * silently replace it (two different ids would become one), and at most `maxChars` characters
+ * (the core checks its own limits; a caller may check one earlier).
+ */
+export function text(name: string, value: unknown, maxChars = Number.POSITIVE_INFINITY): string {
+  const s = string(name, value)
+  if (!(s as unknown as { isWellFormed(): boolean }).isWellFormed()) {
+    throw invalidArgument(`${name} is not well-formed Unicode (it holds a lone surrogate)`)
+  }
+  if (s.length > maxChars && charCount(s) > maxChars) {
+    throw invalidArgument(`${name} is longer than ${maxChars} characters`)
+  }
+  return s
+}
+
 export function oneOf<T extends string>(name: string, value: unknown, allowed: readonly T[]): T {
   if (typeof value !== 'string' || !(allowed as readonly string[]).includes(value)) {
     throw invalidArgument(`${name} must be one of ${allowed.map((a) => `'${a}'`).join(', ')}, got ${describe(value)}`)
@@ -111,7 +143,12 @@ export function options(name: string, value: unknown, known: readonly string[]):
  * Range against the vocabulary is the core's check.
  */
 export function tokens(name: string, value: unknown): Int32Array {
-  if (value instanceof Int32Array) return value
+  if (value instanceof Int32Array) {
+    for (let i = 0; i < value.length; i++) {
+      if (value[i]! < 0) throw invalidArgument(`${name}[${i}] must be a token id (an integer in [0, ${MAX_INT32}]), got ${value[i]}`)
+    }
+    return value
+  }
   if (typeof value !== 'object' || value === null || typeof value === 'function') {
     throw invalidArgument(`${name} must be an array of token ids, got ${describe(value)}`)
   }

@@ -519,6 +519,127 @@ describe.each(selectedBackends())('duplex sessions (%s)', (backend) => {
     expectCode(mod, () => session.cancel({ epoch: 1 } as never), 'INVALID_ARGUMENT')
   })
 
+  // ----- hostile input (issue 15) -----
+
+  it('refuses token ids outside the vocabulary in every form and leaves the session as it was', async () => {
+    const { engine, manager } = setup()
+    const session = manager.open()
+    const { events } = collect(session)
+    for (const input of [new Int32Array([4, -9, 4]), new Int32Array([-1]), [4, -1], new Int32Array([32000]), new Uint16Array([65535]), new Float64Array([1.5])]) {
+      expectCode(mod, () => session.append(input), 'INVALID_ARGUMENT')
+      expectCode(mod, () => session.append(input, { final: true }), 'INVALID_ARGUMENT')
+    }
+    expect(session.state).toBe('open')
+    expect(session.fence.turnId).toBe(0)
+    expect(session.append(new Int32Array([40, 41, 42])).seq).toBe(1, 'refused appends consumed no seq')
+    expect(session.append(new Int32Array([43]), { final: true }).seq).toBe(2)
+    await runUntil(engine, () => events.some((e) => e.type === 'response.done'))
+    expect(events.find((e) => e.type === 'response.done').status).toBe('completed')
+    manager.checkInvariants()
+  })
+
+  it('an engine-level failure closes every session once with engine_failure; later commands are refused', async () => {
+    const { engine, manager } = setup({}, { faults: { fatalSteps: [3] } })
+    const running = manager.open({ turn: { maxGeneratedTokens: 50 } })
+    const idle = manager.open()
+    const runningEvents = collect(running)
+    const idleEvents = collect(idle)
+    running.append('speak at length', { final: true })
+    idle.append('just some context')
+    await runUntil(engine, () => runningEvents.events.some((e) => e.type === 'session.closed'))
+    await Promise.all([runningEvents.ended, idleEvents.ended])
+    const done = runningEvents.events.find((e) => e.type === 'response.done')
+    expect(done).toMatchObject({ status: 'failed', finishReason: 'failed', errorCode: 'engine-execution-failure' })
+    for (const { events } of [runningEvents, idleEvents]) {
+      const terminal = events.filter((e) => e.type === 'session.closed' || e.type === 'session.expired')
+      expect(terminal).toHaveLength(1)
+      expect(terminal[0].reason).toBe('engine_failure')
+      checkGrammar(events)
+    }
+    for (const session of [running, idle]) {
+      expect(session.state).toBe('closed')
+      expectCode(mod, () => session.append('more', { final: true }), 'SESSION_CLOSED')
+    }
+    expect(manager.size).toBe(0)
+    expectCode(mod, () => manager.open(), 'ENGINE_UNHEALTHY')
+  })
+
+  it('closing the engine closes every session with engine_closed', async () => {
+    const { engine, manager } = setup()
+    const a = manager.open({ turn: { maxGeneratedTokens: 200 } })
+    const b = manager.open()
+    const aEvents = collect(a)
+    const bEvents = collect(b)
+    a.append('a long answer please', { final: true })
+    await runUntil(engine, () => aEvents.events.some((e) => e.type === 'response.delta'))
+    await engine.close()
+    await Promise.all([aEvents.ended, bEvents.ended])
+    expect(aEvents.events.find((e) => e.type === 'response.done')).toMatchObject({ status: 'cancelled' })
+    for (const { events } of [aEvents, bEvents]) {
+      expect(events.filter((e) => e.type === 'session.closed').map((e) => e.reason)).toEqual(['engine_closed'])
+      checkGrammar(events)
+    }
+    expectCode(mod, () => b.append('x'), 'SESSION_CLOSED')
+    expect(manager.list()).toEqual([])
+  })
+
+  it('refuses session ids, operation ids and reasons that are not well-formed Unicode', async () => {
+    const { engine, manager } = setup()
+    expectCode(mod, () => manager.open({ sessionId: 'user-\uD83D' }), 'INVALID_ARGUMENT')
+    expectCode(mod, () => manager.open({ sessionId: 'user-\uDE00x' }), 'INVALID_ARGUMENT')
+    expect(manager.size).toBe(0)
+    expect(engine.stats().activeRequests).toBe(0)
+    const session = manager.open({ sessionId: 'user-\uD83D\uDE00' })
+    expect(session.id).toBe('user-\uD83D\uDE00')
+    expect(manager.get('user-\uD83D\uDE00')).toBe(session)
+    expectCode(mod, () => session.append('x', { operationId: 'op-\uD800' }), 'INVALID_ARGUMENT')
+    await expect(session.close('bye \uDFFF')).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' })
+    expect(session.state).toBe('open')
+    await session.close()
+    expect(manager.list()).toEqual([])
+    manager.checkInvariants()
+    // A detached session expires in the core and here, with session.expired, its request closed.
+    const detached = manager.open({ sessionId: 'gone-\uD83D\uDE00' })
+    const { events, ended } = collect(detached)
+    detached.detach()
+    clock += 31_000
+    expect(manager.collectExpired().map((e) => e.sessionId)).toEqual(['gone-\uD83D\uDE00'])
+    await ended
+    expect(events.at(-1)).toMatchObject({ type: 'session.expired', reason: 'disconnect_grace_expired' })
+    expect(engine.stats().activeRequests).toBe(0)
+    expect(manager.list()).toEqual([])
+  })
+
+  it('a clock that fails once leaks nothing: later appends of every session keep working', async () => {
+    let broken = false
+    const { engine, manager } = setup({ now: () => (broken ? Number.NaN : clock) })
+    const sessions = [manager.open(), manager.open()]
+    for (let i = 0; i < 100; i++) {
+      broken = true
+      expectCode(mod, () => sessions[i % 2]!.append('tick '), 'INVALID_ARGUMENT')
+      broken = false
+    }
+    for (const session of sessions) expect(session.append('still fine ').seq).toBe(1)
+    engine.checkInvariants()
+    manager.checkInvariants()
+  })
+
+  it('limits operation ids and close reasons in characters, and close() rejects instead of throwing', async () => {
+    const { manager } = setup()
+    const session = manager.open({ sessionId: 'é'.repeat(128) })
+    expect(session.append('hi', { operationId: 'é'.repeat(256) }).seq).toBe(1)
+    expectCode(mod, () => session.append('hi', { operationId: 'é'.repeat(257) }), 'INVALID_ARGUMENT')
+    expectCode(mod, () => manager.open({ sessionId: 'é'.repeat(129) }), 'INVALID_ARGUMENT')
+    let returned: unknown
+    expect(() => {
+      returned = session.close('x'.repeat(300))
+    }).not.toThrow()
+    await expect(returned).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' })
+    expect(session.state).toBe('open')
+    await session.close('é'.repeat(200))
+    expect(session.state).toBe('closed')
+  })
+
   it('runs responses on a driven engine too (the caller starts it)', async () => {
     const { engine, manager } = setup()
     engine.start()

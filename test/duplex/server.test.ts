@@ -306,4 +306,108 @@ describe.each(selectedBackends())('duplex server end to end (%s)', (backend) => 
     bystander.send({ type: 'input.commit' })
     expect((await bystander.type('input.committed')).final).toBe(true)
   })
+
+  // ----- hostile clients (issue 15) -----
+
+  it('echoes event_id on every error about a JSON object that carries one', async () => {
+    const { connect } = await start()
+    const client = await connect()
+    const cases: [unknown, string][] = [
+      [{ type: 'nope', event_id: 'abc' }, 'UNKNOWN_EVENT'],
+      [{ event_id: 'no-type' }, 'INVALID_EVENT'],
+      [{ type: 'input_text.append', text: 42, event_id: 'bad-text' }, 'INVALID_EVENT'],
+      [{ type: 'input_text.append', text: 'x', colour: 'red', event_id: 'extra' }, 'INVALID_EVENT'],
+      [{ type: 'session.heartbeat', event_id: 'no-session' }, 'NO_SESSION'],
+    ]
+    for (const [message, code] of cases) {
+      client.send(message)
+      const error = (await client.type('error')).error
+      expect(error.code).toBe(code)
+      expect(error.event_id).toBe((message as { event_id: string }).event_id)
+    }
+    client.send({ type: 'nope', event_id: 17 })
+    expect((await client.type('error')).error.event_id).toBe(null)
+    checkSeq(client.messages)
+  })
+
+  it('limits strings in characters and refuses lone surrogates', async () => {
+    const { connect } = await start()
+    const client = await connect()
+    client.send({ type: 'input_text.append', text: 'hello', operation_id: 'é'.repeat(200), event_id: 'é'.repeat(256) })
+    expect((await client.type('input.committed')).operation_id).toBe('é'.repeat(200))
+    client.send({ type: 'input_text.append', text: 'x', operation_id: 'é'.repeat(257) })
+    expect((await client.type('error')).error.code).toBe('INVALID_ARGUMENT')
+    client.send('{"type":"input_text.append","text":"x","operation_id":"op-\\ud83d"}')
+    expect((await client.type('error')).error.code).toBe('INVALID_EVENT')
+    client.send({ type: 'session.close', reason: 'é'.repeat(200) })
+    expect((await client.type('session.closed')).reason).toBe('é'.repeat(200))
+  })
+
+  it('bounds what it buffers for a client that floods and never reads, stops reading it, then closes it (1008)', async () => {
+    const maxBufferedBytes = 64 * 1024
+    const sendStallMs = 300
+    const { server, connect } = await start({ maxBufferedBytes, sendStallMs, pingIntervalMs: 0 })
+    const client = await connect()
+    // The client stops reading: everything the server sends piles up on the server's side.
+    const socket = (client.ws as unknown as { _socket: import('node:net').Socket })._socket
+    socket.pause()
+    let maxSeen = 0
+    let sawPaused = false
+    const sample = (): void => {
+      const stats = server.stats()
+      maxSeen = Math.max(maxSeen, stats.maxConnectionBufferedBytes)
+      sawPaused ||= stats.pausedConnections === 1
+    }
+    const frame = JSON.stringify({ type: 'nope', event_id: 'e'.repeat(200) })
+    for (let i = 0; i < 100_000; i++) {
+      client.ws.send(frame)
+      if (i % 500 === 0) {
+        await macrotask()
+        sample()
+      }
+    }
+    sample()
+    expect(sawPaused).toBe(true)
+    // One socket read's worth of replies may land beyond the bound; nothing more.
+    expect(maxSeen).toBeLessThan(maxBufferedBytes + (1 << 20))
+    // Still not reading after sendStallMs: the server closes the connection.
+    await new Promise((resolve) => setTimeout(resolve, 3 * sendStallMs))
+    expect(server.stats().pausedConnections).toBe(0)
+    socket.resume()
+    expect(await client.waitClosed()).toBe(1008)
+    const other = await connect()
+    other.send({ type: 'input.commit' })
+    expect((await other.type('error')).error.code).toBe('INVALID_ARGUMENT')
+  })
+
+  it('pings its connections and drops one that stops answering: its session detaches', async () => {
+    const { server, connect } = await start({ pingIntervalMs: 50, disconnectGraceMs: 60_000 })
+    const client = await connect()
+    client.send({ type: 'session.update' })
+    const created = await client.type('session.created')
+    const healthy = await connect()
+    healthy.send({ type: 'session.update' })
+    await healthy.type('session.created')
+    // A half-open connection: the client is there but answers nothing (not even pings).
+    ;(client.ws as unknown as { _socket: import('node:net').Socket })._socket.pause()
+    const session = server.manager.get(created.session.id)!
+    for (let i = 0; i < 400 && session.state !== 'detached'; i++) await new Promise((resolve) => setTimeout(resolve, 10))
+    expect(session.state).toBe('detached')
+    healthy.send({ type: 'session.heartbeat' })
+    healthy.send({ type: 'input.commit' })
+    expect((await healthy.type('error')).error.code).toBe('INVALID_ARGUMENT')
+    expect(server.stats().connections).toBe(1)
+  })
+
+  it('closing the engine under a running server closes its sessions with engine_closed', async () => {
+    const { engine, connect } = await start({ turn: { maxGeneratedTokens: 100_000 } })
+    const client = await connect()
+    client.send({ type: 'input_text.append', text: 'go on forever', final: true })
+    await client.type('response.output_text.delta')
+    await engine.close()
+    expect((await client.type('response.done')).status).toBe('cancelled')
+    expect((await client.type('session.closed')).reason).toBe('engine_closed')
+    client.send({ type: 'input_text.append', text: 'anyone?' })
+    expect((await client.type('error')).error.code).toBe('ENGINE_CLOSED')
+  })
 })

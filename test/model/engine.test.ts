@@ -484,6 +484,19 @@ describe("a model engine's runs at the edges of the program's life", () => {
     expect(report(run.stdout)).toEqual({ afterGc: 4 })
   })
 
+  it('close() alone releases the threads, without waiting for the collector', () => {
+    const run = spawnSync(process.execPath, [resolve(__dirname, '../fixtures/model-close.mjs'), dirs.gqa], {
+      encoding: 'utf8',
+      timeout: 60_000,
+    })
+    expect(run.status, run.stderr).toBe(0)
+    const { threads } = report(run.stdout)
+    const [before, loaded, closed] = threads
+    // Six engines: each has a step thread and (2 intra-op threads) one ONNX Runtime worker.
+    expect(loaded - before).toBeGreaterThanOrEqual(6)
+    expect(closed).toBe(before)
+  })
+
   it('closed engines give their memory back', () => {
     const run = spawnSync(
       process.execPath,

@@ -16,7 +16,11 @@
 //     cannot fit the pool);
 //   - the core's accounting invariants hold (`checkInvariants()`), retained events drain without
 //     model work, and the engine's counters agree with the model;
-//   - once everything is closed (and dropped handles are collected) every block is free.
+//   - once everything is closed (and dropped handles are collected) every block is free;
+//   - every turn's `done` settles exactly once, with the reason its finish event carried (or
+//     'cancelled' for a request closed first), including turns whose finish was in a run() still
+//     in flight when the caller acted: some runs are `run()` calls with actions taken before they
+//     return.
 import type { OrtexModule } from '../helpers/backends'
 import { Prng } from './prng'
 
@@ -71,6 +75,14 @@ interface TurnModel {
   generated: number[]
   cancelRequested: boolean
   finished: boolean
+  /** The reason its finish event carried, once routed. */
+  eventReason: string | null
+  requestId: number
+  /** What `done` resolved with, and how many times the driver saw it settle. */
+  doneReason: string | null
+  doneSettled: number
+  /** The request was closed before the turn finished. */
+  closedEarly: boolean
 }
 
 interface RequestModel {
@@ -173,6 +185,11 @@ class Simulation {
   private readonly summary: SimSummary
   private readonly traceLines: number
   private unhealthy = false
+  /** A run() is in flight: its events are not routed yet, so the model is behind the core. */
+  private inFlight = false
+  /** Requests closed while a run() was in flight: that run may still carry their events. */
+  private readonly closedInFlight = new Set<number>()
+  private readonly turnModels: TurnModel[] = []
 
   constructor(
     private readonly mod: OrtexModule,
@@ -225,7 +242,8 @@ class Simulation {
     for (let i = 0; i < iterations && !this.unhealthy; i++) {
       const actions = this.rng.int(0, 2)
       for (let a = 0; a < actions; a++) await this.act()
-      this.runOnce()
+      if (this.rng.chance(0.25)) await this.runInFlight()
+      else this.runOnce()
     }
     if (!this.unhealthy) this.drainAll()
     if (this.unhealthy) await this.checkUnhealthy()
@@ -234,9 +252,20 @@ class Simulation {
   }
 
   private async act(): Promise<void> {
+    if (this.actNow() === 'gc') {
+      ;(globalThis as any).gc()
+      await new Promise((resolve) => setImmediate(resolve))
+      this.log('gc')
+    }
+  }
+
+  /** One random action, synchronously; 'gc' asks the caller to collect (not while in flight). */
+  private actNow(): 'gc' | void {
     const open = this.openModels()
     const idle = open.filter((m) => !m.current || m.current.finished)
     const running = open.filter((m) => m.current && !m.current.finished)
+    // While a run() is in flight only synchronous calls are made (no collection, no drops).
+    const sync = this.inFlight ? 0 : 1
     const weights = {
       create: open.length < 8 ? 2 : 0,
       begin: idle.length ? 4 : 0,
@@ -245,9 +274,9 @@ class Simulation {
       cancel: running.length ? 1.2 : 0,
       staleCancel: open.length ? 0.3 : 0,
       close: open.length ? 0.8 : 0,
-      closedCall: this.models.some((m) => m.closed && m.request) ? 0.2 : 0,
-      drop: this.runOptions.gc && open.length ? 0.3 : 0,
-      gc: this.runOptions.gc ? 0.15 : 0,
+      closedCall: this.models.some((m) => m.closed && m.request) ? 0.2 * sync : 0,
+      drop: this.runOptions.gc && open.length ? 0.3 * sync : 0,
+      gc: this.runOptions.gc ? 0.15 * sync : 0,
     }
     if (Object.values(weights).every((w) => w === 0)) return
     switch (this.rng.weighted(weights)) {
@@ -270,10 +299,7 @@ class Simulation {
       case 'drop':
         return this.drop(this.rng.pick(open))
       case 'gc':
-        ;(globalThis as any).gc()
-        await new Promise((resolve) => setImmediate(resolve))
-        this.log('gc')
-        return
+        return 'gc'
     }
   }
 
@@ -289,7 +315,9 @@ class Simulation {
     try {
       request = this.engine.createRequest(maxSessionTokens === undefined ? undefined : { maxSessionTokens })
     } catch (error) {
-      const mayBeFull = maxRequests !== undefined && before.activeRequests + closedPinned >= maxRequests
+      // A request closed while a run() is in flight keeps its slot until that run's step returns.
+      const pinnedInFlight = this.inFlight ? this.closedInFlight.size : 0
+      const mayBeFull = maxRequests !== undefined && before.activeRequests + closedPinned + pinnedInFlight >= maxRequests
       this.expectError(error, 'CAPACITY_EXHAUSTED', `createRequest with ${open} open (maxRequests ${maxRequests})`, mayBeFull)
       this.log(`create -> CAPACITY_EXHAUSTED`)
       return
@@ -371,7 +399,8 @@ class Simulation {
     } catch (error) {
       const code = (error as any)?.code
       if (running) {
-        this.expectError(error, code === 'EVENTS_PENDING' ? 'EVENTS_PENDING' : 'TURN_ACTIVE', `beginTurn on r${model.id} with a running turn`, code !== 'EVENTS_PENDING' || retained > 0)
+        const pendingAllowed = retained > 0 || this.inFlight
+        this.expectError(error, code === 'EVENTS_PENDING' ? 'EVENTS_PENDING' : 'TURN_ACTIVE', `beginTurn on r${model.id} with a running turn`, code !== 'EVENTS_PENDING' || pendingAllowed)
       } else if (code === 'EVENTS_PENDING') {
         this.expectError(error, 'EVENTS_PENDING', `beginTurn on idle r${model.id}`, retained > 0)
       } else {
@@ -390,7 +419,7 @@ class Simulation {
     model.tokenCount += length
     model.turnsBegun++
     this.summary.turnsBegun++
-    model.current = {
+    const turnModel: TurnModel = {
       id: turn.id,
       turn,
       promptLength: length,
@@ -400,7 +429,19 @@ class Simulation {
       generated: [],
       cancelRequested: false,
       finished: false,
+      eventReason: null,
+      requestId: model.id,
+      doneReason: null,
+      doneSettled: 0,
+      closedEarly: false,
     }
+    // Held by the promise callback, not by the Turn: a dropped handle can still be collected.
+    void turn.done.then((result) => {
+      turnModel.doneSettled++
+      turnModel.doneReason = result.finishReason
+    })
+    this.turnModels.push(turnModel)
+    model.current = turnModel
     this.log(`begin r${model.id} t${turn.id} len=${length} ${JSON.stringify(options)}`)
   }
 
@@ -420,8 +461,9 @@ class Simulation {
     }
     if (coreCount + length >= model.maxSessionTokens) this.fail(`prefill of ${length} accepted on r${model.id} holding ${coreCount}/${model.maxSessionTokens}`)
     if (running) {
-      // Legal only when the core already finished the turn and holds back its finish event.
-      this.check(retained > 0, `prefill accepted on r${model.id} while its turn ${model.current!.id} runs and nothing is retained`)
+      // Legal only when the core already finished the turn and holds back its finish event (or
+      // handed it to the run in flight).
+      this.check(retained > 0 || this.inFlight, `prefill accepted on r${model.id} while its turn ${model.current!.id} runs and nothing is retained`)
       model.deferredPrefill += length
     } else {
       this.check(coreCount === model.tokenCount, `r${model.id} holds ${coreCount} tokens, the model expects ${model.tokenCount}`)
@@ -442,7 +484,7 @@ class Simulation {
       turn.cancelRequested = true
       this.summary.cancelled++
     } else if (!turn.cancelRequested) {
-      this.check(retained > 0, `cancel of running r${model.id} t${turn.id} returned false with nothing retained`)
+      this.check(retained > 0 || this.inFlight, `cancel of running r${model.id} t${turn.id} returned false with nothing retained`)
     }
   }
 
@@ -457,6 +499,8 @@ class Simulation {
     model.request!.close()
     if (this.rng.chance(0.2)) model.request!.close()
     model.closed = true
+    if (model.current && !model.current.finished) model.current.closedEarly = true
+    if (this.inFlight) this.closedInFlight.add(model.id)
     this.check(model.request!.state === 'closed', `r${model.id} is ${model.request!.state} after close()`)
     this.log(`close r${model.id}`)
   }
@@ -476,7 +520,8 @@ class Simulation {
   private drop(model: RequestModel): void {
     this.byRequest.delete(model.request!)
     model.request = null
-    if (model.current) model.current.turn = null
+    // Every Turn of the request goes too (a Turn holds its Request).
+    for (const turn of this.turnModels) if (turn.requestId === model.id) turn.turn = null
     model.dropped = true
     this.summary.dropped++
     this.log(`drop r${model.id}`)
@@ -518,6 +563,43 @@ class Simulation {
     if (!this.unhealthy) this.checkCounters(after)
   }
 
+  /**
+   * A run() with actions taken before it returns (issue 15's lost turn: a finish handed out by
+   * the core at the start of a run is routed only when it returns). The native addon plans now
+   * and executes off the thread; WebAssembly executes and commits now and routes later.
+   */
+  private async runInFlight(): Promise<void> {
+    const buffer = this.rng.pick(this.buffers)
+    this.inFlight = true
+    let pending: Promise<number>
+    try {
+      pending = this.engine.run(buffer)
+    } catch (error) {
+      this.fail(`run threw ${(error as any)?.code ?? ''} ${String(error)}`)
+    }
+    this.log(`run() cap=${buffer.capacity} started`)
+    // Synchronously, as a caller does right after `const p = engine.run(buffer)`: nothing routes
+    // the run's events before it is awaited.
+    const actions = this.rng.int(0, 3)
+    for (let a = 0; a < actions; a++) this.actNow()
+    let count: number
+    try {
+      count = await pending
+    } catch (error) {
+      this.fail(`run rejected ${(error as any)?.code ?? ''} ${String(error)}`)
+    }
+    this.inFlight = false
+    this.summary.runs++
+    this.check(count === buffer.count && count <= buffer.capacity, `run() resolved ${count}, buffer.count ${buffer.count} of ${buffer.capacity}`)
+    this.log(`run() cap=${buffer.capacity} -> ${count}`)
+    const events = []
+    for (let i = 0; i < count; i++) events.push(buffer.at(i))
+    for (const event of events) this.onEvent(event)
+    this.closedInFlight.clear()
+    this.checkInvariants()
+    if (!this.unhealthy) this.checkCounters(this.engine.stats())
+  }
+
   private onEvent(event: any): void {
     this.summary.events++
     const usage = event.usage ? `${event.usage.promptTokens}/${event.usage.generatedTokens}/${event.usage.cachedPromptTokens}` : '-'
@@ -525,6 +607,7 @@ class Simulation {
     if (event.request === null) return this.onEngineEvent(event)
     const model = this.byRequest.get(event.request) ?? this.byId.get(event.request.id)
     if (!model) this.fail(`event for unknown request ${event.request.id}`)
+    if (model.closed && this.closedInFlight.has(model.id)) return // written before the close
     if (model.closed) this.fail(`event for closed request r${model.id}`)
     if (model.dropped) return // a dropped request may still emit until it is reclaimed
     this.check(event.request === model.request, `event.request is not the Request object of r${model.id}`)
@@ -570,6 +653,7 @@ class Simulation {
     turn.finished = true
     this.summary.turnsFinished++
     const reason = event.finishReason as string
+    turn.eventReason = reason
     this.check(event.usage !== null, `a finish event without usage`)
     this.check(
       event.usage.promptTokens === turn.promptLength && event.usage.generatedTokens === turn.generated.length && event.usage.cachedPromptTokens === 0,
@@ -675,6 +759,19 @@ class Simulation {
     this.check(this.engine.stats().retainedEvents === 0, `events retained with no pending work`)
   }
 
+  /** Every turn whose Turn the driver still holds settled `done` exactly once, as it ended. */
+  private async checkDones(): Promise<void> {
+    await new Promise((resolve) => setImmediate(resolve))
+    for (const turn of this.turnModels) {
+      if (turn.turn === null) continue // dropped: its done is the collector's business
+      const what = `turn ${turn.id} (finish event ${turn.eventReason ?? 'none'}${turn.closedEarly ? ', closed first' : ''})`
+      this.check(turn.doneSettled === 1, `${what}: done settled ${turn.doneSettled} times`)
+      if (turn.eventReason !== null) this.check(turn.doneReason === turn.eventReason, `${what}: done says ${turn.doneReason}`)
+      else if (this.unhealthy) this.check(turn.doneReason === 'failed' || turn.doneReason === 'cancelled', `${what}: done says ${turn.doneReason}`)
+      else this.check(turn.doneReason === 'cancelled', `${what}: done says ${turn.doneReason}`)
+    }
+  }
+
   private async finish(): Promise<void> {
     for (const model of this.openModels()) this.close(model)
     const gc = (globalThis as any).gc
@@ -705,6 +802,7 @@ class Simulation {
     } catch (error) {
       this.expectError(error, 'ENGINE_CLOSED', 'createRequest on a closed engine', true)
     }
+    await this.checkDones()
   }
 
   private async checkUnhealthy(): Promise<void> {
@@ -724,11 +822,17 @@ class Simulation {
     this.checkInvariants()
     for (const model of this.openModels()) model.request!.close()
     await this.engine.close()
+    await this.checkDones()
   }
 
   // ------------------------------------------------------------------------------------------
   // Plumbing
   // ------------------------------------------------------------------------------------------
+
+  private fatalFaultsInjected(): boolean {
+    const faults = (this.options.faults ?? {}) as Record<string, any>
+    return faults.fatalRate > 0 || faults.fatalSteps?.length > 0
+  }
 
   private openModels(): RequestModel[] {
     return this.models.filter((m) => !m.closed && !m.dropped)
@@ -736,6 +840,9 @@ class Simulation {
 
   private expectError(error: unknown, code: string, what: string, allowed: boolean): void {
     if (!(error instanceof this.mod.OrtexError)) this.fail(`${what} threw a non-OrtexError: ${(error as Error)?.stack ?? String(error)}`)
+    // The step in flight may have failed fatally already (WebAssembly commits it before run()
+    // returns); its Failed event is routed when the run is awaited.
+    if (this.inFlight && (error as any).code === 'ENGINE_UNHEALTHY' && this.fatalFaultsInjected()) return
     if ((error as any).code !== code) this.fail(`${what} threw ${(error as any).code} (${(error as Error).message}), expected ${code}`)
     if (!allowed) this.fail(`${what} threw ${code} (${(error as Error).message}) where the model expects success`)
   }

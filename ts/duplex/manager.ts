@@ -55,6 +55,7 @@ export class DuplexSessionManager {
   private readonly eventBufferCapacity: number
   private readonly sessions = new Map<string, DuplexSession>()
   private readonly host: SessionHost
+  private readonly stopWatching: () => void
 
   constructor(engine: Engine, options?: DuplexSessionManagerOptions) {
     if (!(engine instanceof Engine)) {
@@ -87,6 +88,9 @@ export class DuplexSessionManager {
       : DEFAULT_EVENT_BUFFER_CAPACITY
     engine._checkOpen()
     this.engine = engine
+    // Weakly: the engine's listener must not keep a manager the program dropped alive.
+    const self = new WeakRef(this)
+    this.stopWatching = engine._onEnd((reason) => self.deref()?.endAll(reason))
     const optionsJson = JSON.stringify(core)
     this.rules = new SessionRules(engine._call(() => engine._core.createSessions(optionsJson)))
     this.host = {
@@ -108,7 +112,7 @@ export class DuplexSessionManager {
    */
   open(options?: DuplexSessionOptions): DuplexSession {
     const present = v.options('options', options, OPEN_KEYS)
-    const sessionId = present.has('sessionId') ? v.string('options.sessionId', present.get('sessionId')) : randomUUID()
+    const sessionId = present.has('sessionId') ? v.text('options.sessionId', present.get('sessionId')) : randomUUID()
     const config = checkConfig('options', {
       ...(present.has('turn') ? { turn: present.get('turn') } : {}),
       ...(present.has('respond') ? { respond: present.get('respond') } : {}),
@@ -139,7 +143,8 @@ export class DuplexSessionManager {
       events: new SessionEventQueue(this.eventBufferCapacity),
     }
     const session = DuplexSession._create(init)
-    this.sessions.set(sessionId, session)
+    // Keyed by the id the core holds, so that the two sides can never disagree about a session.
+    this.sessions.set(session.id, session)
     return session
   }
 
@@ -165,13 +170,14 @@ export class DuplexSessionManager {
     for (const expiry of expired) {
       const session = this.sessions.get(expiry.sessionId)
       if (session !== undefined) session._expire(expiry.reason, expiry.fence)
-      else this.rules.finalizeClose(expiry.sessionId)
+      else this.releaseUnknown(expiry.sessionId)
     }
     return expired.map(({ sessionId, fence, leaseGeneration, reason }) => ({ sessionId, fence, leaseGeneration, reason }))
   }
 
   /** Closes every session (addition). */
   async close(reason = 'manager_close'): Promise<void> {
+    this.stopWatching()
     await Promise.all(this.list().map((session) => session.close(reason)))
   }
 
@@ -189,6 +195,18 @@ export class DuplexSessionManager {
       throw invalidArgument(`the session clock returned ${v.describe(now)}; it must return milliseconds >= 0`)
     }
     return now
+  }
+
+  /** A session the core expired that this manager does not hold (it never should): its slot is
+   *  freed and the requests bound to it are closed, so that nothing it held stays alive. */
+  private releaseUnknown(sessionId: string): void {
+    for (const requestId of this.rules.finalizeClose(sessionId)) this.engine._requestById(requestId)?.close()
+  }
+
+  /** The engine failed or was closed: every session ends with one session.closed carrying the
+   *  reason, and later commands are refused with SESSION_CLOSED. */
+  private endAll(reason: 'engine_failure' | 'engine_closed'): void {
+    for (const session of this.list()) session._endForEngine(reason)
   }
 
   /** The second phase of a close: frees the slot. Returns the session's last fence. */

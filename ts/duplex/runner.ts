@@ -29,7 +29,7 @@ import type { Engine } from '../engine'
 import { OrtexError } from '../errors'
 import type { Request } from '../request'
 import type { Turn } from '../turn'
-import type { FinishReason, TurnOptions, TurnResult, TurnUsage } from '../types'
+import type { EventErrorCode, FinishReason, TurnOptions, TurnResult, TurnUsage } from '../types'
 import type { SessionRules } from './core'
 import type { Fence, ResponseStatus, SessionEventQueue } from './events'
 
@@ -92,12 +92,26 @@ export interface DuplexSessionContext {
 
 type LiveStatus = 'queued' | 'running'
 
+/** How the runner ends a response that its turn did not end: a cancel or a close ends it
+ *  'cancelled'; a failed engine ends it 'failed' with the engine's error code. */
+export interface ResponseEnding {
+  status: Exclude<ResponseStatus, 'completed'>
+  finishReason: FinishReason
+  errorCode: EventErrorCode
+}
+
+export const CANCELLED: ResponseEnding = { status: 'cancelled', finishReason: 'cancelled', errorCode: 'none' }
+/** A response that could not begin (no context to respond to, or the engine refused it). */
+const NO_CONTEXT: ResponseEnding = { status: 'failed', finishReason: 'failed', errorCode: 'none' }
+
 /** One response: a Turn on the session's Request, started under `fence`. */
 export class ResponseRecord {
   status: LiveStatus | ResponseStatus = 'queued'
   turn: Turn | null = null
   /** Set when the turn was cancelled in the core; its Turn may still deliver its finish. */
   turnCancelled = false
+  /** How the runner ended the response, when its turn did not. */
+  ending: ResponseEnding | null = null
   /** response.created was emitted. */
   announced = false
   doneEmitted = false
@@ -621,15 +635,18 @@ export class Runner implements RunnerServices {
   /** Cancels every response `which` selects that has not ended: all of them in the same tick
    *  (including one the engine finished but a slow reader has not received yet), then lets input
    *  queued behind them go in. */
-  cancelResponses(which: (response: ResponseRecord) => boolean): void {
+  cancelResponses(which: (response: ResponseRecord) => boolean, ending: ResponseEnding = CANCELLED): void {
     const cancelled = [...this.undone].filter((response) => !response.ended && which(response))
-    for (const response of cancelled) response.transitionTo('cancelled')
+    for (const response of cancelled) {
+      response.ending = ending
+      response.transitionTo(ending.status)
+    }
     for (const response of cancelled) {
       // The turn ends in the core now (one finish event, cancelled); nothing more is sampled.
       if (response.turn !== null) response.turn.cancel()
       this.endOperation(response)
       if (response.announced && !response.doneEmitted) {
-        this.emitDone(response, 'cancelled', 'cancelled', 'none', deliveredUsage(response))
+        this.emitDone(response, ending.status, ending.finishReason, ending.errorCode, deliveredUsage(response))
       }
     }
     for (const response of cancelled) this.feed.cancelled(response)
@@ -642,13 +659,13 @@ export class Runner implements RunnerServices {
    * The runner's half of a close (the session began it in the core): every response ends, the
    * request is closed (its KV freed), and the terminal event waits for finishClose().
    */
-  terminate(reason: string, kind: 'session.closed' | 'session.expired'): void {
+  terminate(reason: string, kind: 'session.closed' | 'session.expired', ending: ResponseEnding = CANCELLED): void {
     if (this.run.closing) return
     this.run.closing = true
     this.run.closeReason = reason
     this.run.terminalKind = kind
     this.run.closeDeferred = true
-    this.cancelResponses(() => true)
+    this.cancelResponses(() => true, ending)
     this.feed.stop()
     this.ctx.request.close()
     this.delivery.poke()
@@ -700,8 +717,8 @@ export class Runner implements RunnerServices {
     response.announced = true
     this.ctx.events.push({ type: 'response.created', fence: response.fence })
     if (response.ended && !response.doneEmitted) {
-      const reason = response.status === 'cancelled' ? 'cancelled' : 'failed'
-      this.emitDone(response, response.status as ResponseStatus, reason, 'none', deliveredUsage(response))
+      const ending = response.ending ?? (response.status === 'cancelled' ? CANCELLED : NO_CONTEXT)
+      this.emitDone(response, ending.status, ending.finishReason, ending.errorCode, deliveredUsage(response))
     }
   }
 

@@ -15,7 +15,7 @@ import type { TurnOptions } from '../types'
 import * as v from '../validate'
 import type { SessionRules, SessionView } from './core'
 import type { Fence, SessionEvent, SessionEventQueue, SessionState } from './events'
-import { MAX_QUEUED_RESPONSES, Runner } from './runner'
+import { CANCELLED, MAX_QUEUED_RESPONSES, type ResponseEnding, Runner } from './runner'
 
 /** When a response starts: on the final append of a user turn (default), or only by respond(). */
 export type RespondMode = 'on-final' | 'manual'
@@ -149,40 +149,48 @@ export class DuplexSession {
     const checkedInput = v.input('input', input)
     const present = v.options('opts', opts, ['final', 'operationId', 'fence'])
     const isFinal = present.has('final') ? v.boolean('opts.final', present.get('final')) : false
-    const operationId = present.has('operationId') ? v.string('opts.operationId', present.get('operationId')) : null
+    const operationId = present.has('operationId') ? v.text('opts.operationId', present.get('operationId')) : null
     const fence = present.has('fence') ? checkFence('opts.fence', present.get('fence')) : null
     this.checkOpen()
     const tokens = this.inputTokens(checkedInput)
     if (tokens.length === 0 && !isFinal) throw invalidArgument('input is empty (only a final append may be empty)')
+    // The clock is read once, before anything is reserved: a clock that fails leaves nothing held.
+    const now = this.host.now()
     const rules = this.host.rules
     const plan = rules.prepareAppend(this.id, { fence, final: isFinal, operationId, inputDigest: digestOf(tokens) })
     if ('replay' in plan) {
-      rules.touch(this.id, this.host.now(), 'append')
+      rules.touch(this.id, now, 'append')
       return { ...plan.replay, fence: this.fence }
     }
     const respondNow = isFinal && this.config.respond === 'on-final'
-    const feed = this.runner.feed
+    let committed: ReturnType<SessionRules['commitAppend']>
     try {
-      if (!feed.hasRoomFor(tokens.length)) {
-        throw invalidArgument(`input of ${tokens.length} tokens does not fit the session's context of ${this.host.engine.config.maxLength}`)
-      }
-      if (respondNow && tokens.length === 0 && !feed.hasContext()) {
-        throw invalidArgument('the session has no input to respond to')
-      }
-      if (respondNow && feed.queuedResponses() >= MAX_QUEUED_RESPONSES) {
-        throw new OrtexError('CAPACITY_EXHAUSTED', `session ${this.id} has ${MAX_QUEUED_RESPONSES} responses waiting; cancel or wait`)
-      }
-      // The engine part of the append happens between prepare and commit, so that a refusal
-      // leaves nothing counted. A final append in 'on-final' mode gives its input to the response.
-      if (!respondNow) feed.addInput(tokens)
+      this.applyAppend(tokens, respondNow)
+      committed = rules.commitAppend(plan.reservation, now)
     } catch (error) {
+      // Whatever fails between the reservation and its commit releases the reservation.
       rules.discardReservation(plan.reservation)
       throw error
     }
-    const committed = rules.commitAppend(plan.reservation, this.host.now())
     this.setView(committed.session)
-    if (respondNow) this.startResponse(tokens, this.config.turn)
+    if (respondNow) this.startResponse(tokens, this.config.turn, now)
     return { ...committed.result, fence: this.fence }
+  }
+
+  /** The engine part of an append, between its reservation and its commit, so that a refusal
+   *  leaves nothing counted. A final append in 'on-final' mode gives its input to the response. */
+  private applyAppend(tokens: Int32Array, respondNow: boolean): void {
+    const feed = this.runner.feed
+    if (!feed.hasRoomFor(tokens.length)) {
+      throw invalidArgument(`input of ${tokens.length} tokens does not fit the session's context of ${this.host.engine.config.maxLength}`)
+    }
+    if (respondNow && tokens.length === 0 && !feed.hasContext()) {
+      throw invalidArgument('the session has no input to respond to')
+    }
+    if (respondNow && feed.queuedResponses() >= MAX_QUEUED_RESPONSES) {
+      throw new OrtexError('CAPACITY_EXHAUSTED', `session ${this.id} has ${MAX_QUEUED_RESPONSES} responses waiting; cancel or wait`)
+    }
+    if (!respondNow) feed.addInput(tokens)
   }
 
   /** Starts a response now (for 'manual' mode, or to respond again). Throws TURN_ACTIVE while a
@@ -291,10 +299,15 @@ export class DuplexSession {
   /** Closes the session: the response (if any) is cancelled, the request closed (its KV freed),
    *  the slot freed; resolves once the terminal session.closed event has been queued. */
   close(reason?: string): Promise<void> {
-    const why = reason === undefined ? 'client_close' : v.string('reason', reason)
     if (this.runner.run.closing) return this.runner.terminal
-    this.host.rules.beginClose(this.id, null, why)
-    this.end(why, 'session.closed')
+    try {
+      const why = reason === undefined ? 'client_close' : v.text('reason', reason)
+      this.host.rules.beginClose(this.id, null, why)
+      this.end(why, 'session.closed')
+    } catch (error) {
+      // An async method rejects; it never throws.
+      return Promise.reject(error)
+    }
     return this.runner.terminal
   }
 
@@ -317,22 +330,31 @@ export class DuplexSession {
 
   // ---------------------------------------------------------------------------------------------
 
-  private end(reason: string, kind: 'session.closed' | 'session.expired'): void {
-    this.runner.terminate(reason, kind)
+  /** @internal The engine failed or was closed: the session closes with that reason; a running
+   *  response ends 'failed' (a failure) or 'cancelled' (a close), as its turn did. */
+  _endForEngine(reason: 'engine_failure' | 'engine_closed'): void {
+    const failure = this.host.engine._failure
+    const ending: ResponseEnding =
+      reason === 'engine_failure' ? { status: 'failed', finishReason: 'failed', errorCode: failure ?? 'engine-execution-failure' } : CANCELLED
+    this.endAfterEngineFailure(reason, ending)
+  }
+
+  private end(reason: string, kind: 'session.closed' | 'session.expired', ending: ResponseEnding = CANCELLED): void {
+    this.runner.terminate(reason, kind, ending)
     const fence = this.host.finalize(this)
     this.finalized = true
     this.view = { ...this.view, fence, state: 'closed' }
     this.runner.finishClose(fence)
   }
 
-  private endAfterEngineFailure(reason: string): void {
+  private endAfterEngineFailure(reason: string, ending: ResponseEnding = CANCELLED): void {
     if (this.runner.run.closing) return
     try {
       this.host.rules.beginClose(this.id, null, reason)
     } catch {
       // Already closing in the core: the runner's half still has to run.
     }
-    this.end(reason, 'session.closed')
+    this.end(reason, 'session.closed', ending)
   }
 
   private setView(view: SessionView): void {
@@ -351,15 +373,16 @@ export class DuplexSession {
     if (typeof input === 'string') return input.length === 0 ? new Int32Array(0) : engine.tokenize(input)
     const vocab = engine.config.vocabSize
     for (let i = 0; i < input.length; i++) {
-      if (input[i]! >= vocab) throw invalidArgument(`input[${i}] is outside the vocabulary of ${vocab}`)
+      const token = input[i]!
+      if (token < 0 || token >= vocab) throw invalidArgument(`input[${i}] is ${token}, outside the vocabulary of ${vocab}`)
     }
     // A copy: input that waits behind a running response must not change if the caller reuses
     // its array.
     return input.slice()
   }
 
-  private startResponse(input: Int32Array, options: TurnOptions): void {
-    const view = this.host.rules.startResponse(this.id, this.host.now())
+  private startResponse(input: Int32Array, options: TurnOptions, now: number): void {
+    const view = this.host.rules.startResponse(this.id, now)
     this.setView(view)
     this.runner.queueResponse(view.fence, input, options)
   }
@@ -386,7 +409,7 @@ export function checkFence(name: string, value: unknown): Fence {
     if (!present.has(key)) throw invalidArgument(`${name}.${key} is missing`)
   }
   return {
-    sessionId: v.string(`${name}.sessionId`, present.get('sessionId')),
+    sessionId: v.text(`${name}.sessionId`, present.get('sessionId')),
     incarnation: v.integer(`${name}.incarnation`, present.get('incarnation'), 0, Number.MAX_SAFE_INTEGER),
     epoch: v.integer(`${name}.epoch`, present.get('epoch'), 0, Number.MAX_SAFE_INTEGER),
     turnId: v.integer(`${name}.turnId`, present.get('turnId'), 0, Number.MAX_SAFE_INTEGER),

@@ -6,6 +6,7 @@
 // {session_id, incarnation, epoch, turn_id, response_seq}.
 
 import { OrtexError } from '../errors'
+import { charCount } from '../validate'
 import type { Fence, SessionEvent } from '../duplex/events'
 import type { DuplexAppendResult, DuplexSessionConfig, RespondMode } from '../duplex/session'
 import type { TurnOptions, TurnUsage } from '../types'
@@ -64,14 +65,29 @@ export class ProtocolError extends Error {
   }
 }
 
+/** The longest `event_id` and `resume_token`, in characters (the protocol's own strings; the
+ *  session's ids, operation ids and reasons are limited by the core, in the same unit). */
+export const MAX_EVENT_ID_CHARS = 256
+const MAX_RESUME_TOKEN_CHARS = 256
+/** Appended text is bounded by the message size; this only keeps a wrong client's mistake cheap. */
+const MAX_TEXT_CHARS = 1 << 20
+
+/** The client's `event_id` and `type` as far as the frame shows them, for the error about it:
+ *  echoed whenever the frame is a JSON object with a string `event_id` (its first 256 chars). */
+export interface EventLabels {
+  eventType: string | null
+  eventId: string | null
+}
+
 export interface ParsedEvent {
   command: ClientCommand
   /** The client's event_id, echoed in an error about this event. */
   eventId: string | null
 }
 
-/** Parses one text frame; throws ProtocolError. */
-export function parseClientEvent(text: string): ParsedEvent {
+/** Parses one JSON text frame. Throws ProtocolError; `labels` receives the event's type and id
+ *  as soon as they are known, so that the error about a bad event can name it. */
+export function parseClientEvent(text: string, labels?: EventLabels): ParsedEvent {
   let value: unknown
   try {
     value = JSON.parse(text)
@@ -82,7 +98,11 @@ export function parseClientEvent(text: string): ParsedEvent {
     throw new ProtocolError('INVALID_EVENT', 'an event must be a JSON object')
   }
   const event = value as Record<string, unknown>
-  const eventId = event.event_id === undefined ? null : str(event, 'event_id', 256)
+  if (labels !== undefined) {
+    if (typeof event.event_id === 'string') labels.eventId = event.event_id.slice(0, MAX_EVENT_ID_CHARS)
+    if (typeof event.type === 'string') labels.eventType = event.type.slice(0, 64)
+  }
+  const eventId = event.event_id === undefined ? null : str(event, 'event_id', MAX_EVENT_ID_CHARS)
   const type = event.type
   if (typeof type !== 'string') throw new ProtocolError('INVALID_EVENT', 'an event needs a string "type"')
   const fields = new Fields(event, type)
@@ -98,13 +118,13 @@ function parseCommand(type: string, f: Fields): ClientCommand {
     case 'input_text.append':
       return {
         type,
-        text: f.string('text', true, 1 << 20)!,
+        text: f.string('text', true, MAX_TEXT_CHARS)!,
         final: f.boolean('final') ?? false,
-        operationId: f.string('operation_id', false, 256),
+        operationId: f.string('operation_id', false),
         fence: f.fence('fence'),
       }
     case 'input.commit':
-      return { type, operationId: f.string('operation_id', false, 256), fence: f.fence('fence') }
+      return { type, operationId: f.string('operation_id', false), fence: f.fence('fence') }
     case 'response.create':
       return { type, options: turnOptions(f.object('response', false), 'response') }
     case 'response.cancel':
@@ -118,12 +138,12 @@ function parseCommand(type: string, f: Fields): ClientCommand {
     case 'session.resume':
       return {
         type,
-        sessionId: f.string('session_id', true, 128)!,
-        resumeToken: f.string('resume_token', true, 256)!,
+        sessionId: f.string('session_id', true)!,
+        resumeToken: f.string('resume_token', true, MAX_RESUME_TOKEN_CHARS)!,
         leaseGeneration: f.count('lease_generation', true)!,
       }
     case 'session.close':
-      return { type, reason: f.string('reason', false, 256) }
+      return { type, reason: f.string('reason', false) }
     default:
       throw new ProtocolError('UNKNOWN_EVENT', `unknown event type ${JSON.stringify(type.slice(0, 64))}`)
   }
@@ -179,10 +199,12 @@ class Fields {
     private readonly type: string,
   ) {}
 
-  string(key: string, required: boolean, maxLength: number): string | null {
+  /** A string field; `maxChars` only where the protocol itself sets the limit (the core checks
+   *  the lengths of what it keeps). */
+  string(key: string, required: boolean, maxChars = Number.POSITIVE_INFINITY): string | null {
     this.seen.add(key)
     if (this.absent(key, required)) return null
-    return str(this.event, key, maxLength)
+    return str(this.event, key, maxChars)
   }
 
   boolean(key: string): boolean | null {
@@ -234,10 +256,15 @@ class Fields {
   }
 }
 
-function str(event: Record<string, unknown>, key: string, maxLength: number): string {
+function str(event: Record<string, unknown>, key: string, maxChars: number): string {
   const value = event[key]
   if (typeof value !== 'string') throw new ProtocolError('INVALID_EVENT', `"${key}" must be a string`)
-  if (value.length > maxLength) throw new ProtocolError('INVALID_EVENT', `"${key}" is longer than ${maxLength} characters`)
+  if (!(value as unknown as { isWellFormed(): boolean }).isWellFormed()) {
+    throw new ProtocolError('INVALID_EVENT', `"${key}" is not well-formed Unicode (it holds a lone surrogate)`)
+  }
+  if (value.length > maxChars && charCount(value) > maxChars) {
+    throw new ProtocolError('INVALID_EVENT', `"${key}" is longer than ${maxChars} characters`)
+  }
   return value
 }
 
@@ -258,6 +285,7 @@ export function fenceFromWire(value: Record<string, unknown>): Fence {
   }
   const sessionId = value.session_id
   if (typeof sessionId !== 'string') throw new ProtocolError('INVALID_EVENT', 'fence.session_id must be a string')
+  str(value, 'session_id', Number.POSITIVE_INFINITY)
   return {
     sessionId,
     incarnation: count('incarnation'),

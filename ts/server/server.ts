@@ -28,6 +28,7 @@ import * as v from '../validate'
 import {
   type ClientCommand,
   ProtocolError,
+  type EventLabels,
   type ServerEvent,
   committedEvent,
   errorEvent,
@@ -51,6 +52,15 @@ export interface DuplexServerOptions {
   maxMessageBytes?: number
   /** How often expired sessions are collected (default 1000 ms; 0: never, call collectExpired). */
   sweepIntervalMs?: number
+  /** Most bytes one connection may have waiting to be sent (default 1 MiB). Above it the server
+   *  stops reading that connection and its session's events wait in the session. */
+  maxBufferedBytes?: number
+  /** A connection that stays above maxBufferedBytes this long is closed with code 1008
+   *  (default 30000 ms). */
+  sendStallMs?: number
+  /** How often the server pings each connection; one that has not answered the previous ping is
+   *  dropped, so a half-open connection detaches its session (default 30000 ms; 0 disables). */
+  pingIntervalMs?: number
   /** Turn options of every response (session.update and response.create may override them);
    *  default {maxGeneratedTokens: 256}. */
   turn?: TurnOptions
@@ -62,9 +72,39 @@ export const DEFAULT_PORT = 8787
 const DEFAULT_MAX_MESSAGE_BYTES = 65_536
 const DEFAULT_SWEEP_INTERVAL_MS = 1000
 const DEFAULT_TURN: TurnOptions = { maxGeneratedTokens: 256 }
-/** Above this many bytes waiting in a socket, the pump waits for the send to complete. */
-const SEND_HIGH_WATER_BYTES = 1 << 20
+const DEFAULT_MAX_BUFFERED_BYTES = 1 << 20
+const DEFAULT_SEND_STALL_MS = 30_000
+const DEFAULT_PING_INTERVAL_MS = 30_000
+/** The close code for a connection whose client stopped reading (RFC 6455: policy violation). */
+export const CLOSE_SEND_STALLED = 1008
 const OPEN = 1
+
+/** What a started server was configured with (validated). */
+interface ServerSettings {
+  maxMessageBytes: number
+  turn: TurnOptions
+  sweepIntervalMs: number
+  flow: FlowLimits
+  pingIntervalMs: number
+}
+
+/** Per-connection bounds on what waits to be sent. */
+interface FlowLimits {
+  maxBufferedBytes: number
+  sendStallMs: number
+}
+
+/** What the server holds right now (addition, for monitoring). */
+export interface DuplexServerStats {
+  connections: number
+  /** Sessions holding a slot. */
+  sessions: number
+  /** Connections the server stopped reading because their client does not read. */
+  pausedConnections: number
+  /** Bytes waiting to be sent, over all connections, and the most of any one. */
+  bufferedBytes: number
+  maxConnectionBufferedBytes: number
+}
 
 interface Entry {
   session: DuplexSession
@@ -81,24 +121,36 @@ export class DuplexServer {
   readonly port: number
   private readonly entries = new Map<string, Entry>()
   private readonly connections = new Set<Connection>()
-  private readonly sweepTimer: NodeJS.Timeout | null
+  readonly maxMessageBytes: number
+  readonly turn: TurnOptions
+  private readonly flow: FlowLimits
+  private readonly timers: NodeJS.Timeout[] = []
   private closing: Promise<void> | null = null
 
   /** @internal */
   constructor(
     private readonly wss: WebSocketServer,
     manager: DuplexSessionManager,
-    readonly maxMessageBytes: number,
-    readonly turn: TurnOptions,
-    sweepIntervalMs: number,
+    settings: ServerSettings,
   ) {
     this.manager = manager
+    this.maxMessageBytes = settings.maxMessageBytes
+    this.turn = settings.turn
+    this.flow = settings.flow
     const address = wss.address() as AddressInfo
     this.host = address.address
     this.port = address.port
     wss.on('connection', (ws) => this.accept(ws))
-    this.sweepTimer = sweepIntervalMs > 0 ? setInterval(() => this.collectExpired(), sweepIntervalMs) : null
-    this.sweepTimer?.unref()
+    this.every(settings.sweepIntervalMs, () => this.collectExpired())
+    this.every(settings.pingIntervalMs, () => this.pingAll())
+  }
+
+  /** Runs `task` every `intervalMs` (0: never) on an unref'd timer. */
+  private every(intervalMs: number, task: () => void): void {
+    if (intervalMs <= 0) return
+    const timer = setInterval(task, intervalMs)
+    timer.unref()
+    this.timers.push(timer)
   }
 
   get url(): string {
@@ -109,6 +161,25 @@ export class DuplexServer {
   /** Sessions holding a slot. */
   get sessionCount(): number {
     return this.manager.size
+  }
+
+  stats(): DuplexServerStats {
+    let bufferedBytes = 0
+    let maxConnectionBufferedBytes = 0
+    let pausedConnections = 0
+    for (const connection of this.connections) {
+      const buffered = connection.ws.bufferedAmount
+      bufferedBytes += buffered
+      maxConnectionBufferedBytes = Math.max(maxConnectionBufferedBytes, buffered)
+      if (connection.readingPaused) pausedConnections++
+    }
+    const connections = this.connections.size
+    return { connections, sessions: this.manager.size, pausedConnections, bufferedBytes, maxConnectionBufferedBytes }
+  }
+
+  /** Drops every connection that did not answer the previous ping, then pings the rest. */
+  private pingAll(): void {
+    for (const connection of this.connections) connection.ping()
   }
 
   /** Expires what ran out (the timer calls this); returns how many sessions expired. */
@@ -129,7 +200,7 @@ export class DuplexServer {
    *  engine is the caller's: it is neither stopped nor closed. */
   close(): Promise<void> {
     if (this.closing !== null) return this.closing
-    if (this.sweepTimer !== null) clearInterval(this.sweepTimer)
+    for (const timer of this.timers) clearInterval(timer)
     this.closing = (async () => {
       for (const connection of this.connections) connection.ws.terminate()
       await this.manager.close('server_shutdown')
@@ -146,7 +217,7 @@ export class DuplexServer {
       ws.terminate()
       return
     }
-    const connection = new Connection(ws, (entry) => {
+    const connection = new Connection(ws, this.flow, (entry) => {
       if (this.entries.get(entry.session.id) === entry) this.entries.delete(entry.session.id)
     })
     this.connections.add(connection)
@@ -161,20 +232,18 @@ export class DuplexServer {
   }
 
   private onMessage(connection: Connection, data: RawData, isBinary: boolean): void {
-    let eventType: string | null = null
-    let eventId: string | null = null
+    connection.alive = true
+    const labels: EventLabels = { eventType: null, eventId: null }
     try {
       if (isBinary) throw new ProtocolError('INVALID_EVENT', 'binary frames are not supported; send JSON text')
       const size = byteLength(data)
       if (size > this.maxMessageBytes) {
         throw new ProtocolError('MESSAGE_TOO_LARGE', `a message may hold at most ${this.maxMessageBytes} bytes, got ${size}`)
       }
-      const parsed = parseClientEvent(rawText(data))
-      eventType = parsed.command.type
-      eventId = parsed.eventId
+      const parsed = parseClientEvent(rawText(data), labels)
       this.handle(connection, parsed.command)
     } catch (error) {
-      connection.send(errorEvent(error, eventType, eventId))
+      connection.send(errorEvent(error, labels.eventType, labels.eventId))
     }
   }
 
@@ -278,29 +347,63 @@ export class DuplexServer {
   }
 }
 
-/** One WebSocket connection and the session it drives. */
+/** One WebSocket connection and the session it drives. Bounded: what waits to be sent is at most
+ *  about FlowLimits.maxBufferedBytes (plus the replies to one socket read); above it the server
+ *  stops reading the connection, and one that stays above for sendStallMs is closed. */
 class Connection {
   entry: Entry | null = null
+  /** Answered the last ping (or sent something) since the previous one. */
+  alive = true
+  /** The server stopped reading this connection: its client does not read what it is sent. */
+  readingPaused = false
   private seq = 0
   private stopPump: (() => void) | null = null
+  private stallTimer: NodeJS.Timeout | null = null
 
   constructor(
     readonly ws: WebSocket,
+    private readonly flow: FlowLimits,
     /** The session's terminal event went out: the server forgets it. */
     private readonly ended: (entry: Entry) => void,
-  ) {}
+  ) {
+    ws.on('pong', () => {
+      this.alive = true
+    })
+    ws.on('close', () => this.clearStall())
+  }
 
-  /** Sends a server event, stamped with the next server_event_seq. Resolves when the socket has
-   *  room again (the pump waits on it; commands do not). */
+  /** Sends a server event, stamped with the next server_event_seq. Resolves when the socket is
+   *  back under its bound (the pump waits on it; command replies do not). */
   send(event: ServerEvent): Promise<void> | void {
     if (this.ws.readyState !== OPEN) return
     const { type, ...fields } = event
     const data = JSON.stringify({ type, server_event_seq: ++this.seq, ...fields })
-    if (this.ws.bufferedAmount < SEND_HIGH_WATER_BYTES) {
-      this.ws.send(data)
+    if (this.ws.bufferedAmount < this.flow.maxBufferedBytes) {
+      this.ws.send(data, () => this.written())
+      this.checkBound()
       return
     }
-    return new Promise((resolve) => this.ws.send(data, () => resolve()))
+    return new Promise((resolve) =>
+      this.ws.send(data, () => {
+        this.written()
+        resolve()
+      }),
+    )
+  }
+
+  /** A heartbeat tick: a connection that did not answer the previous ping is dropped (its session
+   *  detaches and may be resumed); the others are pinged. */
+  ping(): void {
+    if (!this.alive) {
+      this.ws.terminate()
+      return
+    }
+    this.alive = false
+    try {
+      this.ws.ping()
+    } catch {
+      // The socket is closing; its 'close' handler detaches the session.
+    }
   }
 
   attach(entry: Entry, kind: 'session.created' | 'session.resumed'): void {
@@ -320,6 +423,45 @@ class Connection {
     const stop = this.stopPump
     this.stopPump = null
     stop?.()
+  }
+
+  /** Above the bound: stop reading, so that a client that floods without reading cannot make the
+   *  server buffer replies without end, and close the connection if it stays there. */
+  private checkBound(): void {
+    if (this.readingPaused || this.ws.bufferedAmount <= this.flow.maxBufferedBytes) return
+    this.readingPaused = true
+    this.ws.pause()
+    this.stallTimer = setTimeout(() => {
+      this.stallTimer = null
+      if (this.readingPaused && this.ws.readyState === OPEN) this.closeStalled()
+    }, this.flow.sendStallMs)
+    this.stallTimer.unref()
+  }
+
+  /**
+   * The client stayed above the bound: the close frame (1008) goes after what is already buffered,
+   * for a client that reads again to see, and reading resumes so that the client's own close
+   * frame can arrive; what the client still sends is read and dropped (a closing connection
+   * sends nothing). One that never completes the close is destroyed after the WebSocket layer's
+   * close timeout.
+   */
+  private closeStalled(): void {
+    this.ws.close(CLOSE_SEND_STALLED, 'the client does not read its events')
+    this.readingPaused = false
+    this.ws.resume()
+  }
+
+  /** A send completed: under half the bound again, reading resumes. */
+  private written(): void {
+    if (!this.readingPaused || this.ws.bufferedAmount > this.flow.maxBufferedBytes / 2) return
+    this.readingPaused = false
+    this.clearStall()
+    if (this.ws.readyState === OPEN) this.ws.resume()
+  }
+
+  private clearStall(): void {
+    if (this.stallTimer !== null) clearTimeout(this.stallTimer)
+    this.stallTimer = null
   }
 
   /** Forwards the session's events to this connection until it is released or the session ends. */
@@ -387,18 +529,26 @@ export async function startDuplexServer(engine: Engine, options?: DuplexServerOp
     'completedAppendLimit',
     'maxMessageBytes',
     'sweepIntervalMs',
+    'maxBufferedBytes',
+    'sendStallMs',
+    'pingIntervalMs',
     'turn',
     'now',
   ])
-  const port = present.has('port') ? v.integer('options.port', present.get('port'), 0, 65_535) : DEFAULT_PORT
+  const count = (key: string, fallback: number, min: number, max = Number.MAX_SAFE_INTEGER): number =>
+    present.has(key) ? v.integer(`options.${key}`, present.get(key), min, max) : fallback
+  const port = count('port', DEFAULT_PORT, 0, 65_535)
   const host = present.has('host') ? v.string('options.host', present.get('host')) : '127.0.0.1'
-  const maxMessageBytes = present.has('maxMessageBytes')
-    ? v.integer('options.maxMessageBytes', present.get('maxMessageBytes'), 64, 1 << 26)
-    : DEFAULT_MAX_MESSAGE_BYTES
-  const sweepIntervalMs = present.has('sweepIntervalMs')
-    ? v.integer('options.sweepIntervalMs', present.get('sweepIntervalMs'), 0)
-    : DEFAULT_SWEEP_INTERVAL_MS
-  const turn = (present.get('turn') as TurnOptions | undefined) ?? DEFAULT_TURN
+  const settings: ServerSettings = {
+    maxMessageBytes: count('maxMessageBytes', DEFAULT_MAX_MESSAGE_BYTES, 64, 1 << 26),
+    turn: (present.get('turn') as TurnOptions | undefined) ?? DEFAULT_TURN,
+    sweepIntervalMs: count('sweepIntervalMs', DEFAULT_SWEEP_INTERVAL_MS, 0),
+    flow: {
+      maxBufferedBytes: count('maxBufferedBytes', DEFAULT_MAX_BUFFERED_BYTES, 1024, 1 << 30),
+      sendStallMs: count('sendStallMs', DEFAULT_SEND_STALL_MS, 1),
+    },
+    pingIntervalMs: count('pingIntervalMs', DEFAULT_PING_INTERVAL_MS, 0),
+  }
   const manager = new DuplexSessionManager(engine, {
     maxSessions: present.get('maxSessions') as number | undefined,
     idleTtlMs: present.get('idleTtlMs') as number | null | undefined,
@@ -407,13 +557,14 @@ export async function startDuplexServer(engine: Engine, options?: DuplexServerOp
     now: present.get('now') as (() => number) | undefined,
   })
   // Checks the turn options once, as every session would.
-  checkConfig('options', { turn })
+  checkConfig('options', { turn: settings.turn })
   const ws = await import('ws')
   const wss = await new Promise<WebSocketServer>((resolve, reject) => {
-    const server = new ws.WebSocketServer({ port, host, maxPayload: Math.max(1 << 20, 4 * maxMessageBytes) })
+    const maxPayload = Math.max(1 << 20, 4 * settings.maxMessageBytes)
+    const server = new ws.WebSocketServer({ port, host, maxPayload })
     server.once('listening', () => resolve(server))
     server.once('error', reject)
   })
   engine.start()
-  return new DuplexServer(wss, manager, maxMessageBytes, turn, sweepIntervalMs)
+  return new DuplexServer(wss, manager, settings)
 }

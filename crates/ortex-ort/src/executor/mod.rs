@@ -43,10 +43,10 @@
 //! shared buffers the same way. `ORTEX_CARRY_PRESENT=0` turns both off, `ORTEX_SHARE_PAST=0` the
 //! shared buffers (gqa decodes then carry present like mha).
 
+mod stats;
+
 use std::borrow::Cow;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
 use ort::session::{Session, SessionInputValue};
 use ort::value::{DynValue, Tensor, TensorElementType, TensorRef, ValueType};
@@ -58,6 +58,8 @@ use crate::config::{ModelConfig, TensorNames};
 use crate::kv_store::{KvKind, KvStore};
 use crate::runtime::ExecutionProvider;
 use crate::shared_past::{self, SharedPast};
+use stats::now;
+pub use stats::{Counter, ExecutorStats, StatsSnapshot, Unit};
 
 /// Where `present` puts a row's new keys and values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,80 +78,6 @@ impl AttentionForm {
             AttentionForm::Gqa => "gqa",
         }
     }
-}
-
-/// Cumulative executor timings, shared with whoever wants to read them while the executor is
-/// inside the engine (the binding exposes them for benchmarks).
-#[derive(Debug, Default)]
-pub struct ExecutorStats {
-    pub steps: AtomicU64,
-    pub invocations: AtomicU64,
-    pub rows: AtomicU64,
-    pub tokens: AtomicU64,
-    /// Decode invocations that took the previous step's present as their past (no gather).
-    pub carried: AtomicU64,
-    /// Building the inputs: ids, mask, positions and the past tensors gathered from the blocks.
-    pub gather_ns: AtomicU64,
-    /// Inside `Session::run`.
-    pub run_ns: AtomicU64,
-    /// Reading the outputs: logits into the step output, present into the blocks.
-    pub scatter_ns: AtomicU64,
-    /// The whole `execute`, grouping included.
-    pub execute_ns: AtomicU64,
-    /// Model memory collapsed into 2 MiB pages at load (huge_pages.rs).
-    pub huge_page_bytes: AtomicU64,
-    /// Memory ONNX Runtime allocated while the session was built, packed into 2 MiB-aligned
-    /// chunks (weight_chunks.rs; freed blocks included).
-    pub weight_chunk_bytes: AtomicU64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct StatsSnapshot {
-    pub steps: u64,
-    pub invocations: u64,
-    pub rows: u64,
-    pub tokens: u64,
-    pub carried: u64,
-    pub gather_ns: u64,
-    pub run_ns: u64,
-    pub scatter_ns: u64,
-    pub execute_ns: u64,
-    pub huge_page_bytes: u64,
-    pub weight_chunk_bytes: u64,
-}
-
-impl ExecutorStats {
-    pub fn snapshot(&self) -> StatsSnapshot {
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        StatsSnapshot {
-            steps: get(&self.steps),
-            invocations: get(&self.invocations),
-            rows: get(&self.rows),
-            tokens: get(&self.tokens),
-            carried: get(&self.carried),
-            gather_ns: get(&self.gather_ns),
-            run_ns: get(&self.run_ns),
-            scatter_ns: get(&self.scatter_ns),
-            execute_ns: get(&self.execute_ns),
-            huge_page_bytes: get(&self.huge_page_bytes),
-            weight_chunk_bytes: get(&self.weight_chunk_bytes),
-        }
-    }
-
-    fn add(counter: &AtomicU64, value: u64) {
-        counter.fetch_add(value, Ordering::Relaxed);
-    }
-}
-
-/// Wall-clock reads for the timing counters. The executor measures real time on purpose (the
-/// core's ban on clocks keeps the engine deterministic; timings never feed back into it).
-#[allow(clippy::disallowed_methods)]
-fn now() -> Instant {
-    Instant::now()
-}
-
-fn elapsed_ns(since: Instant) -> u64 {
-    since.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64
 }
 
 /// Tensor names, expanded per layer once at load.
@@ -451,11 +379,11 @@ impl Executor for OrtExecutor {
             result?;
         }
         let s = &self.stats;
-        ExecutorStats::add(&s.steps, 1);
-        ExecutorStats::add(&s.invocations, scratch.bounds.len() as u64);
-        ExecutorStats::add(&s.rows, plan.rows.len() as u64);
-        ExecutorStats::add(&s.tokens, u64::from(plan.total_tokens()));
-        ExecutorStats::add(&s.execute_ns, elapsed_ns(started));
+        s.add(Counter::Steps, 1);
+        s.add(Counter::Invocations, scratch.bounds.len() as u64);
+        s.add(Counter::Rows, plan.rows.len() as u64);
+        s.add(Counter::Tokens, u64::from(plan.total_tokens()));
+        s.add_since(Counter::ExecuteNs, started);
         Ok(())
     }
 }
@@ -607,12 +535,12 @@ impl<'a> Step<'a> {
         }
         let carry_values = if carried { self.carry.as_ref().map(|c| c.values.as_slice()) } else { None };
         let inputs = self.input_values(dims, scratch, carry_values)?;
-        ExecutorStats::add(&self.stats.gather_ns, elapsed_ns(gather_started));
-        ExecutorStats::add(&self.stats.carried, u64::from(carried));
+        self.stats.add_since(Counter::GatherNs, gather_started);
+        self.stats.add(Counter::Carried, u64::from(carried));
 
         let run_started = now();
         let mut outputs = self.session.run(inputs).map_err(ort_error("the model run failed"))?;
-        ExecutorStats::add(&self.stats.run_ns, elapsed_ns(run_started));
+        self.stats.add_since(Counter::RunNs, run_started);
 
         let scatter_started = now();
         let vocab = self.config.vocab_size as usize;
@@ -621,7 +549,7 @@ impl<'a> Step<'a> {
         if decode && self.carry_enabled {
             *self.carry = Self::keep_present(self.form, self.names, plan, rows, dims, &mut outputs);
         }
-        ExecutorStats::add(&self.stats.scatter_ns, elapsed_ns(scatter_started));
+        self.stats.add_since(Counter::ScatterNs, scatter_started);
         Ok(())
     }
 
@@ -664,12 +592,12 @@ impl<'a> Step<'a> {
             }
         }
         bind_shared(names, shared, dims, scratch).map_err(ort_error("cannot bind the model's inputs"))?;
-        ExecutorStats::add(&stats.gather_ns, elapsed_ns(gather_started));
-        ExecutorStats::add(&stats.carried, u64::from(carried));
+        stats.add_since(Counter::GatherNs, gather_started);
+        stats.add(Counter::Carried, u64::from(carried));
 
         let run_started = now();
         let outputs = session.run_binding(&shared.binding).map_err(ort_error("the model run failed"))?;
-        ExecutorStats::add(&stats.run_ns, elapsed_ns(run_started));
+        stats.add_since(Counter::RunNs, run_started);
 
         let scatter_started = now();
         let vocab = config.vocab_size as usize;
@@ -685,7 +613,7 @@ impl<'a> Step<'a> {
         }
         drop(outputs);
         shared.record(plan.step, plan, rows);
-        ExecutorStats::add(&stats.scatter_ns, elapsed_ns(scatter_started));
+        stats.add_since(Counter::ScatterNs, scatter_started);
         Ok(())
     }
 

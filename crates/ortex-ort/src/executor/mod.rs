@@ -43,21 +43,23 @@
 //! shared buffers the same way. `ORTEX_CARRY_PRESENT=0` turns both off, `ORTEX_SHARE_PAST=0` the
 //! shared buffers (gqa decodes then carry present like mha).
 
+mod signature;
 mod stats;
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
 use ort::session::{Session, SessionInputValue};
-use ort::value::{DynValue, Tensor, TensorElementType, TensorRef, ValueType};
+use ort::value::{DynValue, Tensor, TensorRef};
 use ortex_core::executor::{ExecError, Executor, KvGeometry, LogitsLayout, ModelInfo, PlanRow, StepOutput, StepPlan};
 use ortex_core::ids::RequestId;
 use ortex_core::{ErrorCode, OrtexError, Result};
 
-use crate::config::{ModelConfig, TensorNames};
+use crate::config::ModelConfig;
 use crate::kv_store::{KvKind, KvStore};
 use crate::runtime::ExecutionProvider;
 use crate::shared_past::{self, SharedPast};
+use signature::{check_signature, detect_form, Names};
 use stats::now;
 pub use stats::{Counter, ExecutorStats, StatsSnapshot, Unit};
 
@@ -78,17 +80,6 @@ impl AttentionForm {
             AttentionForm::Gqa => "gqa",
         }
     }
-}
-
-/// Tensor names, expanded per layer once at load.
-struct Names {
-    input_ids: String,
-    attention_mask: String,
-    position_ids: Option<String>,
-    logits: String,
-    /// `past[2 * layer + kind]`, `present[2 * layer + kind]` (kind 0 = key, 1 = value).
-    past: Vec<String>,
-    present: Vec<String>,
 }
 
 /// Buffers reused from step to step.
@@ -164,27 +155,10 @@ const KINDS: [KvKind; 2] = [KvKind::Key, KvKind::Value];
 impl OrtExecutor {
     /// Wraps an opened session after checking its signature against the config.
     pub fn new(config: ModelConfig, session: Session, provider: ExecutionProvider) -> Result<OrtExecutor> {
-        let layers = config.num_hidden_layers as usize;
-        let n = &config.names;
-        let mut past = Vec::with_capacity(2 * layers);
-        let mut present = Vec::with_capacity(2 * layers);
-        for layer in 0..layers {
-            past.push(TensorNames::layer(&n.past_key, layer));
-            past.push(TensorNames::layer(&n.past_value, layer));
-            present.push(TensorNames::layer(&n.present_key, layer));
-            present.push(TensorNames::layer(&n.present_value, layer));
-        }
-        let names = Names {
-            input_ids: n.input_ids.clone(),
-            attention_mask: n.attention_mask.clone(),
-            position_ids: n.position_ids.clone(),
-            logits: n.logits.clone(),
-            past,
-            present,
-        };
+        let names = Names::of(&config);
         check_signature(&config, &session, &names)?;
         let form = detect_form(&config, &session);
-        let scratch = Scratch { past: vec![Vec::new(); 2 * layers], ..Scratch::default() };
+        let scratch = Scratch { past: vec![Vec::new(); names.past.len()], ..Scratch::default() };
         let carry_enabled = env_flag("ORTEX_CARRY_PRESENT");
         // CUDA would want device buffers; it keeps ONNX Runtime's own present tensors.
         let shared = if form == AttentionForm::Gqa && provider == ExecutionProvider::Cpu && env_flag("ORTEX_SHARE_PAST")
@@ -225,93 +199,6 @@ impl OrtExecutor {
 /// An on/off switch read from the environment: on unless set to "0".
 fn env_flag(name: &str) -> bool {
     std::env::var(name).map_or(true, |v| v != "0")
-}
-
-/// Metadata `ortex.attention` when the model has it (ortex make-model); otherwise a model
-/// without `position_ids` is a builder GroupQueryAttention model (docs/model-format.md).
-fn detect_form(config: &ModelConfig, session: &Session) -> AttentionForm {
-    let declared = session.metadata().ok().and_then(|m| m.custom("ortex.attention"));
-    match declared.as_deref() {
-        Some("mha") => AttentionForm::Mha,
-        Some("gqa") => AttentionForm::Gqa,
-        _ if config.names.position_ids.is_some() => AttentionForm::Mha,
-        _ => AttentionForm::Gqa,
-    }
-}
-
-/// The session's inputs and outputs must be exactly what genai_config.json names, with float32
-/// KV of the configured shape and logits as wide as the vocabulary.
-fn check_signature(config: &ModelConfig, session: &Session, names: &Names) -> Result<()> {
-    let config_file = config.config_file();
-    let model_file = &config.model_file;
-    let mismatch = |what: String| {
-        load_error(format!("{}: {what} ({} does not match it)", config_file.display(), model_file.display()))
-    };
-    let find_input = |name: &str| session.inputs().iter().find(|o| o.name() == name);
-    let find_output = |name: &str| session.outputs().iter().find(|o| o.name() == name);
-    let mut fed: Vec<&str> = vec![&names.input_ids, &names.attention_mask];
-    fed.extend(names.position_ids.as_deref());
-    fed.extend(names.past.iter().map(String::as_str));
-    for name in &fed {
-        if find_input(name).is_none() {
-            return Err(mismatch(format!("names the input {name:?}, which the model does not have")));
-        }
-    }
-    if let Some(extra) = session.inputs().iter().find(|o| !fed.contains(&o.name())) {
-        return Err(mismatch(format!("does not name the model's input {:?}", extra.name())));
-    }
-    for name in std::iter::once(&names.logits).chain(&names.present) {
-        if find_output(name).is_none() {
-            return Err(mismatch(format!("names the output {name:?}, which the model does not have")));
-        }
-    }
-    let tensor = |dtype: &ValueType| match dtype {
-        ValueType::Tensor { ty, shape, .. } => Some((*ty, shape.to_vec())),
-        _ => None,
-    };
-    let expect_type = |name: &str, dtype: &ValueType, ty: TensorElementType, rank: usize| -> Result<Vec<i64>> {
-        match tensor(dtype) {
-            Some((t, shape)) if t == ty && shape.len() == rank => Ok(shape),
-            _ => Err(load_error(format!(
-                "{}: {name} must be a {ty:?} tensor of rank {rank}; ortex runs float32 KV and logits and int64 ids",
-                model_file.display()
-            ))),
-        }
-    };
-    let kv_heads = i64::from(config.num_key_value_heads);
-    let head_size = i64::from(config.head_size);
-    for name in &names.past {
-        let shape = expect_type(name, find_input(name).expect("checked").dtype(), TensorElementType::Float32, 4)?;
-        check_dim(&shape, 1, kv_heads).map_err(|got| {
-            mismatch(format!("has model.decoder.num_key_value_heads {kv_heads} but {name} has {got} KV heads"))
-        })?;
-        check_dim(&shape, 3, head_size)
-            .map_err(|got| mismatch(format!("has model.decoder.head_size {head_size} but {name} has {got}")))?;
-    }
-    for name in &names.present {
-        expect_type(name, find_output(name).expect("checked").dtype(), TensorElementType::Float32, 4)?;
-    }
-    for name in std::iter::once(&names.input_ids).chain(&names.position_ids).chain([&names.attention_mask]) {
-        expect_type(name, find_input(name).expect("checked").dtype(), TensorElementType::Int64, 2)?;
-    }
-    let logits = expect_type(
-        &names.logits,
-        find_output(&names.logits).expect("checked").dtype(),
-        TensorElementType::Float32,
-        3,
-    )?;
-    check_dim(&logits, 2, i64::from(config.vocab_size)).map_err(|got| {
-        mismatch(format!("has model.vocab_size {} but the model's {} are {got} wide", config.vocab_size, names.logits))
-    })?;
-    Ok(())
-}
-
-/// A static dimension must equal `want`; a symbolic one (-1) passes. Err carries the actual.
-fn check_dim(shape: &[i64], axis: usize, want: i64) -> Result<(), i64> {
-    match shape.get(axis) {
-        Some(&d) if d >= 0 && d != want => Err(d),
-        _ => Ok(()),
-    }
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -43,6 +43,7 @@
 //! shared buffers the same way. `ORTEX_CARRY_PRESENT=0` turns both off, `ORTEX_SHARE_PAST=0` the
 //! shared buffers (gqa decodes then carry present like mha).
 
+mod grouping;
 mod signature;
 mod stats;
 
@@ -59,6 +60,7 @@ use crate::config::ModelConfig;
 use crate::kv_store::{KvKind, KvStore};
 use crate::runtime::ExecutionProvider;
 use crate::shared_past::{self, SharedPast};
+use grouping::{assign_sampled_slots, check_plan, group_rows, Grouping};
 use signature::{check_signature, detect_form, Names};
 use stats::now;
 pub use stats::{Counter, ExecutorStats, StatsSnapshot, Unit};
@@ -90,13 +92,6 @@ struct Scratch {
     position_ids: Vec<i64>,
     /// One per past input, as `Names::past`.
     past: Vec<Vec<f32>>,
-    /// Plan row indices, grouped: invocation `i` is `rows[bounds[i].0 .. bounds[i].1]`.
-    rows: Vec<u32>,
-    bounds: Vec<(u32, u32)>,
-    /// Prefill candidates, sorted by length before grouping.
-    pending: Vec<u32>,
-    /// Per plan row: its logits row in the step output (`u32::MAX` when not sampled).
-    sampled_slot: Vec<u32>,
 }
 
 /// The present tensors of the last decode invocation, kept to serve as the next one's past.
@@ -134,6 +129,7 @@ pub struct OrtExecutor {
     names: Names,
     kv: Option<KvStore>,
     scratch: Scratch,
+    grouping: Grouping,
     carry: Option<Carry>,
     /// `ORTEX_CARRY_PRESENT=0` turns carrying off (to measure what it saves).
     carry_enabled: bool,
@@ -175,6 +171,7 @@ impl OrtExecutor {
             names,
             kv: None,
             scratch,
+            grouping: Grouping::default(),
             carry: None,
             carry_enabled,
             shared,
@@ -235,12 +232,13 @@ impl Executor for OrtExecutor {
         check_plan(plan, kv, self.config.context_length)?;
         let vocab = self.config.vocab_size as usize;
         let scratch = &mut self.scratch;
-        let sampled = assign_sampled_slots(plan, &mut scratch.sampled_slot);
+        let grouping = &mut self.grouping;
+        let sampled = assign_sampled_slots(plan, &mut grouping.sampled_slot);
         out.clear();
         out.layout = LogitsLayout::Dense;
         out.width = vocab;
         out.logits.resize(sampled * vocab, 0.0);
-        group_rows(plan, self.form, scratch);
+        group_rows(plan, self.form, grouping);
         let mut step = Step {
             config: &self.config,
             form: self.form,
@@ -252,11 +250,8 @@ impl Executor for OrtExecutor {
             shared: self.shared.as_mut(),
             stats: &self.stats,
         };
-        for i in 0..scratch.bounds.len() {
-            let (start, end) = scratch.bounds[i];
-            let rows = std::mem::take(&mut scratch.rows);
-            let result = step.invoke(plan, &rows[start as usize..end as usize], scratch, out);
-            scratch.rows = rows;
+        for i in 0..grouping.len() {
+            let result = step.invoke(plan, grouping.group(i), &grouping.sampled_slot, scratch, out);
             if result.is_err() {
                 *step.carry = None;
                 if let Some(shared) = step.shared.as_deref_mut() {
@@ -267,100 +262,12 @@ impl Executor for OrtExecutor {
         }
         let s = &self.stats;
         s.add(Counter::Steps, 1);
-        s.add(Counter::Invocations, scratch.bounds.len() as u64);
+        s.add(Counter::Invocations, grouping.len() as u64);
         s.add(Counter::Rows, plan.rows.len() as u64);
         s.add(Counter::Tokens, u64::from(plan.total_tokens()));
         s.add_since(Counter::ExecuteNs, started);
         Ok(())
     }
-}
-
-/// The plan must fit the model and the pool: tables cover every new position, positions stay
-/// inside the context (the rotary tables end there).
-fn check_plan(plan: &StepPlan, kv: &KvStore, context_length: u32) -> Result<(), ExecError> {
-    for row in &plan.rows {
-        let end = u64::from(row.start_position) + u64::from(row.token_count);
-        let covered = u64::from(row.block_count) * kv.block_size() as u64;
-        let blocks_ok = plan.row_blocks(row).iter().all(|b| (b.0 as usize) < kv.num_blocks());
-        if row.token_count == 0
-            || row.first_block != 0
-            || covered < end
-            || end > u64::from(context_length)
-            || !blocks_ok
-        {
-            return Err(fatal(format!(
-                "plan row of request {} does not fit: positions {}..{end}, {} blocks of {} from block {}, context {}",
-                row.request.0,
-                row.start_position,
-                row.block_count,
-                kv.block_size(),
-                row.first_block,
-                context_length
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Numbers the sampled rows in plan order (the order of the step output's logits rows).
-fn assign_sampled_slots(plan: &StepPlan, slots: &mut Vec<u32>) -> usize {
-    slots.clear();
-    let mut next = 0u32;
-    for row in &plan.rows {
-        slots.push(if row.sample { next } else { u32::MAX });
-        next += u32::from(row.sample);
-    }
-    next as usize
-}
-
-/// Splits the plan's rows into invocations (see the module comment).
-fn group_rows(plan: &StepPlan, form: AttentionForm, scratch: &mut Scratch) {
-    let Scratch { rows, bounds, pending, .. } = scratch;
-    rows.clear();
-    bounds.clear();
-    pending.clear();
-    let close = |rows: &mut Vec<u32>, bounds: &mut Vec<(u32, u32)>| {
-        let start = bounds.last().map_or(0, |b| b.1);
-        if rows.len() as u32 > start {
-            bounds.push((start, rows.len() as u32));
-        }
-    };
-    // Decodes: one invocation.
-    for (i, row) in plan.rows.iter().enumerate() {
-        if row.token_count == 1 {
-            rows.push(i as u32);
-        }
-    }
-    close(rows, bounds);
-    // Several new tokens: batchable ones grouped by length, the rest one by one.
-    for (i, row) in plan.rows.iter().enumerate() {
-        if row.token_count > 1 {
-            if form == AttentionForm::Gqa && row.start_position > 0 {
-                rows.push(i as u32);
-                close(rows, bounds);
-            } else {
-                pending.push(i as u32);
-            }
-        }
-    }
-    // Longest first; a row joins the group while the padded positions stay within twice the real.
-    pending.sort_by_key(|&i| (std::cmp::Reverse(plan.rows[i as usize].token_count), i));
-    let (mut width, mut real, mut count) = (0u64, 0u64, 0u64);
-    for &i in pending.iter() {
-        let n = u64::from(plan.rows[i as usize].token_count);
-        if count > 0 && (count + 1) * width > 2 * (real + n) {
-            close(rows, bounds);
-            count = 0;
-            real = 0;
-        }
-        if count == 0 {
-            width = n;
-        }
-        rows.push(i);
-        count += 1;
-        real += n;
-    }
-    close(rows, bounds);
 }
 
 /// What one invocation needs, borrowed from the executor.
@@ -405,13 +312,14 @@ impl<'a> Step<'a> {
         &mut self,
         plan: &StepPlan,
         rows: &[u32],
+        sampled_slot: &[u32],
         scratch: &mut Scratch,
         out: &mut StepOutput,
     ) -> Result<(), ExecError> {
         let dims = self.dims(plan, rows);
         let decode = dims.new == 1;
         if decode && self.shared.is_some() {
-            return self.invoke_shared(plan, rows, dims, scratch, out);
+            return self.invoke_shared(plan, rows, dims, sampled_slot, scratch, out);
         }
         let carried =
             decode && self.carry.as_ref().is_some_and(|c| c.continues(plan.step, plan, rows, dims, self.form));
@@ -431,7 +339,7 @@ impl<'a> Step<'a> {
 
         let scatter_started = now();
         let vocab = self.config.vocab_size as usize;
-        Self::copy_logits(&outputs, &self.names.logits, vocab, plan, rows, dims, &scratch.sampled_slot, out)?;
+        Self::copy_logits(&outputs, &self.names.logits, vocab, plan, rows, dims, sampled_slot, out)?;
         Self::scatter_present(&outputs, &self.names.present, self.form, self.kv, plan, rows, dims)?;
         if decode && self.carry_enabled {
             *self.carry = Self::keep_present(self.form, self.names, plan, rows, dims, &mut outputs);
@@ -460,6 +368,7 @@ impl<'a> Step<'a> {
         plan: &StepPlan,
         rows: &[u32],
         dims: Dims,
+        sampled_slot: &[u32],
         scratch: &mut Scratch,
         out: &mut StepOutput,
     ) -> Result<(), ExecError> {
@@ -488,7 +397,7 @@ impl<'a> Step<'a> {
 
         let scatter_started = now();
         let vocab = config.vocab_size as usize;
-        Self::copy_logits(&outputs, &names.logits, vocab, plan, rows, dims, &scratch.sampled_slot, out)?;
+        Self::copy_logits(&outputs, &names.logits, vocab, plan, rows, dims, sampled_slot, out)?;
         let width = shared.width();
         for (index, (name, tensor)) in names.present.iter().zip(shared.tensors()).enumerate() {
             let data = tensor.extract_tensor().1;
@@ -761,66 +670,4 @@ fn present_width(shape: &[i64], dims: Dims) -> Option<usize> {
 fn reset<T: Copy>(buffer: &mut Vec<T>, len: usize, value: T) {
     buffer.clear();
     buffer.resize(len, value);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use ortex_core::executor::PlanRow;
-    use ortex_core::ids::{RequestId, TurnId};
-
-    fn plan(rows: &[(u32, u32)]) -> StepPlan {
-        let mut plan = StepPlan::default();
-        for (i, &(start, count)) in rows.iter().enumerate() {
-            plan.rows.push(PlanRow {
-                request: RequestId(i as u32 + 1),
-                turn: TurnId(1),
-                first_block: 0,
-                request_position: i as u32,
-                start_position: start,
-                token_start: 0,
-                token_count: count,
-                block_start: 0,
-                block_count: 0,
-                sample: true,
-            });
-        }
-        plan
-    }
-
-    fn groups(rows: &[(u32, u32)], form: AttentionForm) -> Vec<Vec<u32>> {
-        let plan = plan(rows);
-        let mut scratch = Scratch::default();
-        group_rows(&plan, form, &mut scratch);
-        scratch.bounds.iter().map(|&(a, b)| scratch.rows[a as usize..b as usize].to_vec()).collect()
-    }
-
-    #[test]
-    fn decodes_share_one_invocation_and_chunks_stay_apart() {
-        // rows: decode, decode, first prompt 8, chunk with past 5 x 4, first prompt 6, decode
-        let rows = [(10, 1), (3, 1), (0, 8), (5, 4), (0, 6), (0, 1)];
-        assert_eq!(groups(&rows, AttentionForm::Mha), vec![vec![0, 1, 5], vec![2, 4, 3]]);
-        assert_eq!(groups(&rows, AttentionForm::Gqa), vec![vec![0, 1, 5], vec![3], vec![2, 4]]);
-    }
-
-    #[test]
-    fn prefill_groups_pad_at_most_twice_their_tokens() {
-        let rows = [(0, 100), (0, 10), (0, 90), (0, 3)];
-        // 100 + 90 = 190 real in 200 padded; adding 10 gives 300 padded for 200 real: still fine
-        // (300 <= 400); adding 3 gives 400 for 203: also fine (400 <= 406).
-        assert_eq!(groups(&rows, AttentionForm::Gqa), vec![vec![0, 2, 1, 3]]);
-        // 100 + 2: 200 padded for 102 real; a third row would pad 300 for 104: a new group.
-        let rows = [(0, 100), (0, 2), (0, 2), (0, 2)];
-        assert_eq!(groups(&rows, AttentionForm::Gqa), vec![vec![0, 1], vec![2, 3]]);
-        assert!(groups(&[], AttentionForm::Mha).is_empty());
-    }
-
-    #[test]
-    fn sampled_rows_are_numbered_in_plan_order() {
-        let mut plan = plan(&[(0, 3), (4, 1), (2, 2)]);
-        plan.rows[0].sample = false;
-        let mut slots = Vec::new();
-        assert_eq!(assign_sampled_slots(&plan, &mut slots), 2);
-        assert_eq!(slots, vec![u32::MAX, 0, 1]);
-    }
 }

@@ -57,7 +57,7 @@ use ortex_core::ids::RequestId;
 use ortex_core::{ErrorCode, OrtexError, Result};
 
 use crate::config::ModelConfig;
-use crate::kv_store::{KvKind, KvStore};
+use crate::kv_store::{KvArena, KvStore};
 use crate::runtime::ExecutionProvider;
 use crate::shared_past::{self, SharedPast};
 use grouping::{assign_sampled_slots, check_plan, group_rows, Grouping};
@@ -145,8 +145,6 @@ fn load_error(message: impl Into<String>) -> OrtexError {
 fn fatal(message: impl Into<String>) -> ExecError {
     ExecError::Fatal(message.into())
 }
-
-const KINDS: [KvKind; 2] = [KvKind::Key, KvKind::Value];
 
 impl OrtExecutor {
     /// Wraps an opened session after checking its signature against the config.
@@ -583,8 +581,7 @@ impl<'a> Step<'a> {
 /// One KV tensor of an invocation, `[B, KH, width, D]`: KV input or output `index` (layer
 /// `index / 2`, key then value) over the invocation's rows, row `b` at `[b * row_floats, ..)`.
 struct TensorRows<'p> {
-    layer: usize,
-    kind: KvKind,
+    arena: KvArena,
     width: usize,
     plan: &'p StepPlan,
     rows: &'p [u32],
@@ -593,7 +590,7 @@ struct TensorRows<'p> {
 
 impl<'p> TensorRows<'p> {
     fn of(index: usize, width: usize, plan: &'p StepPlan, rows: &'p [u32], dims: Dims) -> Self {
-        TensorRows { layer: index / 2, kind: KINDS[index % 2], width, plan, rows, dims }
+        TensorRows { arena: KvArena::of_index(index), width, plan, rows, dims }
     }
 
     /// Each row with the range of the tensor it takes.
@@ -610,7 +607,7 @@ impl<'p> TensorRows<'p> {
     fn gather(&self, kv: &KvStore, dst: &mut [f32]) {
         for (row, range) in self.each() {
             let blocks = self.plan.row_blocks(row);
-            kv.gather(self.layer, self.kind, blocks, row.start_position as usize, &mut dst[range], self.width);
+            kv.gather(self.arena, blocks, row.start_position as usize, &mut dst[range], self.width);
         }
     }
 
@@ -623,7 +620,8 @@ impl<'p> TensorRows<'p> {
                 AttentionForm::Mha => self.dims.past,
                 AttentionForm::Gqa => past,
             };
-            kv.scatter(self.layer, self.kind, self.plan.row_blocks(row), past, count, &data[range], self.width, at);
+            let blocks = self.plan.row_blocks(row);
+            kv.scatter(self.arena, blocks, past..past + count, &data[range], self.width, at);
         }
     }
 }

@@ -14,7 +14,6 @@ use napi::bindgen_prelude::*;
 use napi_derive::napi;
 use ortex_core::{ErrorCode, OrtexError, Result};
 use ortex_ort::ExecutorStats;
-use serde_json::json;
 
 use crate::completions::Completions;
 use crate::step_thread::StepThread;
@@ -30,21 +29,11 @@ pub fn load_impl(model_dir: &str, options_json: &str, library: Option<&str>) -> 
 
 /// Cumulative executor timings (microseconds): where a step's time goes.
 pub fn executor_stats_json(stats: &ExecutorStats) -> String {
-    let s = stats.snapshot();
-    json!({
-        "steps": s.steps,
-        "invocations": s.invocations,
-        "rows": s.rows,
-        "tokens": s.tokens,
-        "carried": s.carried,
-        "gatherUs": s.gather_ns / 1000,
-        "runUs": s.run_ns / 1000,
-        "scatterUs": s.scatter_ns / 1000,
-        "executeUs": s.execute_ns / 1000,
-        "hugePageBytes": s.huge_page_bytes,
-        "weightChunkBytes": s.weight_chunk_bytes,
-    })
-    .to_string()
+    // The keys and units come from ortex_ort's counter list (`Counter`): `gatherUs` and the
+    // other timings are whole microseconds.
+    let report: serde_json::Map<String, serde_json::Value> =
+        stats.snapshot().report().map(|(key, value)| (key, value.into())).collect();
+    serde_json::Value::Object(report).to_string()
 }
 
 pub struct LoadTask {

@@ -13,6 +13,8 @@
 //! (`block_size * head_size` floats each) and the model's `[batch, kv_heads, seq, head]` tensors
 //! are filled with one copy per (head, block).
 
+use std::ops::Range;
+
 use ortex_core::executor::KvGeometry;
 use ortex_core::ids::BlockId;
 use ortex_core::{ErrorCode, OrtexError, Result};
@@ -22,6 +24,26 @@ use ortex_core::{ErrorCode, OrtexError, Result};
 pub enum KvKind {
     Key,
     Value,
+}
+
+/// Which arena: one layer's keys or values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvArena {
+    pub layer: usize,
+    pub kind: KvKind,
+}
+
+impl KvArena {
+    /// The models' KV tensor `index` (past or present): layer `index / 2`, key then value.
+    pub fn of_index(index: usize) -> KvArena {
+        const KINDS: [KvKind; 2] = [KvKind::Key, KvKind::Value];
+        KvArena { layer: index / 2, kind: KINDS[index % 2] }
+    }
+
+    /// Its place in `KvStore::arenas`.
+    fn index(self) -> usize {
+        2 * self.layer + self.kind as usize
+    }
 }
 
 pub struct KvStore {
@@ -94,19 +116,19 @@ impl KvStore {
         self.kv_heads * self.block_size * self.head_size
     }
 
-    fn arena(&self, layer: usize, kind: KvKind) -> &[f32] {
-        &self.arenas[2 * layer + kind as usize]
+    fn arena(&self, arena: KvArena) -> &[f32] {
+        &self.arenas[arena.index()]
     }
 
-    fn arena_mut(&mut self, layer: usize, kind: KvKind) -> &mut [f32] {
-        &mut self.arenas[2 * layer + kind as usize]
+    fn arena_mut(&mut self, arena: KvArena) -> &mut [f32] {
+        &mut self.arenas[arena.index()]
     }
 
     /// Copies the first `len` positions of a row (whose table is `blocks`) into `dst`, laid out
     /// `[kv_heads, dst_len, head_size]` (`dst_len >= len`; positions `len..dst_len` untouched).
-    pub fn gather(&self, layer: usize, kind: KvKind, blocks: &[BlockId], len: usize, dst: &mut [f32], dst_len: usize) {
+    pub fn gather(&self, arena: KvArena, blocks: &[BlockId], len: usize, dst: &mut [f32], dst_len: usize) {
         let (bs, d, stride) = (self.block_size, self.head_size, self.block_stride());
-        let arena = self.arena(layer, kind);
+        let arena = self.arena(arena);
         for (i, block) in blocks.iter().take(len.div_ceil(bs)).enumerate() {
             let run = (len - i * bs).min(bs) * d;
             let base = block.0 as usize * stride;
@@ -118,22 +140,20 @@ impl KvStore {
         }
     }
 
-    /// Writes `count` new positions of a row, starting at position `start`, from `src` laid out
-    /// `[kv_heads, src_len, head_size]` where the first of them sits at index `src_at`.
-    #[allow(clippy::too_many_arguments)] // one copy's full description; a struct would only rename them
+    /// Writes the new `positions` of a row (whose table is `blocks`) from `src` laid out
+    /// `[kv_heads, src_len, head_size]`, where the first of them sits at index `src_at`.
     pub fn scatter(
         &mut self,
-        layer: usize,
-        kind: KvKind,
+        arena: KvArena,
         blocks: &[BlockId],
-        start: usize,
-        count: usize,
+        positions: Range<usize>,
         src: &[f32],
         src_len: usize,
         src_at: usize,
     ) {
         let (bs, d, stride, heads) = (self.block_size, self.head_size, self.block_stride(), self.kv_heads);
-        let arena = self.arena_mut(layer, kind);
+        let (start, count) = (positions.start, positions.len());
+        let arena = self.arena_mut(arena);
         let mut j = 0;
         while j < count {
             let position = start + j;
@@ -189,7 +209,7 @@ mod tests {
                         src[(h * width + 2) * d..(h * width + 2 + count) * d]
                             .copy_from_slice(&part[h * count * d..(h + 1) * count * d]);
                     }
-                    store.scatter(layer, kind, &blocks, start, count, &src, width, 2);
+                    store.scatter(KvArena { layer, kind }, &blocks, start..start + count, &src, width, 2);
                 }
             }
         }
@@ -198,7 +218,7 @@ mod tests {
                 let len = 10;
                 let dst_len = 12;
                 let mut dst = vec![f32::NAN; heads * dst_len * d];
-                store.gather(layer, kind, &blocks, len, &mut dst, dst_len);
+                store.gather(KvArena { layer, kind }, &blocks, len, &mut dst, dst_len);
                 for h in 0..heads {
                     for j in 0..len {
                         for x in 0..d {
@@ -213,6 +233,17 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn tensor_indices_name_layers_key_then_value() {
+        let arenas: Vec<KvArena> = (0..4).map(KvArena::of_index).collect();
+        assert_eq!(
+            arenas,
+            [(0, KvKind::Key), (0, KvKind::Value), (1, KvKind::Key), (1, KvKind::Value)]
+                .map(|(layer, kind)| KvArena { layer, kind })
+        );
+        assert!(arenas.iter().enumerate().all(|(i, arena)| arena.index() == i));
     }
 
     #[test]

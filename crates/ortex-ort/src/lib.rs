@@ -20,7 +20,6 @@ pub mod tokenizer;
 pub mod weight_chunks;
 
 use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use ortex_core::options::EngineOptions;
@@ -28,7 +27,7 @@ use ortex_core::{Engine, OrtexError, Result};
 use serde::Deserialize;
 
 pub use config::ModelConfig;
-pub use executor::{AttentionForm, ExecutorStats, OrtExecutor, StatsSnapshot};
+pub use executor::{AttentionForm, Counter, ExecutorStats, OrtExecutor, StatsSnapshot, Unit};
 pub use runtime::{ExecutionProvider, SessionSettings};
 pub use tokenizer::TokenizerCodec;
 
@@ -71,8 +70,8 @@ impl Model {
         let huge = before.map(|before| huge_pages::back_new_mappings(&before)).unwrap_or_default();
         let executor = OrtExecutor::new(config, opened.session, settings.execution_provider)?;
         let stats = executor.stats();
-        stats.huge_page_bytes.store(huge.collapsed_bytes as u64, Ordering::Relaxed);
-        stats.weight_chunk_bytes.store(opened.weight_chunk_bytes as u64, Ordering::Relaxed);
+        stats.set(Counter::HugePageBytes, huge.collapsed_bytes as u64);
+        stats.set(Counter::WeightChunkBytes, opened.weight_chunk_bytes as u64);
         Ok(Model { executor, codec })
     }
 }

@@ -1,0 +1,332 @@
+//! [`Invocation`]: one model run inside a step. A step (one engine transaction) runs one
+//! invocation per group of its rows (grouping.rs); each invocation
+//!
+//! ```text
+//!   inputs   ids, mask, positions ([`TokenInputs`]) and the past, provided one of three ways:
+//!            shared.rs (buffers bound as past and present), carried.rs (the previous
+//!            invocation's present), gathered.rs (copied from the blocks)
+//!   run      Session::run (or run_binding)
+//!   outputs  the sampled rows' logits into the step output ([`LogitsOut`]), the new positions'
+//!            keys and values into the blocks
+//! ```
+
+use std::borrow::Cow;
+
+use ort::session::{Session, SessionInputValue, SessionOutputs};
+use ort::value::TensorRef;
+use ortex_core::executor::{ExecError, PlanRow, StepOutput, StepPlan};
+
+use super::carried::Carry;
+use super::gathered::GatheredPast;
+use super::signature::Names;
+use super::stats::{now, Counter, ExecutorStats};
+use super::tensor_rows::TensorRows;
+use super::{fatal, ort_error, AttentionForm};
+use crate::config::ModelConfig;
+use crate::kv_store::KvStore;
+use crate::shared_past::SharedPast;
+
+/// Shape of one invocation: `B` rows, `P` the longest past, `S` the most new tokens.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Dims {
+    pub(super) batch: usize,
+    pub(super) past: usize,
+    pub(super) new: usize,
+    pub(super) kv_heads: usize,
+    pub(super) head_size: usize,
+}
+
+impl Dims {
+    /// `T = P + S`, the width of the mask and of `present`.
+    pub(super) fn total(&self) -> usize {
+        self.past + self.new
+    }
+
+    pub(super) fn past_floats_per_row(&self) -> usize {
+        self.kv_heads * self.past * self.head_size
+    }
+}
+
+/// The plan rows of one invocation, in batch order (row `b` of every tensor is plan row
+/// `rows[b]`), with the invocation's shape.
+#[derive(Clone, Copy)]
+pub(super) struct Batch<'p> {
+    pub(super) plan: &'p StepPlan,
+    pub(super) rows: &'p [u32],
+    pub(super) dims: Dims,
+}
+
+impl<'p> Batch<'p> {
+    pub(super) fn new(plan: &'p StepPlan, rows: &'p [u32], config: &ModelConfig) -> Batch<'p> {
+        let row = |i: u32| -> &PlanRow { &plan.rows[i as usize] };
+        let dims = Dims {
+            batch: rows.len(),
+            past: rows.iter().map(|&i| row(i).start_position as usize).max().unwrap_or(0),
+            new: rows.iter().map(|&i| row(i).token_count as usize).max().unwrap_or(0),
+            kv_heads: config.num_key_value_heads as usize,
+            head_size: config.head_size as usize,
+        };
+        Batch { plan, rows, dims }
+    }
+
+    /// Each plan row with its index `b` in the batch.
+    pub(super) fn rows(&self) -> impl Iterator<Item = (usize, &'p PlanRow)> + 'p {
+        let plan = self.plan;
+        self.rows.iter().enumerate().map(move |(b, &i)| (b, &plan.rows[i as usize]))
+    }
+
+    /// A decode invocation: every row has one new token.
+    pub(super) fn is_decode(&self) -> bool {
+        self.dims.new == 1
+    }
+}
+
+/// input_ids `[B, S]` (pad-filled), attention_mask `[B, T]` (1 on `[0, past_b)` and
+/// `[P, P + n_b)`), position_ids `[B, S]` = `past_b + j`, by the padding contract. The buffers
+/// grow to the largest invocation seen and are reused.
+#[derive(Default)]
+pub(super) struct TokenInputs {
+    input_ids: Vec<i64>,
+    attention_mask: Vec<i64>,
+    position_ids: Vec<i64>,
+}
+
+impl TokenInputs {
+    pub(super) fn fill(&mut self, batch: Batch<'_>, pad_token_id: i64) {
+        let Dims { batch: b_n, past: p, new: s, .. } = batch.dims;
+        let t = batch.dims.total();
+        reset(&mut self.input_ids, b_n * s, pad_token_id);
+        reset(&mut self.attention_mask, b_n * t, 0);
+        reset(&mut self.position_ids, b_n * s, 0);
+        for (b, row) in batch.rows() {
+            let past = row.start_position as usize;
+            for (j, &token) in batch.plan.row_tokens(row).iter().enumerate() {
+                self.input_ids[b * s + j] = i64::from(token);
+                self.position_ids[b * s + j] = (past + j) as i64;
+                self.attention_mask[b * t + p + j] = 1;
+            }
+            self.attention_mask[b * t..b * t + past].fill(1);
+        }
+    }
+
+    /// `[B * S]`, as filled last.
+    pub(super) fn input_ids(&self) -> &[i64] {
+        &self.input_ids
+    }
+
+    /// `[B * T]`, as filled last.
+    pub(super) fn attention_mask(&self) -> &[i64] {
+        &self.attention_mask
+    }
+
+    /// `[B * S]`, as filled last.
+    pub(super) fn position_ids(&self) -> &[i64] {
+        &self.position_ids
+    }
+}
+
+fn reset<T: Copy>(buffer: &mut Vec<T>, len: usize, value: T) {
+    buffer.clear();
+    buffer.resize(len, value);
+}
+
+/// Session inputs by name, as views of buffers that outlive the run.
+pub(super) type Inputs<'s> = Vec<(Cow<'s, str>, SessionInputValue<'s>)>;
+
+/// The three ways of providing the past, and what each keeps from invocation to invocation.
+pub(super) struct PastSources {
+    pub(super) gathered: GatheredPast,
+    /// The last decode invocation's present, when it can be the next one's past.
+    pub(super) carry: Option<Carry>,
+    /// `ORTEX_CARRY_PRESENT=0` turns off carrying and the reuse of shared buffers (to measure
+    /// what they save).
+    pub(super) carry_enabled: bool,
+    /// gqa on the CPU: decode invocations run on shared past/present buffers.
+    pub(super) shared: Option<SharedPast>,
+}
+
+impl PastSources {
+    /// Drops what the last invocations left (a failed run may have half written it; a new KV
+    /// store makes it stale).
+    pub(super) fn forget(&mut self) {
+        self.carry = None;
+        if let Some(shared) = &mut self.shared {
+            shared.invalidate();
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PastSource {
+    Shared,
+    Carried,
+    Gathered,
+}
+
+/// The step output's logits rows and the slot each plan row's logits go to.
+pub(super) struct LogitsOut<'a> {
+    pub(super) vocab: usize,
+    /// Per plan row (grouping.rs's `sampled_slot`).
+    pub(super) sampled_slot: &'a [u32],
+    pub(super) out: &'a mut StepOutput,
+}
+
+impl LogitsOut<'_> {
+    /// The last new position's logits of each sampled row, into its slot of the step output.
+    pub(super) fn copy_from(
+        &mut self,
+        outputs: &SessionOutputs<'_>,
+        name: &str,
+        batch: Batch<'_>,
+    ) -> Result<(), ExecError> {
+        let (vocab, dims) = (self.vocab, batch.dims);
+        let (shape, logits) = outputs
+            .get(name)
+            .ok_or_else(|| fatal("the model returned no logits"))?
+            .try_extract_tensor::<f32>()
+            .map_err(ort_error("logits"))?;
+        if **shape != [dims.batch as i64, dims.new as i64, vocab as i64] {
+            return Err(fatal(format!(
+                "logits have shape {shape:?}, expected [{}, {}, {vocab}]",
+                dims.batch, dims.new
+            )));
+        }
+        for (b, &i) in batch.rows.iter().enumerate() {
+            let slot = self.sampled_slot[i as usize];
+            if slot != u32::MAX {
+                let from = (b * dims.new + batch.plan.rows[i as usize].token_count as usize - 1) * vocab;
+                self.out.logits[slot as usize * vocab..(slot as usize + 1) * vocab]
+                    .copy_from_slice(&logits[from..from + vocab]);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One invocation, with what it borrows from the executor.
+pub(super) struct Invocation<'a> {
+    pub(super) config: &'a ModelConfig,
+    pub(super) form: AttentionForm,
+    pub(super) names: &'a Names,
+    pub(super) batch: Batch<'a>,
+    pub(super) session: &'a mut Session,
+    pub(super) kv: &'a mut KvStore,
+    pub(super) tokens: &'a mut TokenInputs,
+    pub(super) past: &'a mut PastSources,
+    pub(super) logits: LogitsOut<'a>,
+    pub(super) stats: &'a ExecutorStats,
+}
+
+impl Invocation<'_> {
+    pub(super) fn run(self) -> Result<(), ExecError> {
+        match self.past_source() {
+            PastSource::Shared => self.run_shared(),
+            source => self.run_on_allocated_present(source),
+        }
+    }
+
+    /// Decodes run on the shared buffers when there are any; otherwise on the carried present
+    /// when it continues exactly these rows; everything else gathers.
+    fn past_source(&self) -> PastSource {
+        if !self.batch.is_decode() {
+            return PastSource::Gathered;
+        }
+        if self.past.shared.is_some() {
+            return PastSource::Shared;
+        }
+        match &self.past.carry {
+            Some(carry) if carry.continues(self.batch, self.form) => PastSource::Carried,
+            _ => PastSource::Gathered,
+        }
+    }
+
+    /// An invocation whose present ONNX Runtime allocates, its past carried or gathered; a
+    /// decode's present is then kept to be the next decode's past.
+    fn run_on_allocated_present(self, source: PastSource) -> Result<(), ExecError> {
+        let Invocation { config, form, names, batch, session, kv, tokens, past, mut logits, stats } = self;
+        let carried = source == PastSource::Carried;
+        let gather_started = now();
+        tokens.fill(batch, i64::from(config.pad_token_id));
+        if !carried {
+            past.gathered.gather(kv, batch);
+        }
+        let mut inputs = token_inputs(names, tokens, batch.dims)?;
+        match (source, &past.carry) {
+            (PastSource::Carried, Some(carry)) => carry.push_inputs(names, &mut inputs),
+            _ => past.gathered.push_inputs(names, batch.dims, &mut inputs)?,
+        }
+        stats.add_since(Counter::GatherNs, gather_started);
+        stats.add(Counter::Carried, u64::from(carried));
+
+        let run_started = now();
+        let mut outputs = session.run(inputs).map_err(ort_error("the model run failed"))?;
+        stats.add_since(Counter::RunNs, run_started);
+
+        let scatter_started = now();
+        logits.copy_from(&outputs, &names.logits, batch)?;
+        scatter_present(&outputs, &names.present, form, kv, batch)?;
+        if batch.is_decode() && past.carry_enabled {
+            past.carry = Carry::keep(form, names, batch, &mut outputs);
+        }
+        stats.add_since(Counter::ScatterNs, scatter_started);
+        Ok(())
+    }
+}
+
+/// ids, mask (and positions) as views of `tokens`, in a list with room for the past inputs.
+fn token_inputs<'s>(names: &'s Names, tokens: &'s TokenInputs, dims: Dims) -> Result<Inputs<'s>, ExecError> {
+    let (b, s, t) = (dims.batch, dims.new, dims.total());
+    let ids = |name: &str, data: &'s [i64], cols: usize| -> Result<SessionInputValue<'s>, ExecError> {
+        Ok(TensorRef::from_array_view(([b, cols], data)).map_err(|e| fatal(format!("{name}: {e}")))?.into())
+    };
+    let mut inputs = Vec::with_capacity(3 + names.past.len());
+    inputs.push((Cow::Borrowed(names.input_ids.as_str()), ids("input_ids", &tokens.input_ids()[..b * s], s)?));
+    inputs.push((
+        Cow::Borrowed(names.attention_mask.as_str()),
+        ids("attention_mask", &tokens.attention_mask()[..b * t], t)?,
+    ));
+    if let Some(name) = &names.position_ids {
+        inputs.push((Cow::Borrowed(name.as_str()), ids("position_ids", &tokens.position_ids()[..b * s], s)?));
+    }
+    Ok(inputs)
+}
+
+/// Each row's new keys and values from `present` into its blocks: new token j of row b sits
+/// at `P + j` (mha) or at `past_b + j` (gqa).
+fn scatter_present(
+    outputs: &SessionOutputs<'_>,
+    present: &[String],
+    form: AttentionForm,
+    kv: &mut KvStore,
+    batch: Batch<'_>,
+) -> Result<(), ExecError> {
+    let dims = batch.dims;
+    for (index, name) in present.iter().enumerate() {
+        let (shape, data) = outputs
+            .get(name)
+            .ok_or_else(|| fatal(format!("the model returned no {name}")))?
+            .try_extract_tensor::<f32>()
+            .map_err(ort_error(name))?;
+        let width = present_width(shape, dims).ok_or_else(|| {
+            fatal(format!(
+                "{name} has shape {shape:?}, expected [{}, {}, >= {}, {}]",
+                dims.batch,
+                dims.kv_heads,
+                dims.total(),
+                dims.head_size
+            ))
+        })?;
+        TensorRows::of(index, width, batch).scatter(kv, form, data);
+    }
+    Ok(())
+}
+
+/// `present`'s sequence width when its shape is `[B, KH, >= T, D]`.
+fn present_width(shape: &[i64], dims: Dims) -> Option<usize> {
+    let ok = shape.len() == 4
+        && shape[0] == dims.batch as i64
+        && shape[1] == dims.kv_heads as i64
+        && shape[2] >= dims.total() as i64
+        && shape[3] == dims.head_size as i64;
+    ok.then_some(shape[2] as usize)
+}

@@ -1,0 +1,213 @@
+//! [`OrtExecutor`]: runs one engine step on an ONNX decoder, as a few model invocations.
+//!
+//! Words: a *step* is one engine transaction (a [`StepPlan`], one `execute`); an *invocation* is
+//! one run of the model (`Session::run`). A step runs one invocation per group of its rows.
+//!
+//! ONNX Runtime has no CPU kernel for paged attention, so each invocation maps the engine's paged
+//! KV to the model's contiguous past tensors and back (docs/model-format.md, "Padding contract"):
+//!
+//! ```text
+//!   plan rows ──group──> invocations (as few as the attention form allows)
+//!   per invocation, B rows, P = longest past, S = most new tokens, T = P + S:
+//!     gather   blocks ──> past_key_values.{l}.key/value [B, KH, P, D]   row b's past in [0, past_b)
+//!              input_ids [B, S] (pad-filled), attention_mask [B, T] (1 on [0, past_b) and
+//!              [P, P + n_b)), position_ids [B, S] = past_b + j (when the model takes them)
+//!     run      session.run
+//!     scatter  present.{l}.key/value [B, KH, T, D] ──> blocks: new token j of row b is at
+//!              P + j (mha: present = [past ; new]) or past_b + j (gqa: each row at its own
+//!              length); logits [B, S, V] at (b, n_b - 1) ──> StepOutput (sampled rows only)
+//! ```
+//!
+//! The parts, policy first:
+//!
+//! - grouping.rs: which rows run together (pure), where their logits go, whether the plan fits
+//! - invocation.rs: one invocation: its inputs, the choice of how to provide the past, its outputs
+//! - the ways of providing the past, one file each: shared.rs (gqa decodes on the CPU: buffers
+//!   that GroupQueryAttention appends to in place), carried.rs (the previous invocation's
+//!   present taken as the past), gathered.rs (copied from the blocks into new tensors)
+//! - tensor_rows.rs: the copies between one KV tensor and the blocks, row by row
+//! - signature.rs: the tensor names and the checks at load; stats.rs: the counters
+
+mod carried;
+mod gathered;
+mod grouping;
+mod invocation;
+mod shared;
+mod signature;
+mod stats;
+mod tensor_rows;
+
+use std::sync::Arc;
+
+use ort::session::Session;
+use ortex_core::executor::{ExecError, Executor, KvGeometry, LogitsLayout, ModelInfo, StepOutput, StepPlan};
+use ortex_core::{ErrorCode, OrtexError, Result};
+
+use crate::config::ModelConfig;
+use crate::kv_store::KvStore;
+use crate::runtime::ExecutionProvider;
+use gathered::GatheredPast;
+use grouping::{assign_sampled_slots, check_plan, group_rows, Grouping};
+use invocation::{Batch, Invocation, LogitsOut, PastSources, TokenInputs};
+use signature::{check_signature, detect_form, Names};
+use stats::now;
+pub use stats::{Counter, ExecutorStats, StatsSnapshot, Unit};
+
+/// Where `present` puts a row's new keys and values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionForm {
+    /// Plain ONNX operators: `present = Concat(past, new)`, new token j at `P + j`.
+    Mha,
+    /// `com.microsoft.GroupQueryAttention`: new token j at the row's own `past_b + j`; batches
+    /// of rows with past and several new tokens are refused.
+    Gqa,
+}
+
+impl AttentionForm {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttentionForm::Mha => "mha",
+            AttentionForm::Gqa => "gqa",
+        }
+    }
+}
+
+pub struct OrtExecutor {
+    config: ModelConfig,
+    form: AttentionForm,
+    session: Session,
+    names: Names,
+    kv: Option<KvStore>,
+    /// The buffers below are reused from step to step.
+    grouping: Grouping,
+    tokens: TokenInputs,
+    past: PastSources,
+    stats: Arc<ExecutorStats>,
+}
+
+fn load_error(message: impl Into<String>) -> OrtexError {
+    OrtexError::new(ErrorCode::ModelLoad, message)
+}
+
+fn fatal(message: impl Into<String>) -> ExecError {
+    ExecError::Fatal(message.into())
+}
+
+fn ort_error(what: &str) -> impl FnOnce(ort::Error) -> ExecError + '_ {
+    move |e| fatal(format!("{what}: {e}"))
+}
+
+/// An on/off switch read from the environment: on unless set to "0".
+fn env_flag(name: &str) -> bool {
+    std::env::var(name).map_or(true, |v| v != "0")
+}
+
+impl OrtExecutor {
+    /// Wraps an opened session after checking its signature against the config.
+    pub fn new(config: ModelConfig, session: Session, provider: ExecutionProvider) -> Result<OrtExecutor> {
+        let names = Names::of(&config);
+        check_signature(&config, &session, &names)?;
+        let form = detect_form(&config, &session);
+        let past = PastSources {
+            gathered: GatheredPast::new(names.past.len()),
+            carry: None,
+            carry_enabled: env_flag("ORTEX_CARRY_PRESENT"),
+            shared: shared::shared_past_for(&config, form, provider, &session)?,
+        };
+        Ok(OrtExecutor {
+            config,
+            form,
+            session,
+            names,
+            kv: None,
+            grouping: Grouping::default(),
+            tokens: TokenInputs::default(),
+            past,
+            stats: Arc::default(),
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn attention_form(&self) -> AttentionForm {
+        self.form
+    }
+
+    /// The counters; the handle stays valid after the executor moves into an engine.
+    pub fn stats(&self) -> Arc<ExecutorStats> {
+        Arc::clone(&self.stats)
+    }
+
+    /// Runs invocation `group` of the step being executed.
+    fn invoke(&mut self, plan: &StepPlan, group: usize, out: &mut StepOutput) -> Result<(), ExecError> {
+        let rows = self.grouping.group(group);
+        Invocation {
+            config: &self.config,
+            form: self.form,
+            names: &self.names,
+            batch: Batch::new(plan, rows, &self.config),
+            session: &mut self.session,
+            kv: self.kv.as_mut().expect("execute checked"),
+            tokens: &mut self.tokens,
+            past: &mut self.past,
+            logits: LogitsOut {
+                vocab: self.config.vocab_size as usize,
+                sampled_slot: &self.grouping.sampled_slot,
+                out,
+            },
+            stats: &self.stats,
+        }
+        .run()
+    }
+}
+
+impl Executor for OrtExecutor {
+    fn model_info(&self) -> ModelInfo {
+        ModelInfo {
+            vocab_size: self.config.vocab_size,
+            eos_token_ids: self.config.eos_token_ids.clone(),
+            max_length: self.config.context_length,
+        }
+    }
+
+    fn attach_kv(&mut self, geometry: KvGeometry) -> Result<()> {
+        let c = &self.config;
+        self.kv = Some(KvStore::new(
+            geometry,
+            c.num_hidden_layers as usize,
+            c.num_key_value_heads as usize,
+            c.head_size as usize,
+        )?);
+        self.past.forget();
+        Ok(())
+    }
+
+    fn execute(&mut self, plan: &StepPlan, out: &mut StepOutput) -> Result<(), ExecError> {
+        let started = now();
+        let kv = self.kv.as_ref().ok_or_else(|| fatal("execute before attach_kv"))?;
+        check_plan(plan, kv, self.config.context_length)?;
+        let vocab = self.config.vocab_size as usize;
+        let sampled = assign_sampled_slots(plan, &mut self.grouping.sampled_slot);
+        out.clear();
+        out.layout = LogitsLayout::Dense;
+        out.width = vocab;
+        out.logits.resize(sampled * vocab, 0.0);
+        group_rows(plan, self.form, &mut self.grouping);
+        for group in 0..self.grouping.len() {
+            let result = self.invoke(plan, group, out);
+            if result.is_err() {
+                self.past.forget();
+            }
+            result?;
+        }
+        let stats = &self.stats;
+        stats.add(Counter::Steps, 1);
+        stats.add(Counter::Invocations, self.grouping.len() as u64);
+        stats.add(Counter::Rows, plan.rows.len() as u64);
+        stats.add(Counter::Tokens, u64::from(plan.total_tokens()));
+        stats.add_since(Counter::ExecuteNs, started);
+        Ok(())
+    }
+}

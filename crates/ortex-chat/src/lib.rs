@@ -4,14 +4,27 @@
 //! Pure and deterministic: no I/O (the caller reads the files and passes their text), no clock (the time
 //! `strftime_now` prints is part of the input), the same output on native and WebAssembly.
 //!
+//! ```
+//! use ortex_chat::{ChatTemplate, RenderInput};
+//! use serde_json::json;
+//!
+//! let mut input = RenderInput::new(json!([{"role": "user", "content": "Hi!"}]));
+//! input.add_generation_prompt = true;
+//! let text = ChatTemplate::chatml().render(&input).unwrap();
+//! assert_eq!(text, "<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n");
+//! ```
+//!
 //! - [`ChatTemplate`] is one compiled template; [`ChatTemplate::render`] turns a [`RenderInput`] into text.
+//! - [`CHATML_TEMPLATE`] is the built-in template of models without one and of the simulated engine.
 //! - [`ChatError`] carries a stable [`ChatErrorCode`].
 
+mod chatml;
 mod error;
 mod python;
 mod strftime;
 mod template;
 
+pub use chatml::CHATML_TEMPLATE;
 pub use error::{ChatError, ChatErrorCode};
 pub use strftime::DateTime;
 pub use template::{ChatTemplate, RenderInput, SpecialTokens};

@@ -14,17 +14,21 @@
 //! assert_eq!(text, "<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n");
 //! ```
 //!
+//! - [`ChatConfig::load`] reads a model folder's files ([`ModelFiles`]): its templates, special tokens and
+//!   the strings that end a turn.
 //! - [`ChatTemplate`] is one compiled template; [`ChatTemplate::render`] turns a [`RenderInput`] into text.
 //! - [`CHATML_TEMPLATE`] is the built-in template of models without one and of the simulated engine.
 //! - [`ChatError`] carries a stable [`ChatErrorCode`].
 
 mod chatml;
+mod config;
 mod error;
 mod python;
 mod strftime;
 mod template;
 
 pub use chatml::CHATML_TEMPLATE;
+pub use config::{ChatConfig, ModelFiles, END_OF_TURN_MARKERS};
 pub use error::{ChatError, ChatErrorCode};
 pub use strftime::DateTime;
 pub use template::{ChatTemplate, RenderInput, SpecialTokens};

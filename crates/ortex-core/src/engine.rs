@@ -9,9 +9,9 @@ use crate::error::{ErrorCode, OrtexError, Result};
 use crate::events::{flags, Event, EventErrorCode, FinishReason, RetainedEvents, EVENT_STRIDE_WORDS};
 use crate::executor::{ExecError, Executor, KvGeometry, StepOutput, StepPlan};
 use crate::ids::{RequestId, TurnId};
-use crate::kv::{blocks_for_tokens, BlockPool};
+use crate::kv::{KvManager, PagedKv, StepReservation};
 use crate::options::{EngineConfig, EngineOptions, RequestOptions, SimOptions, TurnOptions};
-use crate::request::{Request, RequestState};
+use crate::request::{Lifecycle, Request, RequestState};
 use crate::request_table::RequestTable;
 use crate::rng::{hash2, Rng};
 use crate::sampling;
@@ -55,10 +55,6 @@ impl Transaction {
         self.result = Some(self.executor.execute(&self.plan, &mut self.output));
     }
 
-    pub fn plan(&self) -> &StepPlan {
-        &self.plan
-    }
-
     /// Records a failure that happened outside the executor's own error path (a binding caught a
     /// panic in `execute`): `run_commit` then rolls back and publishes a fatal Failed event.
     pub fn fail(&mut self, reason: String) {
@@ -72,11 +68,19 @@ enum Health {
     Unhealthy(String),
 }
 
+/// The step that left the engine to execute: its number and the blocks it reserved.
+struct InFlight {
+    step: u64,
+    reservation: StepReservation,
+}
+
 pub struct Engine {
     config: EngineConfig,
     seed: u64,
+    /// The only owner of requests: only the engine inserts and removes them.
     requests: RequestTable,
-    pool: BlockPool,
+    /// The only owner of KV blocks and block tables.
+    kv: Box<dyn KvManager>,
     scheduler: Scheduler,
     retained: RetainedEvents,
     executor: Option<Box<dyn Executor>>,
@@ -84,13 +88,14 @@ pub struct Engine {
     spare: Option<(StepPlan, StepOutput)>,
     /// Events of the transaction being committed, before they reach the buffer or the queue.
     staged: Vec<Event>,
-    abandoned: Vec<RequestId>,
-    /// Closed requests whose blocks are still pinned (by the step in flight or a static batch).
-    closed_unreleased: Vec<RequestId>,
+    /// Requests in each non-open lifecycle state (counts of what `requests` holds, so that an
+    /// owner boundary with nothing to reclaim or release scans nothing; checked by
+    /// check_invariants).
+    num_abandoned: u32,
+    num_closed: u32,
     sample_scratch: Vec<(u32, f32)>,
     next_request_id: u32,
-    /// Transaction number of the step in flight, if one is.
-    in_flight: Option<u64>,
+    in_flight: Option<InFlight>,
     health: Health,
     closed: bool,
     stats: EngineStats,
@@ -108,7 +113,7 @@ impl Engine {
         executor.attach_kv(KvGeometry { num_blocks: config.num_blocks, block_size: config.block_size })?;
         let retained_bound = 2 * config.max_requests as usize + 2;
         Ok(Engine {
-            pool: BlockPool::new(config.num_blocks),
+            kv: Box::new(PagedKv::new(config.num_blocks, config.block_size)),
             stats: EngineStats { total_blocks: config.num_blocks, ..EngineStats::default() },
             config,
             seed,
@@ -119,8 +124,8 @@ impl Engine {
             codec,
             spare: Some(Default::default()),
             staged: Vec::new(),
-            abandoned: Vec::new(),
-            closed_unreleased: Vec::new(),
+            num_abandoned: 0,
+            num_closed: 0,
             sample_scratch: Vec::new(),
             next_request_id: 1,
             in_flight: None,
@@ -182,25 +187,21 @@ impl Engine {
                 format!("request {} already has a turn queued or running", id.0),
             ));
         }
-        if request.retained_events > 0 {
+        let undelivered = self.retained.count_for(id);
+        if undelivered > 0 {
             return Err(OrtexError::new(
                 ErrorCode::EventsPending,
-                format!(
-                    "request {} still has {} undelivered event(s); run the engine first",
-                    id.0, request.retained_events
-                ),
+                format!("request {} still has {undelivered} undelivered event(s); run the engine first", id.0),
             ));
         }
         self.check_input(id, tokens)?;
-        let waiting_seq = self.scheduler.take_waiting_seq();
         let engine_seed = self.seed;
         let request = self.requests.get_mut(&id).expect("checked");
         let turn_number = request.last_turn_id + 1;
         let rng_seed =
             resolved.seed.unwrap_or_else(|| hash2(hash2(engine_seed, u64::from(id.0)), u64::from(turn_number)));
         if !request.needs_compute() {
-            request.waiting_seq = waiting_seq;
-            request.starved_steps = 0;
+            self.scheduler.enqueue(id);
         }
         request.tokens.extend_from_slice(tokens);
         Ok(request.transition_to_queued(resolved, tokens.len() as u32, Rng::new(rng_seed)))
@@ -217,11 +218,9 @@ impl Engine {
             ));
         }
         self.check_input(id, tokens)?;
-        let waiting_seq = self.scheduler.take_waiting_seq();
         let request = self.requests.get_mut(&id).expect("checked");
         if !request.needs_compute() {
-            request.waiting_seq = waiting_seq;
-            request.starved_steps = 0;
+            self.scheduler.enqueue(id);
         }
         request.tokens.extend_from_slice(tokens);
         request.prefill_target = request.token_count();
@@ -252,16 +251,15 @@ impl Engine {
                 request.token_count()
             )));
         }
-        if self.in_flight.is_some() && request.planned_step == self.in_flight {
+        if self.computing_in_flight(id) {
             return Err(OrtexError::new(
                 ErrorCode::RunInProgress,
                 format!("request {} has a row in the step in flight; truncate after it commits", id.0),
             ));
         }
-        let block_size = self.config.block_size;
         let request = self.requests.get_mut(&id).expect("checked");
-        let freed = request.truncate_to(token_count, block_size);
-        self.pool.free(&freed);
+        request.truncate_to(token_count);
+        self.kv.truncate(id, request.kv_len);
         Ok(())
     }
 
@@ -284,25 +282,22 @@ impl Engine {
         let Some(request) = self.requests.get_mut(&id) else {
             return Ok(());
         };
-        if request.closed {
-            return Ok(());
+        match request.lifecycle {
+            Lifecycle::Closed => return Ok(()),
+            Lifecycle::Abandoned => self.num_abandoned -= 1,
+            Lifecycle::Open => {}
         }
         request.transition_to_closed();
-        let dropped = self.retained.remove_request(id) as u32;
-        assert_eq!(dropped, request.retained_events, "retained event count of request {} drifted", id.0);
-        request.retained_events = 0;
-        self.closed_unreleased.push(id);
+        self.num_closed += 1;
+        self.retained.remove_request(id);
         self.release_closed();
         Ok(())
     }
 
     /// The caller dropped its last handle: the request is closed at the next owner boundary.
     pub fn abandon_request(&mut self, id: RequestId) {
-        if let Some(request) = self.requests.get_mut(&id) {
-            if !request.closed && !request.abandoned {
-                request.abandoned = true;
-                self.abandoned.push(id);
-            }
+        if self.requests.get_mut(&id).is_some_and(Request::transition_to_abandoned) {
+            self.num_abandoned += 1;
         }
     }
 
@@ -360,16 +355,21 @@ impl Engine {
         }
         let (mut plan, output) = self.spare.take().expect("spare step buffers");
         plan.step = self.stats.steps;
+        let mut reservation = StepReservation::default();
         let report = self.scheduler.plan(
-            &mut PlanInput { config: &self.config, requests: &mut self.requests, pool: &mut self.pool },
+            &mut PlanInput { config: &self.config, requests: &mut self.requests, kv: self.kv.as_mut() },
             &mut plan,
+            &mut reservation,
         );
+        self.remove_released(&report.released);
         self.stage_plan_report(&report);
         if plan.rows.is_empty() {
+            // Nothing was reserved: a plan without rows reserved no blocks.
+            self.kv.commit(reservation);
             self.spare = Some((plan, output));
             return Ok(RunStart::Done(self.publish(out, capacity)));
         }
-        self.in_flight = Some(plan.step);
+        self.in_flight = Some(InFlight { step: plan.step, reservation });
         let executor = self.executor.take().expect("executor is home when nothing is in flight");
         Ok(RunStart::Execute(Transaction { plan, output, executor, result: None }))
     }
@@ -377,24 +377,27 @@ impl Engine {
     /// The owner-thread half after execution: commit or roll back, publish events.
     pub fn run_commit(&mut self, transaction: Transaction, out: &mut [i32], capacity: usize) -> usize {
         let Transaction { plan, output, executor, result } = transaction;
-        assert_eq!(self.in_flight, Some(plan.step), "a transaction returned to the wrong engine state");
-        self.in_flight = None;
+        let in_flight = self.in_flight.take().expect("a transaction returns to the engine it left");
+        assert_eq!(in_flight.step, plan.step, "a transaction returned to the wrong engine state");
         self.stats.steps += 1;
         self.stats.virtual_time_us = executor.virtual_time_us();
         // A closed engine keeps nothing of its model: the executor (its KV storage, a real model's
         // session and threads) goes as soon as the step that carried it returns.
         self.executor = (!self.closed).then_some(executor);
         match result.expect("a transaction is executed before it is committed") {
-            Ok(()) if output.matches(plan.sampled_rows()) => self.commit_rows(&plan, &output),
+            Ok(()) if output.matches(plan.sampled_rows()) => {
+                self.kv.commit(in_flight.reservation);
+                self.commit_rows(&plan, &output);
+            }
             Ok(()) => {
-                self.rollback(&plan);
+                self.kv.rollback(in_flight.reservation);
                 self.fail_engine(
                     EventErrorCode::EngineContractFailure,
                     "executor output does not match the plan".into(),
                 );
             }
             Err(error) => {
-                self.rollback(&plan);
+                self.kv.rollback(in_flight.reservation);
                 self.stage_execution_error(error);
             }
         }
@@ -453,8 +456,8 @@ impl Engine {
 
     pub fn stats(&self) -> EngineStats {
         EngineStats {
-            free_blocks: self.pool.num_free_blocks(),
-            active_requests: self.requests.values().filter(|r| !r.closed).count() as u32,
+            free_blocks: self.kv.num_free_blocks(),
+            active_requests: self.requests.values().filter(|r| !r.is_closed()).count() as u32,
             pending_turns: self.requests.values().filter(|r| r.running_turn().is_some()).count() as u32,
             retained_events: self.retained.len() as u32,
             ..self.stats
@@ -471,48 +474,29 @@ impl Engine {
         self.codec.detokenize(tokens)
     }
 
-    /// Accounting invariants, checked by tests after every step: the pool balances, every block
-    /// is in at most one table, tables cover the computed KV, retained counts agree.
+    /// Accounting invariants, checked by tests after every step: the KV manager's (the pool
+    /// balances, every block is in at most one table, tables cover the computed KV), the retained
+    /// queue's counts, the lifecycle counts, and every request within its limits.
     pub fn check_invariants(&self) {
-        self.pool.check_invariants();
-        let mut owner = vec![None; self.config.num_blocks as usize];
-        let mut held = 0u32;
+        let requests = &self.requests;
+        let computed_of = |id: RequestId| requests.get(&id).map(|r| r.kv_len);
+        self.kv.check_invariants(&computed_of, self.in_flight.is_some());
+        self.retained.check_invariants();
+        let mut lifecycles = [0u32; 3];
         for request in self.requests.values() {
-            for block in &request.blocks {
-                assert!(
-                    owner[block.0 as usize].is_none(),
-                    "block {} in the tables of {:?} and {}",
-                    block.0,
-                    owner[block.0 as usize],
-                    request.id.0
-                );
-                owner[block.0 as usize] = Some(request.id.0);
-            }
-            held += request.blocks.len() as u32;
+            lifecycles[request.lifecycle as usize] += 1;
             assert!(request.kv_len <= request.token_count(), "request {} computed past its tokens", request.id.0);
-            assert!(
-                blocks_for_tokens(request.kv_len, self.config.block_size) <= request.blocks.len() as u32,
-                "request {} KV outside its table",
-                request.id.0
-            );
             assert!(
                 request.token_count() <= request.max_session_tokens,
                 "request {} over its session limit",
                 request.id.0
             );
+            if request.is_closed() {
+                assert_eq!(self.retained.count_for(request.id), 0, "closed request {} has events", request.id.0);
+            }
         }
-        assert_eq!(held, self.pool.num_reserved_blocks() + self.pool.num_committed_blocks(), "blocks held by no table");
-        if self.in_flight.is_none() {
-            assert_eq!(self.pool.num_reserved_blocks(), 0, "reservations outlived their transaction");
-        }
-        for request in self.requests.values() {
-            assert_eq!(
-                request.retained_events as usize,
-                self.retained.count_for(request.id),
-                "retained count of request {} drifted",
-                request.id.0
-            );
-        }
+        let counted = [lifecycles[Lifecycle::Abandoned as usize], lifecycles[Lifecycle::Closed as usize]];
+        assert_eq!(counted, [self.num_abandoned, self.num_closed], "lifecycle counts drifted");
     }
 
     // ----------------------------------------------------------------------------------------
@@ -551,7 +535,7 @@ impl Engine {
     fn open_request(&self, id: RequestId) -> Result<&Request> {
         self.check_known(id)?;
         match self.requests.get(&id) {
-            Some(r) if !r.closed => Ok(r),
+            Some(r) if !r.is_closed() => Ok(r),
             _ => Err(OrtexError::new(ErrorCode::RequestClosed, format!("request {} is closed", id.0))),
         }
     }
@@ -587,36 +571,58 @@ impl Engine {
         let mut event = Event::request(id, turn, 0, EventErrorCode::None);
         event.finish(reason, usage);
         self.retained.push(event);
-        request.retained_events += 1;
     }
 
+    /// Whether the step in flight computes KV of `id`.
+    fn computing_in_flight(&self, id: RequestId) -> bool {
+        self.in_flight.as_ref().is_some_and(|step| step.reservation.holds(id))
+    }
+
+    /// Closes the requests whose handles were dropped (at an owner boundary).
     fn reclaim_abandoned(&mut self) {
-        for id in std::mem::take(&mut self.abandoned) {
+        if self.num_abandoned == 0 {
+            return;
+        }
+        let abandoned: Vec<RequestId> =
+            self.requests.values().filter(|r| r.lifecycle == Lifecycle::Abandoned).map(|r| r.id).collect();
+        for id in abandoned {
             self.close_request(id).expect("abandoned ids are known");
         }
     }
 
-    /// Removes closed requests whose blocks nothing pins any more, freeing their blocks.
+    /// Removes closed requests whose blocks nothing pins any more (the step in flight, a static
+    /// batch), giving their blocks back.
     fn release_closed(&mut self) {
-        let in_flight = self.in_flight;
-        if in_flight.is_none() && !self.scheduler.static_batch().is_empty() {
-            self.scheduler.recycle_static_batch_if_done(&mut self.requests, &mut self.pool);
+        if self.in_flight.is_none() {
+            let recycled = self.scheduler.recycle_static_batch_if_done(&mut PlanInput {
+                config: &self.config,
+                requests: &mut self.requests,
+                kv: self.kv.as_mut(),
+            });
+            self.remove_released(&recycled);
         }
-        let mut i = 0;
-        while i < self.closed_unreleased.len() {
-            let id = self.closed_unreleased[i];
-            let Some(request) = self.requests.get(&id) else {
-                self.closed_unreleased.swap_remove(i); // a static batch recycled it meanwhile
-                continue;
-            };
-            let pinned = (in_flight.is_some() && request.planned_step == in_flight) || self.scheduler.pins(id);
-            if pinned {
-                i += 1;
-                continue;
-            }
-            let request = self.requests.remove(&id).expect("present");
-            self.pool.free(&request.blocks);
-            self.closed_unreleased.swap_remove(i);
+        if self.num_closed == 0 {
+            return;
+        }
+        let releasable: Vec<RequestId> = self
+            .requests
+            .values()
+            .filter(|r| r.is_closed() && !self.computing_in_flight(r.id) && !self.scheduler.pins(r.id))
+            .map(|r| r.id)
+            .collect();
+        for &id in &releasable {
+            self.kv.free(id);
+        }
+        self.remove_released(&releasable);
+    }
+
+    /// Removes closed requests whose blocks are already given back: only the engine removes.
+    fn remove_released(&mut self, released: &[RequestId]) {
+        for &id in released {
+            let request = self.requests.remove(&id).expect("a released request is in the table");
+            assert!(request.is_closed(), "request {} released while open", id.0);
+            self.num_closed -= 1;
+            self.scheduler.forget(id);
         }
     }
 
@@ -624,9 +630,6 @@ impl Engine {
         let mut written = 0;
         while written < capacity {
             let Some(event) = self.retained.pop() else { break };
-            if let Some(request) = event.request.and_then(|id| self.requests.get_mut(&id)) {
-                request.retained_events -= 1;
-            }
             event.encode(&mut out[written * EVENT_STRIDE_WORDS..]);
             written += 1;
         }
@@ -641,9 +644,6 @@ impl Engine {
                 event.encode(&mut out[written * EVENT_STRIDE_WORDS..]);
                 written += 1;
             } else {
-                if let Some(request) = event.request.and_then(|id| self.requests.get_mut(&id)) {
-                    request.retained_events += 1;
-                }
                 self.retained.push(event);
             }
         }
@@ -657,7 +657,7 @@ impl Engine {
         let requests = &self.requests;
         self.staged.retain(|event| {
             let Some(id) = event.request else { return true };
-            let Some(request) = requests.get(&id).filter(|r| !r.closed) else { return false };
+            let Some(request) = requests.get(&id).filter(|r| !r.is_closed()) else { return false };
             // A finish (an unserviceable turn, failed at planning) ends its turn: always kept.
             event.is_turn_finished() || event.turn.0 == 0 || request.running_turn().map(|t| t.id) == Some(event.turn)
         });
@@ -676,13 +676,10 @@ impl Engine {
                 self.staged.push(Event::request(id, TurnId(0), flags::FAILED, EventErrorCode::RequestUnserviceable));
             }
         }
+        // The scheduler reports a wait once, until the request gets a row again.
         for &id in &report.deferred {
-            let request = self.requests.get_mut(&id).expect("planned request exists");
-            if !request.capacity_notified {
-                request.capacity_notified = true;
-                let turn = request.running_turn().map_or(TurnId(0), |t| t.id);
-                self.staged.push(Event::request(id, turn, flags::CAPACITY_BLOCKED, EventErrorCode::CapacityDeferred));
-            }
+            let turn = self.requests[&id].running_turn().map_or(TurnId(0), |t| t.id);
+            self.staged.push(Event::request(id, turn, flags::CAPACITY_BLOCKED, EventErrorCode::CapacityDeferred));
         }
     }
 
@@ -691,8 +688,6 @@ impl Engine {
         for row in &plan.rows {
             let planned_turn = row.turn;
             let request = self.requests.at_mut(row.request_position as usize);
-            let before = request.blocks_before_step as usize;
-            self.pool.commit(&request.blocks[before..]);
             if !request.is_decoding() {
                 self.stats.prompt_tokens += u64::from(row.token_count);
             }
@@ -705,7 +700,7 @@ impl Engine {
             }
             let logits = output.row(sampled_index);
             sampled_index += 1;
-            if request.closed || request.running_turn().map(|t| t.id) != Some(planned_turn) {
+            if request.is_closed() || request.running_turn().map(|t| t.id) != Some(planned_turn) {
                 continue; // closed or cancelled while the step was in flight
             }
             let turn = request.running_turn_mut().expect("checked");
@@ -720,15 +715,6 @@ impl Engine {
                 event.finish(reason, usage);
             }
             self.staged.push(event);
-        }
-    }
-
-    fn rollback(&mut self, plan: &StepPlan) {
-        for row in &plan.rows {
-            let request = self.requests.at_mut(row.request_position as usize);
-            let before = request.blocks_before_step as usize;
-            self.pool.rollback(&request.blocks[before..]);
-            request.blocks.truncate(before);
         }
     }
 

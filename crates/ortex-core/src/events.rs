@@ -14,7 +14,7 @@
 //!       9 usage present (1) or not (0)
 //! ```
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::ids::{RequestId, TurnId};
 
@@ -172,16 +172,18 @@ impl Event {
 
 /// FIFO of events a transaction could not hand over. Bounded at construction: the engine drains
 /// it before executing again, so it never holds more than one event per live request per
-/// transaction plus one cancellation event per turn and one engine-level event.
+/// transaction plus one cancellation event per turn and one engine-level event. It also counts
+/// each request's events in it (a request with undelivered events may not begin a turn).
 #[derive(Debug)]
 pub struct RetainedEvents {
     queue: VecDeque<Event>,
     capacity: usize,
+    per_request: BTreeMap<RequestId, u32>,
 }
 
 impl RetainedEvents {
     pub fn with_capacity(capacity: usize) -> Self {
-        RetainedEvents { queue: VecDeque::new(), capacity }
+        RetainedEvents { queue: VecDeque::new(), capacity, per_request: BTreeMap::new() }
     }
 
     pub fn len(&self) -> usize {
@@ -194,11 +196,22 @@ impl RetainedEvents {
 
     pub fn push(&mut self, event: Event) {
         assert!(self.queue.len() < self.capacity, "retained event queue over its bound of {}", self.capacity);
+        if let Some(id) = event.request {
+            *self.per_request.entry(id).or_default() += 1;
+        }
         self.queue.push_back(event);
     }
 
     pub fn pop(&mut self) -> Option<Event> {
-        self.queue.pop_front()
+        let event = self.queue.pop_front()?;
+        if let Some(id) = event.request {
+            let count = self.per_request.get_mut(&id).expect("a retained event is counted");
+            *count -= 1;
+            if *count == 0 {
+                self.per_request.remove(&id);
+            }
+        }
+        Some(event)
     }
 
     /// The newest retained event of `request`, for merging a cancellation into a pending token.
@@ -206,14 +219,25 @@ impl RetainedEvents {
         self.queue.iter_mut().rev().find(|e| e.request == Some(request))
     }
 
-    pub fn count_for(&self, request: RequestId) -> usize {
-        self.queue.iter().filter(|e| e.request == Some(request)).count()
+    /// Events of `request` still waiting to be delivered.
+    pub fn count_for(&self, request: RequestId) -> u32 {
+        self.per_request.get(&request).copied().unwrap_or(0)
     }
 
     /// Drops every event of `request` (it was closed), returning how many were dropped.
     pub fn remove_request(&mut self, request: RequestId) -> usize {
-        let before = self.queue.len();
+        let Some(count) = self.per_request.remove(&request) else { return 0 };
         self.queue.retain(|e| e.request != Some(request));
-        before - self.queue.len()
+        count as usize
+    }
+
+    /// The per-request counts agree with the queue.
+    pub fn check_invariants(&self) {
+        let mut counted = BTreeMap::<RequestId, u32>::new();
+        for id in self.queue.iter().filter_map(|e| e.request) {
+            *counted.entry(id).or_default() += 1;
+        }
+        assert_eq!(counted, self.per_request, "retained event counts drifted");
+        assert!(self.queue.len() <= self.capacity, "retained events over their bound");
     }
 }

@@ -10,10 +10,18 @@
 //! `tokens` is the whole context: every prompt, prefill and generated token. `kv_len` of them
 //! have their KV computed and committed; the rest are pending. While a turn runs there is always
 //! at least one pending token: its input, or the last sampled token (not yet in the KV).
+//!
+//! A request's KV blocks are the KV manager's (kv/manager.rs), its place in the waiting order
+//! the scheduler's, its undelivered events the retained queue's: here is only what the request
+//! is. Its life:
+//!
+//! ```text
+//!   Open ──handle dropped──▶ Abandoned ──next owner boundary──▶ Closed ──unpinned──▶ removed
+//!     └─────────────────────── close ────────────────────────────▶┘   (by the engine only)
+//! ```
 
 use crate::events::{FinishReason, Usage};
-use crate::ids::{BlockId, RequestId, TurnId};
-use crate::kv::blocks_for_tokens;
+use crate::ids::{RequestId, TurnId};
 use crate::options::ResolvedTurnOptions;
 use crate::rng::Rng;
 
@@ -59,6 +67,16 @@ impl Turn {
     }
 }
 
+/// Where a request is in its life (see the module diagram).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lifecycle {
+    Open,
+    /// The caller dropped its last handle; the engine closes it at its next owner boundary.
+    Abandoned,
+    /// Closed; its blocks wait for the step in flight or its static batch to let go of them.
+    Closed,
+}
+
 #[derive(Debug, Clone)]
 pub enum TurnSlot {
     /// No turn was ever begun.
@@ -73,25 +91,11 @@ pub struct Request {
     pub max_session_tokens: u32,
     pub tokens: Vec<i32>,
     pub kv_len: u32,
-    pub blocks: Vec<BlockId>,
-    /// Table length before the current transaction: blocks past it are this step's reservations.
-    pub blocks_before_step: u32,
     pub turn: TurnSlot,
     pub last_turn_id: u32,
     /// `prefill()` asked for the KV of `tokens[..prefill_target]` without a turn.
     pub prefill_target: u32,
-    /// Events of this request still in the engine's retained queue.
-    pub retained_events: u32,
-    /// Arrival order among waiting prefills (set when the request starts waiting).
-    pub waiting_seq: u64,
-    /// Consecutive steps this request waited for a prefill row without getting one.
-    pub starved_steps: u32,
-    /// A CapacityBlocked event was already published for the current wait.
-    pub capacity_notified: bool,
-    /// The step whose plan gave this request a row (guards against two rows in one step).
-    pub planned_step: Option<u64>,
-    pub closed: bool,
-    pub abandoned: bool,
+    pub lifecycle: Lifecycle,
 }
 
 impl Request {
@@ -101,23 +105,19 @@ impl Request {
             max_session_tokens,
             tokens: Vec::new(),
             kv_len: 0,
-            blocks: Vec::new(),
-            blocks_before_step: 0,
             turn: TurnSlot::Never,
             last_turn_id: 0,
             prefill_target: 0,
-            retained_events: 0,
-            waiting_seq: 0,
-            starved_steps: 0,
-            capacity_notified: false,
-            planned_step: None,
-            closed: false,
-            abandoned: false,
+            lifecycle: Lifecycle::Open,
         }
     }
 
+    pub fn is_closed(&self) -> bool {
+        self.lifecycle == Lifecycle::Closed
+    }
+
     pub fn state(&self) -> RequestState {
-        if self.closed {
+        if self.is_closed() {
             return RequestState::Closed;
         }
         match &self.turn {
@@ -148,7 +148,7 @@ impl Request {
 
     /// The end of the tokens this request wants computed now (0 when it wants nothing).
     pub fn compute_target(&self) -> u32 {
-        if self.closed {
+        if self.is_closed() {
             return 0;
         }
         match self.turn {
@@ -168,7 +168,7 @@ impl Request {
 
     /// Starts a turn over input already appended to `tokens`.
     pub fn transition_to_queued(&mut self, options: ResolvedTurnOptions, prompt_tokens: u32, rng: Rng) -> TurnId {
-        assert!(!self.closed && self.running_turn().is_none(), "request {} begins a turn while one runs", self.id.0);
+        assert!(!self.is_closed() && self.running_turn().is_none(), "request {} begins a turn while one runs", self.id.0);
         self.last_turn_id += 1;
         let id = TurnId(self.last_turn_id);
         self.turn = TurnSlot::Running(Turn { id, options, prompt_tokens, generated_tokens: 0, rng });
@@ -183,35 +183,49 @@ impl Request {
         (turn.id, turn.usage())
     }
 
+    /// The caller dropped its last handle; returns whether this call abandoned it.
+    pub fn transition_to_abandoned(&mut self) -> bool {
+        if self.lifecycle != Lifecycle::Open {
+            return false;
+        }
+        self.lifecycle = Lifecycle::Abandoned;
+        true
+    }
+
     pub fn transition_to_closed(&mut self) {
-        assert!(!self.closed, "request {} closed twice", self.id.0);
-        self.closed = true;
+        assert!(!self.is_closed(), "request {} closed twice", self.id.0);
+        self.lifecycle = Lifecycle::Closed;
         if self.running_turn().is_some() {
             self.turn = TurnSlot::Complete;
         }
         self.prefill_target = 0;
     }
 
-    /// Drops the tokens past `token_count` between turns. The computed KV shrinks with them, a
-    /// pending prefill shrinks to what is left of it, and the blocks past the last one the
-    /// remaining KV needs are returned for the caller to free.
+    /// Drops the tokens past `token_count` between turns. The computed KV shrinks with them (the
+    /// caller then truncates the request's blocks to the new `kv_len`), and a pending prefill
+    /// shrinks to what is left of it.
     ///
     /// ```text
-    ///   before:  tokens [0 ............................ n)   kv_len k, blocks ceil(k / B)
-    ///   after:   tokens [0 ......... c)                      kv_len min(k, c), blocks ceil(kv_len / B)
+    ///   before:  tokens [0 ............................ n)   kv_len k
+    ///   after:   tokens [0 ......... c)                      kv_len min(k, c)
     /// ```
-    pub fn truncate_to(&mut self, token_count: u32, block_size: u32) -> Vec<BlockId> {
-        assert!(!self.closed, "request {} truncated after close", self.id.0);
+    pub fn truncate_to(&mut self, token_count: u32) {
+        assert!(!self.is_closed(), "request {} truncated after close", self.id.0);
         assert!(self.running_turn().is_none(), "request {} truncated while a turn runs", self.id.0);
         assert!(token_count <= self.token_count(), "request {} truncated past its end", self.id.0);
-        let kept_blocks = blocks_for_tokens(self.kv_len, block_size) as usize;
-        assert_eq!(kept_blocks, self.blocks.len(), "request {} holds blocks past its KV between steps", self.id.0);
         self.tokens.truncate(token_count as usize);
         self.kv_len = self.kv_len.min(token_count);
         let prefill_target = self.prefill_target.min(token_count);
         self.prefill_target = if prefill_target > self.kv_len { prefill_target } else { 0 };
-        let keep = blocks_for_tokens(self.kv_len, block_size) as usize;
-        self.blocks.split_off(keep)
+    }
+
+    /// Preempted: the KV is given up and recomputed later; a pending prefill without a turn is
+    /// given up with it (its caller asked only for the KV).
+    pub fn transition_to_preempted(&mut self) {
+        self.kv_len = 0;
+        if self.running_turn().is_none() {
+            self.prefill_target = 0;
+        }
     }
 
     /// Why the turn ends after `token` was appended, if it does. Order: eos, stop,

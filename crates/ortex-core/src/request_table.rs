@@ -99,10 +99,6 @@ impl RequestTable {
         self.slots.iter().flatten()
     }
 
-    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut Request> {
-        self.slots.iter_mut().flatten()
-    }
-
     pub fn keys(&self) -> impl Iterator<Item = &RequestId> + '_ {
         self.values().map(|r| &r.id)
     }

@@ -1,10 +1,11 @@
-//! Paged KV, the mechanism: a fixed pool of blocks and the arithmetic that maps token positions
-//! to blocks. Which request owns which block lives in each request's block table; the scheduler
-//! (policy) decides when to grow a table, and a transaction's reservations are committed or rolled
-//! back all at once.
+//! Paged KV. The mechanism is a fixed pool of blocks ([`BlockPool`]); the one owner of the pool
+//! and of every request's block table is the manager ([`PagedKv`], behind [`KvManager`]), which
+//! the scheduler (policy) asks for room and the engine commits or rolls back step by step.
 
+mod manager;
 mod pool;
 
+pub use manager::{Admission, KvManager, PagedKv, StepReservation};
 pub use pool::{BlockPool, BlockState};
 
 /// Blocks needed to hold `num_tokens` positions.

@@ -249,22 +249,6 @@ impl SessionManager {
         expired
     }
 
-    /// Begins the close of every open session bound to any of `request_ids` (the engine lost
-    /// them), and returns, per session id, all requests that session holds.
-    pub fn close_sessions_for_request_ids(&mut self, request_ids: &[u32]) -> BTreeMap<String, Vec<u32>> {
-        let mut closed = BTreeMap::new();
-        for session in self.sessions.values_mut() {
-            let held = session.request_ids(None, None);
-            if !held.iter().any(|request_id| request_ids.contains(request_id)) {
-                continue;
-            }
-            if session.begin_close(REQUEST_CLEANUP_REASON) {
-                closed.insert(session.id().to_owned(), held);
-            }
-        }
-        closed
-    }
-
     /// Checks the manager and every session; panics on a broken invariant.
     pub fn check_invariants(&self) {
         if let Some(max_sessions) = self.max_sessions {
@@ -481,21 +465,6 @@ mod tests {
         }
         let ids: Vec<String> = manager.collect_expired(IDLE_TTL_MS).into_iter().map(|e| e.session_id).collect();
         assert_eq!(ids, ["a", "b", "c"]);
-    }
-
-    #[test]
-    fn close_sessions_for_request_ids_begins_their_close_once() {
-        let mut manager = manager(None);
-        for (id, request_id) in [("a", 1), ("b", 2)] {
-            let session = manager.open(id, 0, None).unwrap();
-            let fence = session.fence().clone();
-            session.bind_request(request_id, &fence).unwrap();
-        }
-        let closed = manager.close_sessions_for_request_ids(&[2, 9]);
-        assert_eq!(closed, BTreeMap::from([("b".to_string(), vec![2])]));
-        assert_eq!(manager.get("b").unwrap().close_reason(), Some(REQUEST_CLEANUP_REASON));
-        assert!(manager.close_sessions_for_request_ids(&[2]).is_empty());
-        assert_eq!(manager.get("a").unwrap().state(), SessionState::Open);
     }
 
     #[test]

@@ -156,3 +156,24 @@ function tally(planned: ReturnType<typeof planTensors>): ImportSummary['tensors'
   }
   return out
 }
+
+/**
+ * The one-line summary: architecture, parameters, weights written, what was kept exactly or
+ * requantized, time. E.g. "out/smollm2: llama "SmolLM2", 134,515,008 parameters, int4 weights
+ * (exact Q4_1 x210; requantized Q8_0 x1; float32 F32 x61, Q8_0 x1), 218.4 MB in 4.8 s".
+ */
+export function describeImport(s: ImportSummary): string {
+  const list = (counts: Record<string, number>) =>
+    Object.entries(counts)
+      .map(([type, n]) => `${type} x${n}`)
+      .join(', ')
+  const parts: string[] = []
+  if (Object.keys(s.tensors.exact).length > 0) parts.push(`4-bit blocks kept exactly: ${list(s.tensors.exact)}`)
+  if (Object.keys(s.tensors.requantized).length > 0) parts.push(`requantized to 4 bits: ${list(s.tensors.requantized)}`)
+  if (Object.keys(s.tensors.dequantized).length > 0) parts.push(`float32: ${list(s.tensors.dequantized)}`)
+  const name = s.name === undefined ? '' : ` "${s.name}"`
+  return (
+    `${s.outDir}: ${s.architecture}${name}, ${s.parameters.toLocaleString('en-US')} parameters, ${s.weights} weights ` +
+    `(${parts.join('; ')}), ${(s.totalBytes / 1e6).toFixed(1)} MB in ${(s.elapsedMs / 1000).toFixed(1)} s`
+  )
+}

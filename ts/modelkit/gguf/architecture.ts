@@ -13,9 +13,12 @@
 
 import { OrtexError } from '../../errors'
 import type { LlamaDims } from '../llama'
+import { canDequantize } from './dequantize'
+import { GgmlTypeId, ggmlTypeName } from './ggml-types'
 import { type GgufFile, type GgufTensorInfo, Metadata } from './reader'
 
 export const ARCHITECTURES = ['llama', 'qwen2'] as const
+export const SUPPORTED_TYPES = Object.keys(GgmlTypeId)
 export type Architecture = (typeof ARCHITECTURES)[number]
 
 /** What a graph weight is made from. */
@@ -155,6 +158,9 @@ function mapTensors(
   const mapped = mappings.map(([ggufName, name, role, dims, unpermuteHeadSize]) => {
     const source = tensors.get(ggufName) ?? refuse(file, `the tensor "${ggufName}" is missing`)
     if (source.dims.join() !== dims.join()) refuse(file, `${ggufName} has the shape [${source.dims}], expected [${dims}]`)
+    if (!canDequantize(source.type)) {
+      refuse(file, `${ggufName} is ${ggmlTypeName(source.type)}, a tensor type the importer does not read (it reads ${SUPPORTED_TYPES.join(', ')})`)
+    }
     used.add(ggufName)
     return { name, source, role, ...(unpermuteHeadSize === undefined ? {} : { unpermuteHeadSize }) }
   })

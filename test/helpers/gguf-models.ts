@@ -4,6 +4,7 @@
 // K-quants included, fits.
 
 import { GgmlTypeId, type GgmlTypeName } from '../../ts/modelkit/gguf/ggml-types'
+import { CORPUS } from '../../ts/modelkit/corpus'
 import { trainBpe } from '../../ts/modelkit/tokenizer'
 import { type GgufTensor, type MetaValue, TestRng, bool, f32, i32s, randomTensorData, str, strings, u32, writeGguf } from './gguf-writer'
 
@@ -135,3 +136,37 @@ export function writeTinyGguf(path: string, o: TinyGgufOptions): void {
   writeGguf(path, tinyGgufMetadata(o), tinyGgufTensors(o))
 }
 
+
+/**
+ * A SentencePiece vocabulary in llama's GGUF form: <unk>, <s>, </s>, the 256 <0xXX> byte tokens,
+ * then pieces of make-model's text ("▁" for spaces): its characters, word prefixes and a few
+ * endings, with deterministic scores. At most 384 tokens (the tiny models' embedding rows).
+ */
+export function tinySentencePieceVocabulary(): { tokens: string[]; types: number[]; scores: number[] } {
+  const tokens = ['<unk>', '<s>', '</s>']
+  const types = [2, 3, 3]
+  for (let b = 0; b < 256; b++) {
+    tokens.push(`<0x${b.toString(16).toUpperCase().padStart(2, '0')}>`)
+    types.push(6)
+  }
+  const words = CORPUS.split(/\s+/).filter(Boolean).map((w) => `▁${w}`)
+  const pieces = new Set<string>()
+  for (const w of words) for (const ch of w) pieces.add(ch)
+  const endings = ['ing', 'ed', 'er', 'the', 'an', 'in', 'on']
+  for (const e of endings) for (let n = 2; n <= e.length; n++) pieces.add(e.slice(0, n))
+  const frequency = new Map<string, number>()
+  for (const w of words) for (let n = 2; n <= Math.min(w.length, 6); n++) frequency.set(w.slice(0, n), (frequency.get(w.slice(0, n)) ?? 0) + 1)
+  const prefixes = [...frequency].sort((a, b) => b[1] - a[1] || (a[0] < b[0] ? -1 : 1)).map(([p]) => p)
+  for (const p of prefixes) {
+    if (pieces.size + tokens.length >= 384) break
+    // Only prefixes whose own prefix is a piece are reachable by merges.
+    if (pieces.has(p.slice(0, -1)) || p.length === 2) pieces.add(p)
+  }
+  const rng = new TestRng(17)
+  for (const p of pieces) {
+    tokens.push(p)
+    types.push(1)
+  }
+  const scores = tokens.map((t, id) => (types[id] === 1 ? -(Array.from(t).length === 1 ? 1000 : 10) * (1 + rng.int(1000) / 1000) : 0))
+  return { tokens, types, scores }
+}

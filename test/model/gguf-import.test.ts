@@ -19,10 +19,10 @@ import { importGguf, type ImportSummary } from '../../ts/modelkit/gguf/import'
 import { int4Value, packInt4 } from '../../ts/modelkit/gguf/int4'
 import { readGguf } from '../../ts/modelkit/gguf/reader'
 import { SUPPORTED_PRE_TOKENIZERS } from '../../ts/modelkit/gguf/tokenizer'
-import { CHAT_TOKENS, TINY, type TinyGgufOptions, tinyGgufMetadata, tinyGgufTensors, tinyVocabulary, writeTinyGguf } from '../helpers/gguf-models'
-import { TestRng, ggufBytes, randomTensorData, str, u32 } from '../helpers/gguf-writer'
+import { CHAT_TOKENS, TINY, tinySentencePieceVocabulary, type TinyGgufOptions, tinyGgufMetadata, tinyGgufTensors, tinyVocabulary, writeTinyGguf } from '../helpers/gguf-models'
+import { TestRng, f32s, ggufBytes, i32s, randomTensorData, str, strings, u32 } from '../helpers/gguf-writer'
 import { ggufLogits } from '../reference/gguf-forward'
-import { LlamaCppBpe } from '../reference/llama-vocab'
+import { LlamaCppBpe, LlamaCppSpm } from '../reference/llama-vocab'
 import { ReferenceModel, emptyCache, forwardBatch, naiveGenerate } from '../reference/reference'
 
 const { onnx } = onnxProto
@@ -428,6 +428,40 @@ describe('the tokenizer', () => {
       } finally {
         await engine.close()
       }
+    }
+  })
+
+  it("SentencePiece vocabularies (tokenizer.ggml.model llama) give llama.cpp's ids", async () => {
+    const spm = tinySentencePieceVocabulary()
+    const metadata = tinyGgufMetadata({
+      ...LLAMA,
+      metadata: [
+        ['tokenizer.ggml.model', str('llama')],
+        ['tokenizer.ggml.tokens', strings(spm.tokens)],
+        ['tokenizer.ggml.token_type', i32s(spm.types)],
+        ['tokenizer.ggml.scores', f32s(spm.scores)],
+        ['tokenizer.ggml.unknown_token_id', u32(0)],
+      ],
+    }).filter(([key]) => key !== 'tokenizer.ggml.merges' && key !== 'tokenizer.ggml.pre')
+    const file = join(root, 'spm.gguf')
+    writeFileSync(file, ggufBytes(metadata, tinyGgufTensors(LLAMA)))
+    const dir = join(root, 'spm')
+    const summary = await importGguf({ file, outDir: dir, weights: 'int4' })
+    expect(summary.preTokenizer).toBe('sentencepiece')
+    const scores = Float32Array.from(spm.scores) // as the file stores them
+    const oracle = new LlamaCppSpm({ ...spm, scores: Array.from(scores), addSpacePrefix: true })
+    const engine = await Engine.load(dir, { intraOpThreads: 1 })
+    try {
+      for (const text of [...CORPUS, 'The river starts as a thin line of water', 'hello world', ' the  kitchen ', '日本語 ✓ café <s>x</s> y']) {
+        expect(Array.from(engine.tokenize(text)), JSON.stringify(text)).toEqual(oracle.encode(text))
+      }
+      const text = 'The garden needs water every evening during the summer.'
+      expect(engine.detokenize(engine.tokenize(text))).toBe(text)
+      const [space, ...bytes] = oracle.encode('日本')
+      expect(spm.tokens[space!]).toBe('▁')
+      expect(bytes.map((id) => spm.tokens[id])).toEqual(['<0xE6>', '<0x97>', '<0xA5>', '<0xE6>', '<0x9C>', '<0xAC>']) // byte fallback
+    } finally {
+      await engine.close()
     }
   })
 

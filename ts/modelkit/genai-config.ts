@@ -12,8 +12,11 @@ export interface GenaiConfigOptions {
   attention: AttentionForm
   filename: string
   bosTokenId: number
-  eosTokenId: number
+  /** One id or several (onnxruntime-genai accepts both). */
+  eosTokenId: number | number[]
   padTokenId: number
+  /** model.type; default "llama". */
+  modelType?: string
 }
 
 export function genaiConfig(o: GenaiConfigOptions): object {
@@ -43,7 +46,7 @@ export function genaiConfig(o: GenaiConfigOptions): object {
       },
       eos_token_id: o.eosTokenId,
       pad_token_id: o.padTokenId,
-      type: 'llama',
+      type: o.modelType ?? 'llama',
       vocab_size: d.vocabSize,
     },
     search: {

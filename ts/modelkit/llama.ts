@@ -1,7 +1,7 @@
 // The Llama-style decoder graph (both attention forms) and the list of its weights.
 //
 // Per layer: RMSNorm -> attention (rotary positions, grouped KV heads) -> residual -> RMSNorm ->
-// SwiGLU MLP -> residual; then a final RMSNorm and an untied lm_head. Both forms use the very same
+// SwiGLU MLP -> residual; then a final RMSNorm and the lm_head. Both forms use the very same
 // weights and the same non-interleaved ("rotate half") rotary tables; only the attention core
 // differs:
 //   mha: plain ONNX operators (MatMul, Softmax, Where, ...) with position_ids, past concatenated
@@ -9,6 +9,9 @@
 //   gqa: com.microsoft.GroupQueryAttention with do_rotary=1 and cos/sin caches, seqlens_k and
 //        total_sequence_length computed from attention_mask, no position_ids input, as
 //        onnxruntime-genai's model builder emits for CPU.
+// Options cover what imported models need (ts/modelkit/gguf/): q/k/v biases (qwen2), an lm_head
+// tied to the token embedding, and linear layers stored as com.microsoft.MatMulNBits 4-bit blocks.
+// The defaults are the random model of `ortex make-model`, whose bytes must not change.
 // See docs/model-format.md for the input/output contract.
 
 import { DataType, F, GraphBuilder, I, Is, type ExternalTensor } from './onnx-builder'
@@ -104,28 +107,102 @@ export const pastValueName = (l: number) => `past_key_values.${l}.value`
 export const presentKeyName = (l: number) => `present.${l}.key`
 export const presentValueName = (l: number) => `present.${l}.value`
 
-/** Builds the decoder graph; `weights` maps each WeightSpec name to its place in the data file. */
+/** How the linear layers (q/k/v/o, gate/up/down, lm_head) store their weights. */
+export type LinearStorage =
+  /** `<proj>.weight` float32 [in, out], one MatMul. */
+  | { kind: 'fp32' }
+  /**
+   * com.microsoft.MatMulNBits with 4-bit blocks of 32 along the input: `<proj>.qweight` uint8
+   * [out, in/32, 16], `<proj>.scales` float32 [out, in/32], `<proj>.qzeros` uint8 [out, ceil(in/64)]
+   * (two 4-bit zero points a byte, low nibble first). Where `<proj>.mins` float32 [in/32, out] is
+   * present, each block's value is q * scale + min: the graph adds the input's 32-element block
+   * sums times the minimums (what ggml does for Q4_1 and Q4_K), with zero points 0.
+   */
+  | { kind: 'int4'; accuracyLevel: number }
+
+export interface LlamaGraphOptions {
+  attention: AttentionForm
+  /** q, k and v projections add `<proj>.bias` (qwen2). Default false. */
+  attentionBias?: boolean
+  /** The lm_head is the token embedding (float32: transposed in the graph). Default false. */
+  tiedEmbeddings?: boolean
+  /** Default fp32. */
+  linear?: LinearStorage
+}
+
+/** What every part of the graph needs: the builder, the model's sizes, the options, the weights. */
+interface GraphContext {
+  g: GraphBuilder
+  d: LlamaDims
+  options: Required<LlamaGraphOptions>
+  /** The initializer of a weight, added to the graph on first use. */
+  w: (name: string) => string
+  has: (name: string) => boolean
+  /** The dims of a weight. */
+  weightDims: (name: string) => number[]
+  /** Inputs whose 32-element block sums are already computed (int4 weights with minimums). */
+  blockSums: Set<string>
+}
+
+/** The tensors that rotary, masking and attention share across layers. */
+interface SharedInputs {
+  cosCache: string
+  sinCache: string
+  mha?: { mask: string; cos: string; sin: string }
+  gqa?: { seqlensK: string; totalSeqLen: string }
+}
+
+/** Builds the decoder graph; `weights` maps each weight name to its place in the data file. */
 export function buildLlamaGraph(
   d: LlamaDims,
-  attention: AttentionForm,
+  attentionOrOptions: AttentionForm | LlamaGraphOptions,
   weights: ReadonlyMap<string, ExternalTensor>,
 ): GraphBuilder {
   if (d.numHeads % d.numKvHeads !== 0) throw new Error('num_heads must be a multiple of num_kv_heads')
   if (d.headSize % 2 !== 0) throw new Error('head_size must be even (rotary embedding)')
-  const g = new GraphBuilder(`ortex-llama-${attention}`)
-  const H = d.hiddenSize
-  const D = d.headSize
-  const nRep = d.numHeads / d.numKvHeads
+  const given = typeof attentionOrOptions === 'string' ? { attention: attentionOrOptions } : attentionOrOptions
+  const options: Required<LlamaGraphOptions> = {
+    attentionBias: false,
+    tiedEmbeddings: false,
+    linear: { kind: 'fp32' },
+    ...given,
+  }
+  const g = new GraphBuilder(`ortex-llama-${options.attention}`)
+  const added = new Set<string>()
   const w = (name: string): string => {
     const t = weights.get(name)
     if (!t) throw new Error(`missing weight ${name}`)
-    return g.external(t)
+    if (!added.has(name)) g.external(t)
+    added.add(name)
+    return name
+  }
+  const ctx: GraphContext = {
+    g,
+    d,
+    options,
+    w,
+    has: (name) => weights.has(name),
+    weightDims: (name) => weights.get(name)?.dims ?? [],
+    blockSums: new Set(),
   }
 
-  // Inputs and outputs.
+  declareInputsOutputs(ctx)
+  const shared: SharedInputs = { cosCache: w('cos_cache'), sinCache: w('sin_cache') }
+  if (options.attention === 'mha') shared.mha = mhaMaskAndRotary(ctx, shared)
+  else shared.gqa = gqaSequenceLengths(ctx)
+
+  let x = g.op('Gather', [w('model.embed_tokens.weight'), INPUT_IDS], { axis: I(0) }, { name: '/model/embed_tokens/Gather' })
+  for (let l = 0; l < d.numLayers; l++) x = decoderLayer(ctx, shared, x, l)
+  const final = rmsNorm(ctx, x, 'model.norm.weight', '/model/norm')
+  lmHead(ctx, final)
+  return g
+}
+
+function declareInputsOutputs({ g, d, options }: GraphContext): void {
+  const D = d.headSize
   g.input(INPUT_IDS, DataType.INT64, ['batch_size', 'sequence_length'])
   g.input(ATTENTION_MASK, DataType.INT64, ['batch_size', 'total_sequence_length'])
-  if (attention === 'mha') g.input(POSITION_IDS, DataType.INT64, ['batch_size', 'sequence_length'])
+  if (options.attention === 'mha') g.input(POSITION_IDS, DataType.INT64, ['batch_size', 'sequence_length'])
   for (let l = 0; l < d.numLayers; l++) {
     g.input(pastKeyName(l), DataType.FLOAT, ['batch_size', d.numKvHeads, 'past_sequence_length', D])
     g.input(pastValueName(l), DataType.FLOAT, ['batch_size', d.numKvHeads, 'past_sequence_length', D])
@@ -135,140 +212,214 @@ export function buildLlamaGraph(
     g.output(presentKeyName(l), DataType.FLOAT, ['batch_size', d.numKvHeads, 'total_sequence_length', D])
     g.output(presentValueName(l), DataType.FLOAT, ['batch_size', d.numKvHeads, 'total_sequence_length', D])
   }
+}
 
-  const cosCache = w('cos_cache')
-  const sinCache = w('sin_cache')
+/** mha: the causal-and-padding mask grouped per KV head, and the rotary tables at position_ids. */
+function mhaMaskAndRotary({ g, d }: GraphContext, shared: SharedInputs): NonNullable<SharedInputs['mha']> {
+  const nRep = d.numHeads / d.numKvHeads
+  const b = '/model/attn_mask_reformat'
+  // P = past length (from layer 0's past key), S = new tokens, T = attention_mask width (= P + S).
+  const pastShape = g.op('Shape', [pastKeyName(0)], undefined, { name: `${b}/past_shape` })
+  const P = g.op('Gather', [pastShape, g.int64([2], [])], { axis: I(0) }, { name: `${b}/past_len` })
+  const idsShape = g.op('Shape', [INPUT_IDS], undefined, { name: `${b}/ids_shape` })
+  const Sn = g.op('Gather', [idsShape, g.int64([1], [])], { axis: I(0) }, { name: `${b}/seq_len` })
+  const maskShape = g.op('Shape', [ATTENTION_MASK], undefined, { name: `${b}/mask_shape` })
+  const T = g.op('Gather', [maskShape, g.int64([1], [])], { axis: I(0) }, { name: `${b}/total_len` })
+  const PS = g.op('Add', [P, Sn], undefined, { name: `${b}/past_plus_seq` })
+  // causal[s, t] = t <= P + s   (key index t in [past ; new], query s at key index P + s)
+  const qIdx = g.op('Range', [P, PS, g.int64([1], [])], undefined, { name: `${b}/query_index` })
+  const qCol = g.op('Unsqueeze', [qIdx, g.int64([1])], undefined, { name: `${b}/query_index_col` })
+  const kIdx = g.op('Range', [g.int64([0], []), T, g.int64([1], [])], undefined, { name: `${b}/key_index` })
+  const causal = g.op('LessOrEqual', [kIdx, qCol], undefined, { name: `${b}/causal` }) // [S, T]
+  const pad = g.op('Cast', [ATTENTION_MASK], { to: I(DataType.BOOL) }, { name: `${b}/mask_bool` })
+  const pad4 = g.op('Unsqueeze', [pad, g.int64([1, 2])], undefined, { name: `${b}/mask_4d` }) // [B,1,1,T]
+  const both = g.op('And', [causal, pad4], undefined, { name: `${b}/causal_and_mask` }) // [B,1,S,T]
+  // Queries are grouped per KV head as [B, kv_heads, n_rep * S, D]: repeat the mask n_rep times.
+  const mask = g.op('Tile', [both, g.int64([1, 1, nRep, 1])], undefined, { name: `${b}/mask_grouped` })
+  // Rotary tables for these positions: [B, 1, S, D/2].
+  const rb = '/model/rotary'
+  const cosG = g.op('Gather', [shared.cosCache, POSITION_IDS], { axis: I(0) }, { name: `${rb}/cos_gather` })
+  const sinG = g.op('Gather', [shared.sinCache, POSITION_IDS], { axis: I(0) }, { name: `${rb}/sin_gather` })
+  const cos = g.op('Unsqueeze', [cosG, g.int64([1])], undefined, { name: `${rb}/cos` })
+  const sin = g.op('Unsqueeze', [sinG, g.int64([1])], undefined, { name: `${rb}/sin` })
+  return { mask, cos, sin }
+}
 
-  // Shared subgraphs.
-  let mha: { mask: string; cos: string; sin: string } | undefined
-  let gqa: { seqlensK: string; totalSeqLen: string } | undefined
-  if (attention === 'mha') {
-    const b = '/model/attn_mask_reformat'
-    // P = past length (from layer 0's past key), S = new tokens, T = attention_mask width (= P + S).
-    const pastShape = g.op('Shape', [pastKeyName(0)], undefined, { name: `${b}/past_shape` })
-    const P = g.op('Gather', [pastShape, g.int64([2], [])], { axis: I(0) }, { name: `${b}/past_len` })
-    const idsShape = g.op('Shape', [INPUT_IDS], undefined, { name: `${b}/ids_shape` })
-    const Sn = g.op('Gather', [idsShape, g.int64([1], [])], { axis: I(0) }, { name: `${b}/seq_len` })
-    const maskShape = g.op('Shape', [ATTENTION_MASK], undefined, { name: `${b}/mask_shape` })
-    const T = g.op('Gather', [maskShape, g.int64([1], [])], { axis: I(0) }, { name: `${b}/total_len` })
-    const PS = g.op('Add', [P, Sn], undefined, { name: `${b}/past_plus_seq` })
-    // causal[s, t] = t <= P + s   (key index t in [past ; new], query s at key index P + s)
-    const qIdx = g.op('Range', [P, PS, g.int64([1], [])], undefined, { name: `${b}/query_index` })
-    const qCol = g.op('Unsqueeze', [qIdx, g.int64([1])], undefined, { name: `${b}/query_index_col` })
-    const kIdx = g.op('Range', [g.int64([0], []), T, g.int64([1], [])], undefined, { name: `${b}/key_index` })
-    const causal = g.op('LessOrEqual', [kIdx, qCol], undefined, { name: `${b}/causal` }) // [S, T]
-    const pad = g.op('Cast', [ATTENTION_MASK], { to: I(DataType.BOOL) }, { name: `${b}/mask_bool` })
-    const pad4 = g.op('Unsqueeze', [pad, g.int64([1, 2])], undefined, { name: `${b}/mask_4d` }) // [B,1,1,T]
-    const both = g.op('And', [causal, pad4], undefined, { name: `${b}/causal_and_mask` }) // [B,1,S,T]
-    // Queries are grouped per KV head as [B, kv_heads, n_rep * S, D]: repeat the mask n_rep times.
-    const mask = g.op('Tile', [both, g.int64([1, 1, nRep, 1])], undefined, { name: `${b}/mask_grouped` })
-    // Rotary tables for these positions: [B, 1, S, D/2].
-    const rb = '/model/rotary'
-    const cosG = g.op('Gather', [cosCache, POSITION_IDS], { axis: I(0) }, { name: `${rb}/cos_gather` })
-    const sinG = g.op('Gather', [sinCache, POSITION_IDS], { axis: I(0) }, { name: `${rb}/sin_gather` })
-    const cos = g.op('Unsqueeze', [cosG, g.int64([1])], undefined, { name: `${rb}/cos` })
-    const sin = g.op('Unsqueeze', [sinG, g.int64([1])], undefined, { name: `${rb}/sin` })
-    mha = { mask, cos, sin }
-  } else {
-    const b = '/model/attn_mask_reformat/attn_mask_subgraph'
-    const sum = g.op('ReduceSum', [ATTENTION_MASK, g.int64([1])], { keepdims: I(0) }, { name: `${b}/ReduceSum` })
-    const sub = g.op('Sub', [sum, g.int64([1], [])], undefined, { name: `${b}/Sub` })
-    const seqlensK = g.op('Cast', [sub], { to: I(DataType.INT32) }, { name: `${b}/Sub/Cast` })
-    const shape = g.op('Shape', [ATTENTION_MASK], undefined, { name: `${b}/Shape` })
-    const total = g.op('Gather', [shape, g.int64([1], [])], { axis: I(0) }, { name: `${b}/Gather` })
-    const totalSeqLen = g.op('Cast', [total], { to: I(DataType.INT32) }, { name: `${b}/Gather/Cast` })
-    gqa = { seqlensK, totalSeqLen }
-  }
+/** gqa: seqlens_k and total_sequence_length from attention_mask, as the builder computes them. */
+function gqaSequenceLengths({ g }: GraphContext): NonNullable<SharedInputs['gqa']> {
+  const b = '/model/attn_mask_reformat/attn_mask_subgraph'
+  const sum = g.op('ReduceSum', [ATTENTION_MASK, g.int64([1])], { keepdims: I(0) }, { name: `${b}/ReduceSum` })
+  const sub = g.op('Sub', [sum, g.int64([1], [])], undefined, { name: `${b}/Sub` })
+  const seqlensK = g.op('Cast', [sub], { to: I(DataType.INT32) }, { name: `${b}/Sub/Cast` })
+  const shape = g.op('Shape', [ATTENTION_MASK], undefined, { name: `${b}/Shape` })
+  const total = g.op('Gather', [shape, g.int64([1], [])], { axis: I(0) }, { name: `${b}/Gather` })
+  const totalSeqLen = g.op('Cast', [total], { to: I(DataType.INT32) }, { name: `${b}/Gather/Cast` })
+  return { seqlensK, totalSeqLen }
+}
 
-  const rmsNorm = (x: string, weight: string, base: string): string => {
-    const sq = g.op('Pow', [x, g.float([2], [])], undefined, { name: `${base}/Pow` })
-    const mean = g.op('ReduceMean', [sq, g.int64([-1])], { keepdims: I(1) }, { name: `${base}/ReduceMean` })
-    const eps = g.op('Add', [mean, g.float([d.rmsNormEps], [])], undefined, { name: `${base}/Add` })
-    const root = g.op('Sqrt', [eps], undefined, { name: `${base}/Sqrt` })
-    const normed = g.op('Div', [x, root], undefined, { name: `${base}/Div` })
-    return g.op('Mul', [normed, w(weight)], undefined, { name: `${base}/Mul` })
-  }
-  // [B, h, S, D] -> rotated, non-interleaved: [x1 cos - x2 sin ; x2 cos + x1 sin]
-  const rotary = (x: string, base: string): string => {
-    const half = D / 2
-    const x1 = g.op('Slice', [x, g.int64([0]), g.int64([half]), g.int64([3])], undefined, { name: `${base}/x1` })
-    const x2 = g.op('Slice', [x, g.int64([half]), g.int64([D]), g.int64([3])], undefined, { name: `${base}/x2` })
-    const a = g.op('Mul', [x1, mha!.cos], undefined, { name: `${base}/x1_cos` })
-    const bb = g.op('Mul', [x2, mha!.sin], undefined, { name: `${base}/x2_sin` })
-    const c = g.op('Mul', [x2, mha!.cos], undefined, { name: `${base}/x2_cos` })
-    const e = g.op('Mul', [x1, mha!.sin], undefined, { name: `${base}/x1_sin` })
-    const lo = g.op('Sub', [a, bb], undefined, { name: `${base}/lo` })
-    const hi = g.op('Add', [c, e], undefined, { name: `${base}/hi` })
-    return g.op('Concat', [lo, hi], { axis: I(3) }, { name: `${base}/Concat` })
-  }
+function decoderLayer(ctx: GraphContext, shared: SharedInputs, x: string, l: number): string {
+  const { g } = ctx
+  const p = `model.layers.${l}`
+  const base = `/model/layers.${l}`
+  const h = rmsNorm(ctx, x, `${p}.input_layernorm.weight`, `${base}/input_layernorm`)
+  const attn = attention(ctx, shared, h, l)
+  const o = linear(ctx, attn, `${p}.self_attn.o_proj`, `${base}/attn/o_proj`)
+  x = g.op('Add', [x, o], undefined, { name: `${base}/attn/residual` })
+  const h2 = rmsNorm(ctx, x, `${p}.post_attention_layernorm.weight`, `${base}/post_attention_layernorm`)
+  const down = mlp(ctx, h2, l)
+  return g.op('Add', [x, down], undefined, { name: `${base}/mlp/residual` })
+}
 
-  let x = g.op('Gather', [w('model.embed_tokens.weight'), INPUT_IDS], { axis: I(0) }, { name: '/model/embed_tokens/Gather' })
-  const scale = 1 / Math.sqrt(D)
-  for (let l = 0; l < d.numLayers; l++) {
-    const p = `model.layers.${l}`
-    const base = `/model/layers.${l}`
-    const h = rmsNorm(x, `${p}.input_layernorm.weight`, `${base}/input_layernorm`)
-    const q = g.op('MatMul', [h, w(`${p}.self_attn.q_proj.weight`)], undefined, { name: `${base}/attn/q_proj/MatMul` })
-    const k = g.op('MatMul', [h, w(`${p}.self_attn.k_proj.weight`)], undefined, { name: `${base}/attn/k_proj/MatMul` })
-    const v = g.op('MatMul', [h, w(`${p}.self_attn.v_proj.weight`)], undefined, { name: `${base}/attn/v_proj/MatMul` })
-    let ctx: string
-    if (attention === 'gqa') {
-      ;[ctx] = g.node(
-        'GroupQueryAttention',
-        [q, k, v, pastKeyName(l), pastValueName(l), gqa!.seqlensK, gqa!.totalSeqLen, cosCache, sinCache],
-        {
-          name: `${base}/attn/GroupQueryAttention`,
-          domain: 'com.microsoft',
-          outputs: [`${base}/attn/GroupQueryAttention/output_0`, presentKeyName(l), presentValueName(l)],
-          attrs: {
-            num_heads: I(d.numHeads),
-            kv_num_heads: I(d.numKvHeads),
-            scale: F(scale),
-            local_window_size: I(-1),
-            softcap: F(0),
-            do_rotary: I(1),
-            rotary_interleaved: I(0),
-          },
-        },
-      ) as [string]
-    } else {
-      const a = `${base}/attn`
-      const heads = (t: string, n: number, tag: string): string => {
-        const r = g.op('Reshape', [t, g.int64([0, 0, n, D])], undefined, { name: `${a}/${tag}/Reshape` })
-        return g.op('Transpose', [r], { perm: Is([0, 2, 1, 3]) }, { name: `${a}/${tag}/Transpose` }) // [B,n,S,D]
-      }
-      const qr = rotary(heads(q, d.numHeads, 'q'), `${a}/q_rotary`)
-      const kr = rotary(heads(k, d.numKvHeads, 'k'), `${a}/k_rotary`)
-      const vh = heads(v, d.numKvHeads, 'v')
-      const presentK = g.op('Concat', [pastKeyName(l), kr], { axis: I(2) }, { name: `${a}/present_key`, outputs: [presentKeyName(l)] })
-      const presentV = g.op('Concat', [pastValueName(l), vh], { axis: I(2) }, { name: `${a}/present_value`, outputs: [presentValueName(l)] })
-      // Group query heads by their KV head: [B, H, S, D] -> [B, kv_heads, n_rep * S, D]
-      // (query head i uses KV head floor(i / n_rep), as in GroupQueryAttention).
-      const qg = g.op('Reshape', [qr, g.int64([0, d.numKvHeads, -1, D])], undefined, { name: `${a}/q_grouped` })
-      const kt = g.op('Transpose', [presentK], { perm: Is([0, 1, 3, 2]) }, { name: `${a}/k_transposed` })
-      const scores = g.op('MatMul', [qg, kt], undefined, { name: `${a}/scores` })
-      const scaled = g.op('Mul', [scores, g.float([scale], [])], undefined, { name: `${a}/scaled` })
-      const masked = g.op('Where', [mha!.mask, scaled, g.float([-3.4028234663852886e38], [])], undefined, {
-        name: `${a}/masked`,
-      })
-      const probs = g.op('Softmax', [masked], { axis: I(-1) }, { name: `${a}/Softmax` })
-      const attn = g.op('MatMul', [probs, presentV], undefined, { name: `${a}/context` }) // [B,kv,n_rep*S,D]
-      const ungroup = g.op('Reshape', [attn, g.int64([0, d.numHeads, -1, D])], undefined, { name: `${a}/ungroup` })
-      const bshd = g.op('Transpose', [ungroup], { perm: Is([0, 2, 1, 3]) }, { name: `${a}/context/Transpose` })
-      ctx = g.op('Reshape', [bshd, g.int64([0, 0, d.numHeads * D])], undefined, { name: `${a}/context/Reshape` })
-    }
-    const o = g.op('MatMul', [ctx, w(`${p}.self_attn.o_proj.weight`)], undefined, { name: `${base}/attn/o_proj/MatMul` })
-    x = g.op('Add', [x, o], undefined, { name: `${base}/attn/residual` })
-    const h2 = rmsNorm(x, `${p}.post_attention_layernorm.weight`, `${base}/post_attention_layernorm`)
-    const gate = g.op('MatMul', [h2, w(`${p}.mlp.gate_proj.weight`)], undefined, { name: `${base}/mlp/gate_proj/MatMul` })
-    const up = g.op('MatMul', [h2, w(`${p}.mlp.up_proj.weight`)], undefined, { name: `${base}/mlp/up_proj/MatMul` })
-    const sig = g.op('Sigmoid', [gate], undefined, { name: `${base}/mlp/act/Sigmoid` })
-    const silu = g.op('Mul', [gate, sig], undefined, { name: `${base}/mlp/act/Mul` })
-    const prod = g.op('Mul', [silu, up], undefined, { name: `${base}/mlp/Mul` })
-    const down = g.op('MatMul', [prod, w(`${p}.mlp.down_proj.weight`)], undefined, { name: `${base}/mlp/down_proj/MatMul` })
-    x = g.op('Add', [x, down], undefined, { name: `${base}/mlp/residual` })
+function rmsNorm({ g, d, w }: GraphContext, x: string, weight: string, base: string): string {
+  const sq = g.op('Pow', [x, g.float([2], [])], undefined, { name: `${base}/Pow` })
+  const mean = g.op('ReduceMean', [sq, g.int64([-1])], { keepdims: I(1) }, { name: `${base}/ReduceMean` })
+  const eps = g.op('Add', [mean, g.float([d.rmsNormEps], [])], undefined, { name: `${base}/Add` })
+  const root = g.op('Sqrt', [eps], undefined, { name: `${base}/Sqrt` })
+  const normed = g.op('Div', [x, root], undefined, { name: `${base}/Div` })
+  return g.op('Mul', [normed, w(weight)], undefined, { name: `${base}/Mul` })
+}
+
+/** q/k/v projections and the attention core of layer `l`; returns the context [B, S, H * D]. */
+function attention(ctx: GraphContext, shared: SharedInputs, h: string, l: number): string {
+  const p = `model.layers.${l}.self_attn`
+  const base = `/model/layers.${l}/attn`
+  const bias = ctx.options.attentionBias
+  const q = linear(ctx, h, `${p}.q_proj`, `${base}/q_proj`, bias)
+  const k = linear(ctx, h, `${p}.k_proj`, `${base}/k_proj`, bias)
+  const v = linear(ctx, h, `${p}.v_proj`, `${base}/v_proj`, bias)
+  return ctx.options.attention === 'gqa' ? gqaCore(ctx, shared, q, k, v, l) : mhaCore(ctx, shared, q, k, v, l)
+}
+
+function gqaCore({ g, d }: GraphContext, shared: SharedInputs, q: string, k: string, v: string, l: number): string {
+  const base = `/model/layers.${l}/attn`
+  const { seqlensK, totalSeqLen } = shared.gqa!
+  const [ctx] = g.node(
+    'GroupQueryAttention',
+    [q, k, v, pastKeyName(l), pastValueName(l), seqlensK, totalSeqLen, shared.cosCache, shared.sinCache],
+    {
+      name: `${base}/GroupQueryAttention`,
+      domain: 'com.microsoft',
+      outputs: [`${base}/GroupQueryAttention/output_0`, presentKeyName(l), presentValueName(l)],
+      attrs: {
+        num_heads: I(d.numHeads),
+        kv_num_heads: I(d.numKvHeads),
+        scale: F(1 / Math.sqrt(d.headSize)),
+        local_window_size: I(-1),
+        softcap: F(0),
+        do_rotary: I(1),
+        rotary_interleaved: I(0),
+      },
+    },
+  ) as [string]
+  return ctx
+}
+
+function mhaCore(ctx: GraphContext, shared: SharedInputs, q: string, k: string, v: string, l: number): string {
+  const { g, d } = ctx
+  const D = d.headSize
+  const a = `/model/layers.${l}/attn`
+  const { mask } = shared.mha!
+  const heads = (t: string, n: number, tag: string): string => {
+    const r = g.op('Reshape', [t, g.int64([0, 0, n, D])], undefined, { name: `${a}/${tag}/Reshape` })
+    return g.op('Transpose', [r], { perm: Is([0, 2, 1, 3]) }, { name: `${a}/${tag}/Transpose` }) // [B,n,S,D]
   }
-  const final = rmsNorm(x, 'model.norm.weight', '/model/norm')
-  g.op('MatMul', [final, w('lm_head.weight')], undefined, { name: '/lm_head/MatMul', outputs: [LOGITS] })
-  return g
+  const qr = rotary(ctx, shared, heads(q, d.numHeads, 'q'), `${a}/q_rotary`)
+  const kr = rotary(ctx, shared, heads(k, d.numKvHeads, 'k'), `${a}/k_rotary`)
+  const vh = heads(v, d.numKvHeads, 'v')
+  const presentK = g.op('Concat', [pastKeyName(l), kr], { axis: I(2) }, { name: `${a}/present_key`, outputs: [presentKeyName(l)] })
+  const presentV = g.op('Concat', [pastValueName(l), vh], { axis: I(2) }, { name: `${a}/present_value`, outputs: [presentValueName(l)] })
+  // Group query heads by their KV head: [B, H, S, D] -> [B, kv_heads, n_rep * S, D]
+  // (query head i uses KV head floor(i / n_rep), as in GroupQueryAttention).
+  const qg = g.op('Reshape', [qr, g.int64([0, d.numKvHeads, -1, D])], undefined, { name: `${a}/q_grouped` })
+  const kt = g.op('Transpose', [presentK], { perm: Is([0, 1, 3, 2]) }, { name: `${a}/k_transposed` })
+  const scores = g.op('MatMul', [qg, kt], undefined, { name: `${a}/scores` })
+  const scaled = g.op('Mul', [scores, g.float([1 / Math.sqrt(D)], [])], undefined, { name: `${a}/scaled` })
+  const masked = g.op('Where', [mask, scaled, g.float([-3.4028234663852886e38], [])], undefined, { name: `${a}/masked` })
+  const probs = g.op('Softmax', [masked], { axis: I(-1) }, { name: `${a}/Softmax` })
+  const attn = g.op('MatMul', [probs, presentV], undefined, { name: `${a}/context` }) // [B,kv,n_rep*S,D]
+  const ungroup = g.op('Reshape', [attn, g.int64([0, d.numHeads, -1, D])], undefined, { name: `${a}/ungroup` })
+  const bshd = g.op('Transpose', [ungroup], { perm: Is([0, 2, 1, 3]) }, { name: `${a}/context/Transpose` })
+  return g.op('Reshape', [bshd, g.int64([0, 0, d.numHeads * D])], undefined, { name: `${a}/context/Reshape` })
+}
+
+/** [B, h, S, D] -> rotated, non-interleaved: [x1 cos - x2 sin ; x2 cos + x1 sin] */
+function rotary({ g, d }: GraphContext, shared: SharedInputs, x: string, base: string): string {
+  const { cos, sin } = shared.mha!
+  const D = d.headSize
+  const half = D / 2
+  const x1 = g.op('Slice', [x, g.int64([0]), g.int64([half]), g.int64([3])], undefined, { name: `${base}/x1` })
+  const x2 = g.op('Slice', [x, g.int64([half]), g.int64([D]), g.int64([3])], undefined, { name: `${base}/x2` })
+  const a = g.op('Mul', [x1, cos], undefined, { name: `${base}/x1_cos` })
+  const b = g.op('Mul', [x2, sin], undefined, { name: `${base}/x2_sin` })
+  const c = g.op('Mul', [x2, cos], undefined, { name: `${base}/x2_cos` })
+  const e = g.op('Mul', [x1, sin], undefined, { name: `${base}/x1_sin` })
+  const lo = g.op('Sub', [a, b], undefined, { name: `${base}/lo` })
+  const hi = g.op('Add', [c, e], undefined, { name: `${base}/hi` })
+  return g.op('Concat', [lo, hi], { axis: I(3) }, { name: `${base}/Concat` })
+}
+
+/** SwiGLU: down(silu(gate(h)) * up(h)). */
+function mlp(ctx: GraphContext, h: string, l: number): string {
+  const { g } = ctx
+  const p = `model.layers.${l}.mlp`
+  const base = `/model/layers.${l}/mlp`
+  const gate = linear(ctx, h, `${p}.gate_proj`, `${base}/gate_proj`)
+  const up = linear(ctx, h, `${p}.up_proj`, `${base}/up_proj`)
+  const sig = g.op('Sigmoid', [gate], undefined, { name: `${base}/act/Sigmoid` })
+  const silu = g.op('Mul', [gate, sig], undefined, { name: `${base}/act/Mul` })
+  const prod = g.op('Mul', [silu, up], undefined, { name: `${base}/Mul` })
+  return linear(ctx, prod, `${p}.down_proj`, `${base}/down_proj`)
+}
+
+function lmHead(ctx: GraphContext, x: string): void {
+  const { g, options, w } = ctx
+  if (options.linear.kind === 'fp32' && options.tiedEmbeddings) {
+    const t = g.op('Transpose', [w('model.embed_tokens.weight')], { perm: Is([1, 0]) }, { name: '/lm_head/Transpose' })
+    g.op('MatMul', [x, t], undefined, { name: '/lm_head/MatMul', outputs: [LOGITS] })
+    return
+  }
+  linear(ctx, x, 'lm_head', '/lm_head', false, LOGITS)
+}
+
+/** x [.., in] -> [.., out] through the projection `proj` (a weight name prefix), plus its bias. */
+function linear(ctx: GraphContext, x: string, proj: string, base: string, bias = false, output?: string): string {
+  const { g, w } = ctx
+  const outputs = output !== undefined && !bias ? { outputs: [output] } : {}
+  const y =
+    ctx.options.linear.kind === 'fp32'
+      ? g.op('MatMul', [x, w(`${proj}.weight`)], undefined, { name: `${base}/MatMul`, ...outputs })
+      : int4Linear(ctx, x, proj, base, ctx.options.linear.accuracyLevel, outputs)
+  if (!bias) return y
+  return g.op('Add', [y, w(`${proj}.bias`)], undefined, { name: `${base}/BiasAdd`, ...(output ? { outputs: [output] } : {}) })
+}
+
+function int4Linear(
+  ctx: GraphContext,
+  x: string,
+  proj: string,
+  base: string,
+  accuracyLevel: number,
+  outputs: { outputs?: string[] },
+): string {
+  const { g, w } = ctx
+  const [N = 0, blocks = 0] = ctx.weightDims(`${proj}.qweight`)
+  const K = blocks * 32
+  const hasMins = ctx.has(`${proj}.mins`)
+  const attrs = { K: I(K), N: I(N), bits: I(4), block_size: I(32), accuracy_level: I(accuracyLevel) }
+  const inputs = [x, w(`${proj}.qweight`), w(`${proj}.scales`), w(`${proj}.qzeros`)]
+  if (!hasMins) return g.op('MatMulNBits', inputs, attrs, { name: `${base}/MatMulNBits`, domain: 'com.microsoft', ...outputs })
+  const product = g.op('MatMulNBits', inputs, attrs, { name: `${base}/MatMulNBits`, domain: 'com.microsoft' })
+  const sums = blockSums(ctx, x, K)
+  const offsets = g.op('MatMul', [sums, w(`${proj}.mins`)], undefined, { name: `${base}/mins/MatMul` })
+  return g.op('Add', [product, offsets], undefined, { name: `${base}/mins/Add`, ...outputs })
+}
+
+/** Sums of the 32-element blocks of x along its last axis: [.., K] -> [.., K / 32] (shared). */
+function blockSums(ctx: GraphContext, x: string, K: number): string {
+  const { g } = ctx
+  const name = `${x}/block_sums`
+  if (ctx.blockSums.has(name)) return name
+  ctx.blockSums.add(name)
+  const blocks = g.op('Reshape', [x, g.int64([0, 0, K / 32, 32])], undefined, { name: `${x}/block_sums/Reshape` })
+  return g.op('ReduceSum', [blocks, g.int64([-1])], { keepdims: I(0) }, { name: `${x}/block_sums/ReduceSum`, outputs: [name] })
 }

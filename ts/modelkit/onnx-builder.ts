@@ -9,6 +9,7 @@ const { onnx } = onnxProto
 
 export const DataType = {
   FLOAT: 1,
+  UINT8: 2,
   INT32: 6,
   INT64: 7,
   BOOL: 9,

@@ -1,9 +1,10 @@
-// Streams the model's weights to the external data file: each tensor is generated chunk by chunk
-// from its own seeded stream and written as raw little-endian float32, so memory stays small
-// whatever the model size.
+// The external data file (model.onnx.data): the layout of its tensors, a front-to-back writer that
+// streams each tensor in chunks (make-model and the GGUF importer both write through it), and the
+// random weights of `ortex make-model`, each tensor generated chunk by chunk from its own seeded
+// stream as raw little-endian float32, so memory stays small whatever the model size.
 
-import { open } from 'node:fs/promises'
-import type { ExternalTensor } from './onnx-builder'
+import { open, type FileHandle } from 'node:fs/promises'
+import type { DataTypeCode, ExternalTensor } from './onnx-builder'
 import { DataType } from './onnx-builder'
 import type { LlamaDims, WeightSpec } from './llama'
 import { tensorStream } from './random'
@@ -12,18 +13,32 @@ import { BOS_TOKEN_ID, FIRST_BYTE_TOKEN_ID, PAD_TOKEN_ID } from './tokenizer'
 /** Tensors start on this byte boundary in the data file (lets ONNX Runtime map them directly). */
 export const DATA_ALIGNMENT = 4096
 const CHUNK = 1 << 18 // floats per write (1 MiB)
+const MAX_WRITE = 64 << 20 // bytes per write call
 
 export interface WeightLayout {
   tensors: Map<string, ExternalTensor>
   totalBytes: number
 }
 
-export function layoutWeights(specs: WeightSpec[], location: string): WeightLayout {
+/** What a tensor in the data file needs: its name, dims and element type (default float32). */
+export interface TensorSpec {
+  name: string
+  dims: number[]
+  dataType?: DataTypeCode
+}
+
+const ELEMENT_BYTES: Readonly<Record<number, number>> = { [DataType.FLOAT]: 4, [DataType.UINT8]: 1 }
+
+/** Places the tensors one after another, each on a DATA_ALIGNMENT boundary. */
+export function layoutWeights(specs: readonly TensorSpec[], location: string): WeightLayout {
   const tensors = new Map<string, ExternalTensor>()
   let offset = 0
   for (const s of specs) {
-    const length = s.dims.reduce((a, b) => a * b, 1) * 4
-    tensors.set(s.name, { name: s.name, dataType: DataType.FLOAT, dims: s.dims, location, offset, length })
+    const dataType = s.dataType ?? DataType.FLOAT
+    const elementBytes = ELEMENT_BYTES[dataType]
+    if (elementBytes === undefined) throw new Error(`no external data layout for data type ${dataType}`)
+    const length = s.dims.reduce((a, b) => a * b, 1) * elementBytes
+    tensors.set(s.name, { name: s.name, dataType, dims: s.dims, location, offset, length })
     offset = align(offset + length)
   }
   return { tensors, totalBytes: offset }
@@ -31,6 +46,72 @@ export function layoutWeights(specs: WeightSpec[], location: string): WeightLayo
 
 function align(n: number): number {
   return Math.ceil(n / DATA_ALIGNMENT) * DATA_ALIGNMENT
+}
+
+export function assertLittleEndian(): void {
+  if (new Uint8Array(new Float32Array([1]).buffer)[3] !== 0x3f) {
+    throw new Error('the model tooling needs a little-endian machine')
+  }
+}
+
+/**
+ * The external data file, written front to back: each tensor's bytes in chunks, in layout order,
+ * with the zero padding between tensors written as it is reached. Progress is reported in bytes.
+ */
+export class DataFileWriter {
+  private written = 0
+  private readonly zeros = new Uint8Array(DATA_ALIGNMENT)
+
+  private constructor(
+    private readonly handle: FileHandle,
+    private readonly layout: WeightLayout,
+    private readonly onProgress?: (done: number, total: number, label: string) => void,
+  ) {}
+
+  static async create(
+    file: string,
+    layout: WeightLayout,
+    onProgress?: (done: number, total: number, label: string) => void,
+  ): Promise<DataFileWriter> {
+    assertLittleEndian()
+    const writer = new DataFileWriter(await open(file, 'w'), layout, onProgress)
+    onProgress?.(0, layout.totalBytes, 'weights')
+    return writer
+  }
+
+  /** Appends the next chunk of tensor `t`; its first chunk must come after the previous tensor's last. */
+  async append(t: ExternalTensor, bytes: Uint8Array, label = t.name): Promise<void> {
+    if (this.written < t.offset) await this.pad(t.offset)
+    if (this.written < t.offset || this.written + bytes.length > t.offset + t.length) {
+      throw new Error(`data file: ${t.name} written out of order or past its ${t.length} bytes`)
+    }
+    // One write may not exceed 2 GiB (a big float32 tensor can): write in pieces.
+    for (let at = 0; at < bytes.length; at += MAX_WRITE) {
+      const n = Math.min(MAX_WRITE, bytes.length - at)
+      await this.handle.write(bytes, at, n, this.written)
+      this.written += n
+      this.onProgress?.(this.written, this.layout.totalBytes, label)
+    }
+  }
+
+  /** Pads to the layout's end, reports the last progress and closes the file. */
+  async finish(): Promise<void> {
+    if (this.written < this.layout.totalBytes) await this.pad(this.layout.totalBytes)
+    this.onProgress?.(this.written, this.layout.totalBytes, 'weights')
+    await this.close()
+  }
+
+  async close(): Promise<void> {
+    await this.handle.close()
+  }
+
+  private async pad(to: number): Promise<void> {
+    while (this.written < to) {
+      const n = Math.min(this.zeros.length, to - this.written)
+      await this.handle.write(this.zeros, 0, n, this.written)
+      this.written += n
+    }
+  }
 }
 
 /** Writes every tensor of `specs` at its place in `layout`; reports progress in bytes. */
@@ -42,39 +123,24 @@ export async function writeWeights(
   seed: number,
   onProgress?: (done: number, total: number, label: string) => void,
 ): Promise<void> {
-  if (new Uint8Array(new Float32Array([1]).buffer)[3] !== 0x3f) {
-    throw new Error('the model generator needs a little-endian machine')
-  }
-  const handle = await open(file, 'w')
+  const out = await DataFileWriter.create(file, layout, onProgress)
   try {
     const buf = new Float32Array(CHUNK)
     const bytes = new Uint8Array(buf.buffer)
-    const zeros = new Uint8Array(DATA_ALIGNMENT)
-    let written = 0
-    onProgress?.(0, layout.totalBytes, 'weights')
     for (const s of specs) {
       const t = layout.tensors.get(s.name)!
-      if (written < t.offset) {
-        await handle.write(zeros, 0, t.offset - written, written)
-        written = t.offset
-      }
       const count = t.length / 4
       const fill = valueSource(s, dims, seed)
       for (let start = 0; start < count; start += CHUNK) {
         const n = Math.min(CHUNK, count - start)
         for (let i = 0; i < n; i++) buf[i] = fill(start + i)
-        await handle.write(bytes, 0, n * 4, written)
-        written += n * 4
-        onProgress?.(written, layout.totalBytes, s.name)
+        await out.append(t, bytes.subarray(0, n * 4), s.name)
       }
     }
-    if (written < layout.totalBytes) {
-      await handle.write(zeros, 0, layout.totalBytes - written, written)
-      written = layout.totalBytes
-    }
-    onProgress?.(written, layout.totalBytes, 'weights')
-  } finally {
-    await handle.close()
+    await out.finish()
+  } catch (error) {
+    await out.close().catch(() => {})
+    throw error
   }
 }
 

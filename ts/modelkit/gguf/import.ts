@@ -1,0 +1,196 @@
+// `ortex import`: a GGUF file -> an onnxruntime-genai model folder that Engine.load runs
+// (docs/model-format.md, "Importing GGUF files"). The steps, each in its own module:
+//
+//   reader.ts        header, metadata, tensor table (checked against the file's size)
+//   architecture.ts  llama / qwen2 -> the Llama graph's sizes, options and weight names
+//   tokenizer.ts     the vocabulary -> tokenizer.json, tokenizer_config.json, chat_template.jinja
+//   tensors.ts       each weight, dequantized (fp32) or as MatMulNBits blocks (int4, int4.ts)
+//   ../llama.ts      the graph (GroupQueryAttention, as onnxruntime-genai's builder emits for CPU)
+//
+// Tensors stream from the GGUF file to model.onnx.data one at a time; genai_config.json is
+// written last, so an interrupted import leaves a folder that does not load.
+
+import { mkdir, rm, writeFile } from 'node:fs/promises'
+import { join, resolve } from 'node:path'
+import { OrtexError } from '../../errors'
+import { genaiConfig } from '../genai-config'
+import { buildLlamaGraph, type LinearStorage, type LlamaDims } from '../llama'
+import { CONFIG_FILE, DATA_FILE, MODEL_FILE, type FileSize, fileSizes, writeConfigLast, writeModelFile } from '../model-folder'
+import { DataFileWriter, layoutWeights, type WeightLayout } from '../weights'
+import { type Architecture, type ModelPlan, planModel } from './architecture'
+import { ggmlTypeName } from './ggml-types'
+import { GgufData, type GgufFile, readGguf } from './reader'
+import { type Mapping, type PlannedTensor, planTensors } from './tensors'
+import { type TokenizerConversion, convertTokenizer } from './tokenizer'
+
+/** Bumped whenever the imported bytes for a given file change. */
+export const IMPORTER_VERSION = 1
+
+export type WeightFormat = 'fp32' | 'int4'
+
+/** MatMulNBits accuracy level for CPU: int8 activations, as onnxruntime-genai's builder sets for CPU int4. */
+export const INT4_ACCURACY_LEVEL = 4
+
+export interface ImportOptions {
+  /** The .gguf file. */
+  file: string
+  /** The folder to write (created if missing; our files in it are overwritten). */
+  outDir: string
+  /** Default fp32. */
+  weights?: WeightFormat
+  /** Bytes of model.onnx.data written so far. */
+  onProgress?: (done: number, total: number, label: string) => void
+}
+
+export interface ImportSummary {
+  outDir: string
+  file: string
+  architecture: Architecture
+  name: string | undefined
+  weights: WeightFormat
+  parameters: number
+  dims: LlamaDims
+  tiedEmbeddings: boolean
+  preTokenizer: string
+  /** Source tensors by how they were written and their ggml type: { exact: { Q4_1: 210 }, ... }. */
+  tensors: Record<Mapping, Record<string, number>>
+  files: FileSize[]
+  totalBytes: number
+  elapsedMs: number
+}
+
+const TOKENIZER_FILES = ['tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json'] as const
+
+export async function importGguf(options: ImportOptions): Promise<ImportSummary> {
+  const started = Date.now()
+  const weights = checkOptions(options)
+  const file = readGguf(resolve(options.file))
+  const plan = planModel(file)
+  const tokenizer = convertTokenizer(file, plan.dims.contextLength)
+  if (tokenizer.size > plan.dims.vocabSize) {
+    throw new OrtexError('MODEL_LOAD', `${file.path}: the vocabulary has ${tokenizer.size} tokens but the embedding only ${plan.dims.vocabSize} rows`)
+  }
+  const outDir = resolve(options.outDir)
+  await mkdir(outDir, { recursive: true })
+  await rm(join(outDir, CONFIG_FILE), { force: true }) // the folder is unfinished until the end
+  const tokenizerFiles = await writeTokenizer(outDir, tokenizer)
+  const storage: LinearStorage = weights === 'int4' ? { kind: 'int4', accuracyLevel: INT4_ACCURACY_LEVEL } : { kind: 'fp32' }
+  const planned = planTensors(plan, storage)
+  const layout = layoutWeights(planned.flatMap((t) => t.specs), DATA_FILE)
+  await writeData(file, join(outDir, DATA_FILE), planned, layout, options.onProgress)
+  await writeGraph(outDir, plan, storage, layout, weights)
+  await writeConfigLast(outDir, importedConfig(plan, tokenizer))
+  const { files, totalBytes } = await fileSizes(outDir, [CONFIG_FILE, MODEL_FILE, DATA_FILE, ...tokenizerFiles])
+  return {
+    outDir,
+    file: file.path,
+    architecture: plan.architecture,
+    name: plan.name,
+    weights,
+    parameters: plan.parameters,
+    dims: plan.dims,
+    tiedEmbeddings: plan.tiedEmbeddings,
+    preTokenizer: tokenizer.preTokenizer,
+    tensors: tally(planned),
+    files,
+    totalBytes,
+    elapsedMs: Date.now() - started,
+  }
+}
+
+function checkOptions(options: ImportOptions): WeightFormat {
+  const weights = options.weights ?? 'fp32'
+  if (weights !== 'fp32' && weights !== 'int4') throw new OrtexError('INVALID_ARGUMENT', `weights must be 'fp32' or 'int4', got ${JSON.stringify(weights)}`)
+  if (!options.file) throw new OrtexError('INVALID_ARGUMENT', 'file is required')
+  if (!options.outDir) throw new OrtexError('INVALID_ARGUMENT', 'outDir is required')
+  return weights
+}
+
+/** The tokenizer files and the chat template; returns the names written. */
+async function writeTokenizer(outDir: string, tokenizer: TokenizerConversion): Promise<string[]> {
+  await writeFile(join(outDir, 'tokenizer.json'), tokenizer.tokenizerJson)
+  await writeFile(join(outDir, 'tokenizer_config.json'), tokenizer.tokenizerConfigJson)
+  await writeFile(join(outDir, 'special_tokens_map.json'), tokenizer.specialTokensMapJson)
+  if (tokenizer.chatTemplate === undefined) return [...TOKENIZER_FILES]
+  await writeFile(join(outDir, 'chat_template.jinja'), tokenizer.chatTemplate)
+  return [...TOKENIZER_FILES, 'chat_template.jinja']
+}
+
+async function writeGraph(outDir: string, plan: ModelPlan, storage: LinearStorage, layout: WeightLayout, weights: WeightFormat): Promise<void> {
+  const options = { attention: 'gqa', attentionBias: plan.attentionBias, tiedEmbeddings: plan.tiedEmbeddings, linear: storage } as const
+  await writeModelFile(outDir, buildLlamaGraph(plan.dims, options, layout.tensors), { name: 'ortex import', version: String(IMPORTER_VERSION) }, {
+    'ortex.attention': 'gqa',
+    'ortex.source': 'gguf',
+    'ortex.architecture': plan.architecture,
+    'ortex.weights': weights,
+    'ortex.parameters': String(plan.parameters),
+    'ortex.importer_version': String(IMPORTER_VERSION),
+  })
+}
+
+function importedConfig(plan: ModelPlan, tokenizer: TokenizerConversion): object {
+  const eos = tokenizer.eosTokenIds
+  return genaiConfig({
+    dims: plan.dims,
+    attention: 'gqa',
+    filename: MODEL_FILE,
+    modelType: plan.architecture,
+    bosTokenId: tokenizer.bosTokenId ?? eos[0]!,
+    eosTokenId: eos.length === 1 ? eos[0]! : eos,
+    padTokenId: tokenizer.padTokenId,
+  })
+}
+
+/** Streams every planned tensor, in layout order, from the GGUF file to the data file. */
+async function writeData(
+  file: GgufFile,
+  path: string,
+  planned: PlannedTensor[],
+  layout: WeightLayout,
+  onProgress: ImportOptions['onProgress'],
+): Promise<void> {
+  const data = new GgufData(file)
+  const out = await DataFileWriter.create(path, layout, onProgress)
+  try {
+    for (const t of planned) {
+      for (const [index, chunk] of t.chunks(data)) await out.append(layout.tensors.get(t.specs[index]!.name)!, chunk)
+    }
+    await out.finish()
+  } catch (error) {
+    await out.close().catch(() => {})
+    throw error
+  } finally {
+    data.close()
+  }
+}
+
+function tally(planned: PlannedTensor[]): ImportSummary['tensors'] {
+  const out: ImportSummary['tensors'] = { dequantized: {}, exact: {}, requantized: {} }
+  for (const t of planned) {
+    if (!t.source || !t.mapping) continue
+    const type = ggmlTypeName(t.source.type)
+    out[t.mapping][type] = (out[t.mapping][type] ?? 0) + 1
+  }
+  return out
+}
+
+/**
+ * The one-line summary: architecture, parameters, weights written, what was kept exactly or
+ * requantized, time. E.g. "out/smollm2: llama "SmolLM2", 134,515,008 parameters, int4 weights
+ * (exact Q4_1 x210; requantized Q8_0 x1; float32 F32 x61, Q8_0 x1), 218.4 MB in 4.8 s".
+ */
+export function describeImport(s: ImportSummary): string {
+  const list = (counts: Record<string, number>) =>
+    Object.entries(counts)
+      .map(([type, n]) => `${type} x${n}`)
+      .join(', ')
+  const parts: string[] = []
+  if (Object.keys(s.tensors.exact).length > 0) parts.push(`4-bit blocks kept exactly: ${list(s.tensors.exact)}`)
+  if (Object.keys(s.tensors.requantized).length > 0) parts.push(`requantized to 4 bits: ${list(s.tensors.requantized)}`)
+  if (Object.keys(s.tensors.dequantized).length > 0) parts.push(`float32: ${list(s.tensors.dequantized)}`)
+  const name = s.name === undefined ? '' : ` "${s.name}"`
+  return (
+    `${s.outDir}: ${s.architecture}${name}, ${s.parameters.toLocaleString('en-US')} parameters, ${s.weights} weights ` +
+    `(${parts.join('; ')}), ${(s.totalBytes / 1e6).toFixed(1)} MB in ${(s.elapsedMs / 1000).toFixed(1)} s`
+  )
+}

@@ -1,0 +1,167 @@
+// Which tensors the imported folder's data file holds, and how each is made from the GGUF file:
+//
+//   embedding, norms, biases   float32, dequantized (q/k biases of llama put in head order)
+//   linear, --weights fp32     float32 [in, out] for MatMul: dequantized rows, unpermuted,
+//                              transposed (the whole tensor is held once, as float32)
+//   linear, --weights int4     MatMulNBits qweight / scales / qzeros (+ mins), int4.ts
+//   cos_cache, sin_cache       [context, head_size / 2] rotary tables from the metadata
+//
+// Tensors are produced one at a time, in layout order, as chunks for the data file writer; at most
+// one converted tensor is in memory.
+
+import { DataType } from '../onnx-builder'
+import type { LlamaDims, LinearStorage } from '../llama'
+import type { TensorSpec } from '../weights'
+import { type ModelPlan, type SourceTensor, inverseFrequencies, permutedRow } from './architecture'
+import { dequantize } from './dequantize'
+import { hasMinimums, mapsExactly, packInt4 } from './int4'
+import type { GgufData, GgufTensorInfo } from './reader'
+
+/** How a source tensor was written: its values as float32, or as 4-bit blocks. */
+export type Mapping = 'dequantized' | 'exact' | 'requantized'
+
+export interface PlannedTensor {
+  specs: TensorSpec[]
+  /** The GGUF tensor it comes from (none for the rotary tables) and how it is written. */
+  source?: GgufTensorInfo
+  mapping?: Mapping
+  /** The bytes of each spec, in order: [spec index, chunk]. */
+  chunks: (data: GgufData) => Iterable<[number, Uint8Array]>
+}
+
+const ROWS_PER_READ = 256
+
+export function planTensors(plan: ModelPlan, storage: LinearStorage): PlannedTensor[] {
+  const out: PlannedTensor[] = []
+  for (const t of plan.tensors) {
+    if (t.role === 'linear' && storage.kind === 'int4') out.push(int4Tensor(t.name.replace(/\.weight$/, ''), t))
+    else if (t.role === 'linear') out.push(transposedTensor(t))
+    else out.push(rowsTensor(t))
+  }
+  if (plan.tiedEmbeddings && storage.kind === 'int4') {
+    out.push(int4Tensor('lm_head', plan.tensors.find((t) => t.role === 'embedding')!))
+  }
+  out.push(...rotaryTables(plan))
+  return out
+}
+
+function rowCount(t: GgufTensorInfo): number {
+  return t.elements / t.dims[0]!
+}
+
+/** Source row of output row r (llama's permuted q/k rows, see architecture.ts). */
+function sourceRow(t: SourceTensor, r: number): number {
+  return t.unpermuteHeadSize === undefined ? r : permutedRow(r, t.unpermuteHeadSize)
+}
+
+/** Dequantized rows [first, first + count) of t, in output order, into out. */
+function readRows(data: GgufData, t: SourceTensor, first: number, count: number, out: Float32Array): void {
+  const K = t.source.dims[0]!
+  if (t.unpermuteHeadSize === undefined) {
+    dequantize(t.source.type, data.rows(t.source, first, count), count * K, out)
+    return
+  }
+  for (let r = 0; r < count; r++) dequantize(t.source.type, data.rows(t.source, sourceRow(t, first + r), 1), K, out, r * K)
+}
+
+function asBytes(values: Float32Array): Uint8Array {
+  return new Uint8Array(values.buffer, values.byteOffset, values.byteLength)
+}
+
+/** Embedding, norms, biases: the rows as they are (a bias is one row per element). */
+function rowsTensor(t: SourceTensor): PlannedTensor {
+  const rows = rowCount(t.source)
+  const K = t.source.dims[0]!
+  const dims = t.role === 'embedding' ? [rows, K] : [t.source.elements]
+  const isBias = t.role === 'bias' && t.unpermuteHeadSize !== undefined
+  return {
+    specs: [{ name: t.name, dims }],
+    source: t.source,
+    mapping: 'dequantized',
+    *chunks(data) {
+      if (isBias) {
+        // A permuted bias is one row of heads * D values: reorder its elements like q/k rows.
+        const values = new Float32Array(t.source.elements)
+        dequantize(t.source.type, data.rows(t.source, 0, 1), t.source.elements, values)
+        yield [0, asBytes(Float32Array.from(values, (_, i) => values[sourceRow(t, i)]!))]
+        return
+      }
+      const step = Math.max(1, Math.floor(ROWS_PER_READ * 1024 / K))
+      const buffer = new Float32Array(step * K)
+      for (let first = 0; first < rows; first += step) {
+        const count = Math.min(step, rows - first)
+        readRows(data, t, first, count, buffer)
+        yield [0, asBytes(buffer.subarray(0, count * K))]
+      }
+    },
+  }
+}
+
+/** A linear weight for MatMul: GGUF [out rows][in] -> float32 [in, out]. */
+function transposedTensor(t: SourceTensor): PlannedTensor {
+  const N = rowCount(t.source)
+  const K = t.source.dims[0]!
+  return {
+    specs: [{ name: t.name, dims: [K, N] }],
+    source: t.source,
+    mapping: 'dequantized',
+    *chunks(data) {
+      const out = new Float32Array(K * N)
+      const rows = new Float32Array(ROWS_PER_READ * K)
+      for (let first = 0; first < N; first += ROWS_PER_READ) {
+        const count = Math.min(ROWS_PER_READ, N - first)
+        readRows(data, t, first, count, rows)
+        for (let r = 0; r < count; r++) {
+          const n = first + r
+          for (let k = 0; k < K; k++) out[k * N + n] = rows[r * K + k]!
+        }
+      }
+      yield [0, asBytes(out)]
+    },
+  }
+}
+
+/** A linear weight for MatMulNBits, named `<proj>.qweight` etc. (llama.ts's int4 storage). */
+function int4Tensor(proj: string, t: SourceTensor): PlannedTensor {
+  const N = rowCount(t.source)
+  const K = t.source.dims[0]!
+  if (K % 32 !== 0) throw new Error(`${t.source.name}: rows of ${K} elements cannot be 4-bit blocks of 32`)
+  const blocks = K / 32
+  const withMins = hasMinimums(t.source.type)
+  const specs: TensorSpec[] = [
+    { name: `${proj}.qweight`, dims: [N, blocks, 16], dataType: DataType.UINT8 },
+    { name: `${proj}.scales`, dims: [N, blocks] },
+    { name: `${proj}.qzeros`, dims: [N, Math.ceil(blocks / 2)], dataType: DataType.UINT8 },
+  ]
+  if (withMins) specs.push({ name: `${proj}.mins`, dims: [blocks, N] })
+  return {
+    specs,
+    source: t.source,
+    mapping: mapsExactly(t.source.type) ? 'exact' : 'requantized',
+    *chunks(data) {
+      const w = packInt4(t.source.type, N, K, (n) => data.rows(t.source, sourceRow(t, n), 1))
+      yield [0, w.qweight]
+      yield [1, asBytes(w.scales)]
+      yield [2, w.qzeros]
+      if (w.mins) yield [3, asBytes(w.mins)]
+    },
+  }
+}
+
+/** cos/sin [context, head_size / 2] of p * invFreq[i]. */
+function rotaryTables(plan: ModelPlan): PlannedTensor[] {
+  const d: LlamaDims = plan.dims
+  const half = d.headSize / 2
+  const factors = plan.rope.frequencyFactors
+  const table = (name: string, fn: (x: number) => number): PlannedTensor => ({
+    specs: [{ name, dims: [d.contextLength, half] }],
+    *chunks(data) {
+      const divisors = factors ? new Float32Array(data.rows(factors, 0, 1).buffer.slice(0)) : undefined
+      const invFreq = inverseFrequencies(d, plan.rope, divisors)
+      const values = new Float32Array(d.contextLength * half)
+      for (let p = 0; p < d.contextLength; p++) for (let i = 0; i < half; i++) values[p * half + i] = fn(p * invFreq[i]!)
+      yield [0, asBytes(values)]
+    },
+  })
+  return [table('cos_cache', Math.cos), table('sin_cache', Math.sin)]
+}

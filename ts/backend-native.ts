@@ -186,13 +186,13 @@ function safeLocateAddon(): string | null {
 
 export const nativeBackend: Backend = {
   kind: 'native',
-  simulated(optionsJson) {
-    return loadBinding().CoreEngine.simulated(optionsJson)
+  simulated(options) {
+    return loadBinding().CoreEngine.simulated(options)
   },
   /** Loading runs on the libuv thread pool (config, tokenizer, ONNX Runtime session). */
-  async load(modelDir, optionsJson) {
+  async load(modelDir, options) {
     checkModelFolder(modelDir)
-    return loadBinding().CoreEngine.load(path.resolve(modelDir), optionsJson, ortLibraryPath())
+    return loadBinding().CoreEngine.load(path.resolve(modelDir), options, ortLibraryPath())
   },
   run(core, events, capacity) {
     return (core as NativeCoreEngine).run(events, capacity)

@@ -34,8 +34,8 @@ function loadBinding(): WasmBinding {
 
 export const wasmBackend: Backend = {
   kind: 'wasm',
-  simulated(optionsJson) {
-    return loadBinding().CoreEngine.simulated(optionsJson)
+  simulated(options) {
+    return loadBinding().CoreEngine.simulated(options)
   },
   async load(modelDir) {
     throw new OrtexError(

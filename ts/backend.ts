@@ -5,14 +5,15 @@ import path from 'node:path'
 import { fileURLToPath } from 'node:url'
 
 import type { CoreEngine } from './binding'
+import type { ModelOptionsInput, SimOptionsInput } from './generated/boundary'
 import type { BackendKind } from './types'
 
 export interface Backend {
   readonly kind: BackendKind
-  /** optionsJson: SimulatedOptions as the core takes them. Throws OrtexError. */
-  simulated(optionsJson: string): CoreEngine
+  /** The simulated model. Throws OrtexError. */
+  simulated(options: SimOptionsInput): CoreEngine
   /** An ONNX model folder. Rejects with OrtexError. */
-  load(modelDir: string, optionsJson: string): Promise<CoreEngine>
+  load(modelDir: string, options: ModelOptionsInput): Promise<CoreEngine>
   /** Drains retained events or executes one transaction; resolves with the event count. */
   run(core: CoreEngine, events: Int32Array, capacity: number): Promise<number>
 }

@@ -2,37 +2,58 @@
 // crates/ortex-wasm as a wasm-bindgen package). The facade in ts/ is the only caller; it validates
 // every argument's type first, so the bindings only convert and forward to ortex-core.
 //
+// Every object that crosses is typed by ts/generated/boundary.ts, which is generated from the Rust
+// side (crates/ortex-ops' inputs and views; `cargo test` fails while it is stale): the binding
+// deserializes an input object into its Rust mirror (unknown fields refused) and answers with a
+// view object.
+//
 // Errors: every method throws an Error whose `code` property is one of OrtexError's codes
 // (INVALID_ARGUMENT, REQUEST_CLOSED, ...); the facade turns it into an OrtexError.
 //
 // Events: `run*` writes events into `events` (an Int32Array of at least capacity * EVENT_STRIDE
-// words); layout in crates/ortex-core/src/events.rs.
+// words); the record's layout is EVENT_WORDS (generated from crates/ortex-core/src/events.rs).
 
-export const EVENT_STRIDE = 10
+import type {
+  AppendPlanView,
+  CancelView,
+  CommitView,
+  ConfigView,
+  ConfigsInput,
+  ExecutorStatsView,
+  ExpiryView,
+  FenceInput,
+  ModelOptionsInput,
+  RequestOptionsInput,
+  SessionView,
+  SessionsOptionsInput,
+  SimOptionsInput,
+  StatsView,
+  TurnOptionsInput,
+} from './generated/boundary'
+
+export { EVENT_STRIDE } from './generated/boundary'
+
+// The public types against the generated ones (compile time only).
+import './boundary-check'
 
 export interface CoreEngine {
-  /** Resolved configuration as JSON: {batching, blockSize, numBlocks, maxBatchSize,
-   *  maxScheduledTokens, prefillChunkSize, maxPrefillWaitSteps, maxRequests, vocabSize,
-   *  eosTokenIds, maxLength}. */
-  configJson(): string
-  /** optionsJson: RequestOptions as JSON ({"maxSessionTokens":n}). Returns the request id. */
-  createRequest(optionsJson: string): number
-  /** Returns the new turn id. optionsJson: TurnOptions as JSON, camelCase, without signal/stop. */
-  beginTurn(requestId: number, tokens: Int32Array, optionsJson: string): number
+  config(): ConfigView
+  /** Returns the request id. */
+  createRequest(options: RequestOptionsInput): number
+  /** Returns the new turn id. */
+  beginTurn(requestId: number, tokens: Int32Array, options: TurnOptionsInput): number
   prefill(requestId: number, tokens: Int32Array): void
   cancelTurn(requestId: number, turnId: number): boolean
   closeRequest(requestId: number): void
   /** The facade lost its last handle (FinalizationRegistry); reclaimed at the next boundary. */
   abandonRequest(requestId: number): void
-  /** 0 created, 1 queued, 2 active, 3 turn-complete, 4 closed */
+  /** An index into REQUEST_STATES. */
   requestState(requestId: number): number
   requestTokenCount(requestId: number): number
   /** Drains retained events or executes one transaction on the calling thread. */
   runSync(events: Int32Array, capacity: number): number
   hasPendingWork(): boolean
-  /** JSON: {totalBlocks, freeBlocks, activeRequests, pendingTurns, retainedEvents, steps,
-   *  promptTokens, generatedTokens, virtualTimeUs} */
-  statsJson(): string
+  stats(): StatsView
   tokenize(text: string): Int32Array
   detokenize(tokens: Int32Array): string
   close(): void
@@ -44,56 +65,46 @@ export interface CoreEngine {
   truncate(requestId: number, tokenCount: number): void
   /** tokens[start, end) of the request's whole context (prompts, prefills, generated), clamped. */
   requestTokens(requestId: number, start: number, end: number): Int32Array
-  /** A full-duplex session manager over ortex-core's session rules. optionsJson:
-   *  {maxSessions?: number | null, idleTtlMs?: number | null, disconnectGraceMs?: number,
-   *   completedAppendLimit?: number} (absent = api.md's defaults; idleTtlMs null disables). */
-  createSessions(optionsJson: string): CoreSessions
+  /** A full-duplex session manager over ortex-core's session rules. */
+  createSessions(options: SessionsOptionsInput): CoreSessions
 }
 
 /**
- * ortex-core's session rules (crates/ortex-core/src/session), JSON in and out. Times are
- * milliseconds as JS numbers. JSON shapes (camelCase):
- *   Fence    {sessionId, incarnation, epoch, turnId, responseSeq}
- *   View     {fence, state: 'open'|'detached'|'closing'|'closed', leaseGeneration, configGeneration,
- *             closeReason, seq, turnSeq, lastActivityMs, detachedAtMs, operationsInFlight}
- *   Result   {seq, turnSeq, turnId, final, replayed}
- * A fence argument is a Fence's JSON or "null".
+ * ortex-core's session rules (crates/ortex-core/src/session) through crates/ortex-ops: typed
+ * inputs and views. Times are milliseconds as JS numbers.
  */
 export interface CoreSessions {
-  /** Returns the View. CAPACITY_EXHAUSTED (retryable), SESSION_EXISTS, INVALID_ARGUMENT. */
-  open(sessionId: string, nowMs: number): string
-  /** The View; SESSION_CLOSED for a finalized id, INVALID_ARGUMENT for an unknown one. */
-  get(sessionId: string): string
+  /** CAPACITY_EXHAUSTED (retryable), SESSION_EXISTS, INVALID_ARGUMENT. */
+  open(sessionId: string, nowMs: number): SessionView
+  /** SESSION_CLOSED for a finalized id, INVALID_ARGUMENT for an unknown one. */
+  get(sessionId: string): SessionView
   /** Records the engine request the session owns, under its current fence. */
   bindRequest(sessionId: string, requestId: number): void
-  /** requestJson: {fence?, final?, operationId?, inputDigest?}. Returns {"replay": Result} or
-   *  {"reservation": id, "result": Result}. Changes nothing. */
-  prepareAppend(sessionId: string, requestJson: string): string
-  /** Returns {"result": Result, "session": View}; STALE_RESERVATION when its base moved. */
-  commitAppend(reservationId: number, nowMs: number): string
+  /** Changes nothing: a replay (reservation 0) or a reservation to commit or discard. */
+  prepareAppend(sessionId: string, final: boolean, operationId: string | null, inputDigest: number, fence: FenceInput | null): AppendPlanView
+  /** STALE_RESERVATION when its base moved. */
+  commitAppend(reservationId: number, nowMs: number): CommitView
   discardReservation(reservationId: number): void
-  /** Advances responseSeq; returns the View. */
-  startResponse(sessionId: string, nowMs: number): string
-  /** Returns {cancelled: Fence, fence: Fence, advanced, requestIds, session: View}. */
-  cancel(sessionId: string, cancelledFenceJson: string, nowMs: number): string
+  /** Advances responseSeq. */
+  startResponse(sessionId: string, nowMs: number): SessionView
+  cancel(sessionId: string, cancelled: FenceInput | null, nowMs: number): CancelView
   /** FENCE_MISMATCH for a stale fence. */
-  validateFence(sessionId: string, fenceJson: string): void
+  validateFence(sessionId: string, fence: FenceInput): void
   /** activity: append | respond | cancel | heartbeat | attach | detach | model-output | config */
   touch(sessionId: string, nowMs: number, activity: string): void
-  detach(sessionId: string, nowMs: number): string
-  /** Compare-and-swap on the lease generation; returns the View. LEASE_GENERATION_MISMATCH. */
-  resume(sessionId: string, nowMs: number, expectedGeneration: number): string
+  detach(sessionId: string, nowMs: number): SessionView
+  /** Compare-and-swap on the lease generation. LEASE_GENERATION_MISMATCH. */
+  resume(sessionId: string, nowMs: number, expectedGeneration: number): SessionView
   beginOperation(sessionId: string, nowMs: number, operationId: string): void
   endOperation(sessionId: string, nowMs: number, operationId: string): void
-  /** configsJson: {session?: {[k]: string} | null, runtime?: ... | null}; returns the generation. */
-  replaceConfigs(sessionId: string, configsJson: string): number
+  /** Returns the configuration generation. */
+  replaceConfigs(sessionId: string, configs: ConfigsInput): number
   /** Returns whether this call began the close; a stale fence is FENCE_MISMATCH. */
-  beginClose(sessionId: string, fenceJson: string, reason: string): boolean
-  /** Frees the slot; returns the JSON array of request ids still bound. */
-  finalizeClose(sessionId: string): string
-  /** JSON array of {sessionId, fence, leaseGeneration, reason, submittedRequestIds,
-   *  reservedRequestIds}; each one's close has begun. */
-  collectExpired(nowMs: number): string
+  beginClose(sessionId: string, fence: FenceInput | null, reason: string): boolean
+  /** Frees the slot; returns the request ids still bound. */
+  finalizeClose(sessionId: string): number[]
+  /** Each one's close has begun. */
+  collectExpired(nowMs: number): ExpiryView[]
   numSessions(): number
   /** Test hook: throws (native) or traps (wasm) on a broken invariant. */
   checkInvariants(): void
@@ -104,21 +115,19 @@ export interface CoreSessions {
  *  the events are written into `events` on the JS thread when it resolves. */
 export interface NativeCoreEngine extends CoreEngine {
   run(events: Int32Array, capacity: number): Promise<number>
-  /** The ONNX executor's cumulative timings as JSON: {steps, invocations, rows, tokens, gatherUs,
-   *  runUs, scatterUs, executeUs, hugePageBytes, weightChunkBytes}; null for the simulated model. */
-  executorStatsJson(): string | null
+  /** The ONNX executor's cumulative counters; null for the simulated model. */
+  executorStats(): ExecutorStatsView | null
 }
 
 export interface NativeBinding {
   CoreEngine: {
-    simulated(optionsJson: string): NativeCoreEngine
-    /** An ONNX model folder (absolute path); optionsJson: EngineOptions as JSON, with
-     *  executionProvider and intraOpThreads. ortLibraryPath: the ONNX Runtime library to open when
-     *  ORTEX_ORT_DYLIB / ORT_DYLIB_PATH name none. Rejects with MODEL_LOAD, INVALID_ARGUMENT. */
-    load(modelDir: string, optionsJson: string, ortLibraryPath: string | null): Promise<NativeCoreEngine>
+    simulated(options: SimOptionsInput): NativeCoreEngine
+    /** An ONNX model folder (absolute path). ortLibraryPath: the ONNX Runtime library to open
+     *  when ORTEX_ORT_DYLIB / ORT_DYLIB_PATH name none. Rejects with MODEL_LOAD, INVALID_ARGUMENT. */
+    load(modelDir: string, options: ModelOptionsInput, ortLibraryPath: string | null): Promise<NativeCoreEngine>
   }
 }
 
 export interface WasmBinding {
-  CoreEngine: { simulated(optionsJson: string): CoreEngine }
+  CoreEngine: { simulated(options: SimOptionsInput): CoreEngine }
 }

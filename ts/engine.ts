@@ -19,6 +19,7 @@ import {
   finishReasonOf,
   usageAt,
 } from './events'
+import type { ConfigView, RequestOptionsInput } from './generated/boundary'
 import { Request, type RequestRecord } from './request'
 import type { Turn, TurnState } from './turn'
 import type {
@@ -69,9 +70,9 @@ export class Engine implements EventOwner {
   static async load(modelDir: string, options?: EngineOptions): Promise<Engine> {
     const dir = v.string('modelDir', modelDir)
     if (dir.length === 0) throw v.invalidArgumentFor('modelDir', 'must not be empty')
-    const json = v.engineOptions('options', options)
+    const checked = v.engineOptions('options', options)
     const backend = backendOf(this)
-    const core = await backend.load(dir, JSON.stringify(json)).catch((error: unknown) => {
+    const core = await backend.load(dir, checked).catch((error: unknown) => {
       throw toOrtexError(error, 'MODEL_LOAD')
     })
     return new this({ core, backend } satisfies EngineInit as never)
@@ -79,11 +80,11 @@ export class Engine implements EventOwner {
 
   /** The deterministic simulated model. */
   static simulated(options?: SimulatedOptions): Engine {
-    const json = v.simulatedOptions('options', options)
+    const checked = v.simulatedOptions('options', options)
     const backend = backendOf(this)
     let core: CoreEngine
     try {
-      core = backend.simulated(JSON.stringify(json))
+      core = backend.simulated(checked)
     } catch (error) {
       // A missing binding is already an OrtexError (UNSUPPORTED); anything else that is not one of
       // the core's coded errors is an internal failure, never "unsupported".
@@ -125,7 +126,7 @@ export class Engine implements EventOwner {
     this._core = core
     this.backendImpl = backend
     this.backend = backend.kind
-    this.config = Object.freeze(parseConfig(core.configJson()))
+    this.config = Object.freeze(frozenConfig(core.config()))
     const host: DriverHost = {
       _driveOnce: () => this.driveOnce(),
       _hasWorkQuietly: () => this.hasWorkQuietly(),
@@ -179,26 +180,14 @@ export class Engine implements EventOwner {
 
   stats(): EngineStats {
     this._checkOpen()
-    const raw = JSON.parse(this._call(() => this._core.statsJson())) as Partial<EngineStats>
-    return {
-      totalBlocks: raw.totalBlocks ?? 0,
-      freeBlocks: raw.freeBlocks ?? 0,
-      activeRequests: raw.activeRequests ?? 0,
-      pendingTurns: raw.pendingTurns ?? 0,
-      retainedEvents: raw.retainedEvents ?? 0,
-      steps: raw.steps ?? 0,
-      promptTokens: raw.promptTokens ?? 0,
-      generatedTokens: raw.generatedTokens ?? 0,
-      virtualTimeUs: raw.virtualTimeUs ?? 0,
-    }
+    return this._call(() => this._core.stats())
   }
 
   /** Addition: the ONNX executor's cumulative timings; null for the simulated model. */
   executorStats(): ExecutorStats | null {
     this._checkOpen()
     const core = this._core as Partial<NativeCoreEngine>
-    const json = core.executorStatsJson === undefined ? null : this._call(() => core.executorStatsJson!())
-    return json === null ? null : (JSON.parse(json) as ExecutorStats)
+    return core.executorStats === undefined ? null : this._call(() => core.executorStats!())
   }
 
   tokenize(text: string): Int32Array {
@@ -387,10 +376,9 @@ export class Engine implements EventOwner {
   // Internals
   // ---------------------------------------------------------------------------------------------
 
-  private newRequest(json: Record<string, unknown>): Request {
+  private newRequest(options: RequestOptionsInput): Request {
     this._checkUsable()
-    const optionsJson = JSON.stringify(json)
-    const id = this._call(() => this._core.createRequest(optionsJson))
+    const id = this._call(() => this._core.createRequest(options))
     const request = Request._create(this, id)
     this.requests.set(id, new WeakRef(request))
     // The record, not the Request, is the held value; it stays registered after close() so the
@@ -586,7 +574,7 @@ export class Engine implements EventOwner {
     if (this._closed || this._failure !== null) return false
     let steps: number
     try {
-      steps = (JSON.parse(this._core.statsJson()) as EngineStats).steps
+      steps = this._core.stats().steps
     } catch {
       return false
     }
@@ -621,7 +609,6 @@ function unhealthyError(code: EventErrorCode): OrtexError {
   return new OrtexError('ENGINE_UNHEALTHY', `the engine is unhealthy after an engine-level failure (${code}); close it`)
 }
 
-function parseConfig(json: string): EngineConfig {
-  const raw = JSON.parse(json) as EngineConfig
-  return { ...raw, eosTokenIds: Object.freeze([...(raw.eosTokenIds ?? [])]) as number[] }
+function frozenConfig(view: ConfigView): EngineConfig {
+  return { ...view, eosTokenIds: Object.freeze([...view.eosTokenIds]) as number[] }
 }

@@ -2,36 +2,19 @@
 // points. Misuse throws it with a stable `code`; runtime failures of the engine are events, not
 // throws (see events.ts).
 
-/** Every stable error code. The Rust core's `ErrorCode::as_str` produces the same strings. */
-export const ERROR_CODES = [
-  'INVALID_ARGUMENT',
-  'REQUEST_CLOSED',
-  'TURN_ACTIVE',
-  'EVENTS_PENDING',
-  'WRONG_ENGINE',
-  'ENGINE_CLOSED',
-  'ENGINE_UNHEALTHY',
-  'ENGINE_DRIVEN',
-  'MODEL_LOAD',
-  'UNSUPPORTED',
-  'CAPACITY_EXHAUSTED',
-  'SESSION_EXISTS',
-  'SESSION_CLOSED',
-  'FENCE_MISMATCH',
-  'STALE_RESERVATION',
-  'LEASE_GENERATION_MISMATCH',
-  'OPERATION_REUSED',
-  /** A second transaction was started while one is still executing off-thread. */
-  'RUN_IN_PROGRESS',
-] as const
+import { ERROR_CODES, RETRYABLE_ERROR_CODES } from './generated/boundary'
+
+/** Every stable error code: the Rust core's `ErrorCode::as_str` strings, generated from it. */
+export { ERROR_CODES }
 
 export type ErrorCode = (typeof ERROR_CODES)[number]
 
 const KNOWN_CODES: ReadonlySet<string> = new Set(ERROR_CODES)
+const RETRYABLE_CODES: ReadonlySet<string> = new Set(RETRYABLE_ERROR_CODES)
 
 /** Retryable errors describe a temporary condition: the same call may succeed later. */
 function isRetryable(code: ErrorCode): boolean {
-  return code === 'CAPACITY_EXHAUSTED' || code === 'RUN_IN_PROGRESS'
+  return RETRYABLE_CODES.has(code)
 }
 
 // A brand shared through the global symbol registry. The package is importable both as ESM and

@@ -11,17 +11,13 @@
 
 import { EVENT_STRIDE } from './binding'
 import { invalidArgument } from './errors'
+import { EVENT_ERROR_CODES, EVENT_FLAGS, EVENT_WORDS, FINISH_REASONS } from './generated/boundary'
 import type { Request } from './request'
 import type { EventErrorCode, FinishReason, TurnUsage } from './types'
 import { describe } from './validate'
 
-export const EventFlags = Object.freeze({
-  Token: 1,
-  TurnFinished: 2,
-  CapacityBlocked: 4,
-  Failed: 8,
-  Retryable: 16,
-} as const)
+/** The flag bits of an event (crates/ortex-core/src/events.rs, through ts/generated). */
+export const EventFlags = Object.freeze({ ...EVENT_FLAGS })
 export type EventFlags = (typeof EventFlags)[keyof typeof EventFlags]
 
 export interface EngineEvent {
@@ -40,40 +36,7 @@ export interface EngineEvent {
 }
 
 /** Word offsets inside one event record. */
-export const W = {
-  flags: 0,
-  request: 1,
-  turn: 2,
-  token: 3,
-  finish: 4,
-  error: 5,
-  promptTokens: 6,
-  generatedTokens: 7,
-  cachedPromptTokens: 8,
-  hasUsage: 9,
-} as const
-
-/** Indexed by the core's FinishReason discriminant. */
-export const FINISH_REASONS: readonly FinishReason[] = [
-  'none',
-  'eos',
-  'stop',
-  'max-generated-tokens',
-  'max-session-tokens',
-  'cancelled',
-  'failed',
-]
-
-/** Indexed by the core's EventErrorCode discriminant. */
-export const EVENT_ERROR_CODES: readonly EventErrorCode[] = [
-  'none',
-  'capacity-deferred',
-  'execution-capacity-exceeded',
-  'retryable-execution',
-  'request-unserviceable',
-  'engine-contract-failure',
-  'engine-execution-failure',
-]
+export const W = EVENT_WORDS
 
 export function finishReasonOf(code: number): FinishReason {
   return FINISH_REASONS[code] ?? 'none'

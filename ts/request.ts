@@ -6,12 +6,12 @@
 // program may keep either.
 
 import { OrtexError } from './errors'
+import { REQUEST_STATES } from './generated/boundary'
 import type { Engine } from './engine'
 import { Turn, TurnState } from './turn'
 import type { RequestState, TurnOptions } from './types'
 import * as v from './validate'
 
-const STATES: readonly RequestState[] = ['created', 'queued', 'active', 'turn-complete', 'closed']
 
 /** The FinalizationRegistry's held value: what the engine needs once the Request is gone. It
  *  must not point at the Request, or the Request could never be collected. */
@@ -43,7 +43,7 @@ export class Request {
 
   get state(): RequestState {
     if (this._record.closed || this._engine._closed) return 'closed'
-    return STATES[this._engine._call(() => this._engine._core.requestState(this.id))] ?? 'closed'
+    return REQUEST_STATES[this._engine._call(() => this._engine._core.requestState(this.id))] ?? 'closed'
   }
 
   /** Every prompt and generated token of this request so far (kept after close). */
@@ -125,8 +125,7 @@ export class Request {
     this.checkOpen()
     this.checkPreviousTurnEnded()
     const tokens = this._engine._inputTokens(input)
-    const optionsJson = JSON.stringify(checked.json)
-    const turnId = this._engine._call(() => this._engine._core.beginTurn(this.id, tokens, optionsJson))
+    const turnId = this._engine._call(() => this._engine._core.beginTurn(this.id, tokens, checked.core))
     const state = new TurnState(this._engine, this.id, turnId, tokens.length, checked.stop, owned ? this : null)
     const turn = Turn._create(this, state)
     this._turn = turn

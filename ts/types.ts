@@ -2,6 +2,11 @@
 // an option set to `undefined` counts as absent. Option objects are checked strictly: an unknown
 // key (a misspelling such as `maxTokens`) throws INVALID_ARGUMENT naming it, because a silently
 // ignored option is a trap; see validate.ts.
+//
+// The shapes the core answers with are generated from the Rust side (ts/generated/boundary.ts);
+// ts/boundary-check.ts makes the build fail when one of these drifts from its generated twin.
+
+import type { EVENT_ERROR_CODES, FINISH_REASONS, REQUEST_STATES } from './generated/boundary'
 
 export type Batching = 'dynamic' | 'static'
 export type BackendKind = 'native' | 'wasm'
@@ -145,25 +150,15 @@ export interface ExecutorStats {
   weightChunkBytes: number
 }
 
-export type RequestState = 'created' | 'queued' | 'active' | 'turn-complete' | 'closed'
+/** 'created' | 'queued' | 'active' | 'turn-complete' | 'closed' */
+export type RequestState = (typeof REQUEST_STATES)[number]
 
-export type FinishReason =
-  | 'none'
-  | 'eos'
-  | 'stop'
-  | 'max-generated-tokens'
-  | 'max-session-tokens'
-  | 'cancelled'
-  | 'failed'
+/** 'none' | 'eos' | 'stop' | 'max-generated-tokens' | 'max-session-tokens' | 'cancelled' | 'failed' */
+export type FinishReason = (typeof FINISH_REASONS)[number]
 
-export type EventErrorCode =
-  | 'none'
-  | 'capacity-deferred'
-  | 'execution-capacity-exceeded'
-  | 'retryable-execution'
-  | 'request-unserviceable'
-  | 'engine-contract-failure'
-  | 'engine-execution-failure'
+/** 'none' | 'capacity-deferred' | 'execution-capacity-exceeded' | 'retryable-execution' |
+ *  'request-unserviceable' | 'engine-contract-failure' | 'engine-execution-failure' */
+export type EventErrorCode = (typeof EVENT_ERROR_CODES)[number]
 
 export interface TurnUsage {
   /** This turn's new input only. */

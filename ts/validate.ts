@@ -12,19 +12,21 @@
 //   that costs far more; the core refuses unknown JSON fields for the same reason.
 
 import { invalidArgument } from './errors'
-import type {
-  EngineOptions,
-  RequestOptions,
-  SimulatedFaults,
-  SimulatedOptions,
-  TurnOptions,
-} from './types'
+import {
+  type FaultsInput,
+  LIMITS,
+  type ModelOptionsInput,
+  type RequestOptionsInput,
+  type SimOptionsInput,
+  type TurnOptionsInput,
+} from './generated/boundary'
+import type { EngineOptions, RequestOptions, SimulatedFaults, SimulatedOptions, TurnOptions } from './types'
 
 export const MAX_INT32 = 2 ** 31 - 1
 /** Largest EventBuffer capacity. */
 export const MAX_EVENT_CAPACITY = 65_536
-/** Most stop strings / stop token sequences per turn. */
-export const MAX_STOP_ENTRIES = 1024
+/** Most stop strings / stop token sequences per turn (the core's limit). */
+export const MAX_STOP_ENTRIES = LIMITS.maxStopEntries
 
 /** INVALID_ARGUMENT for argument `name`: "`name` `what`". */
 export function invalidArgumentFor(name: string, what: string): ReturnType<typeof invalidArgument> {
@@ -200,11 +202,19 @@ export function signal(name: string, value: unknown): AbortSignal {
 }
 
 // -----------------------------------------------------------------------------------------------
-// Option objects. Each returns the JSON object the core accepts (camelCase; the core refuses
-// unknown fields), built only from validated values.
+// Option objects. Each returns the input the core takes (its type generated from the Rust side's
+// mirror, ts/generated/boundary.ts; the core refuses unknown fields), built only from validated
+// values. Each key list is checked against both the public option type and the generated input
+// type, so a key added on one side only fails the build.
 // -----------------------------------------------------------------------------------------------
 
-const ENGINE_KEYS = [
+/** True when `Keys` (a key list's entries) are exactly the keys of `T`; else `never`, which makes
+ *  the `satisfies` below fail. */
+type ExactKeys<Keys extends PropertyKey, T> = [Exclude<keyof T, Keys>, Exclude<Keys, keyof T>] extends [never, never] ? true : never
+
+const MODEL_KEYS = ['executionProvider', 'intraOpThreads', 'intraOpSpinning'] as const
+
+const CORE_ENGINE_KEYS = [
   'batching',
   'blockSize',
   'numBlocks',
@@ -213,22 +223,13 @@ const ENGINE_KEYS = [
   'prefillChunkSize',
   'maxPrefillWaitSteps',
   'maxRequests',
-  'executionProvider',
-  'intraOpThreads',
-  'intraOpSpinning',
-] as const satisfies readonly (keyof EngineOptions)[]
+] as const
 
-const SIM_KEYS = [
-  ...ENGINE_KEYS,
-  'seed',
-  'vocabSize',
-  'eosTokenId',
-  'maxLength',
-  'eosProbability',
-  'faults',
-  'stepCostUs',
-  'tokenCostUs',
-] as const satisfies readonly (keyof SimulatedOptions)[]
+const ENGINE_KEYS = [...CORE_ENGINE_KEYS, ...MODEL_KEYS] as const
+
+const SIM_ONLY_KEYS = ['seed', 'vocabSize', 'eosTokenId', 'maxLength', 'eosProbability', 'faults', 'stepCostUs', 'tokenCostUs'] as const
+
+const SIM_KEYS = [...ENGINE_KEYS, ...SIM_ONLY_KEYS] as const
 
 const FAULT_KEYS = [
   'retryableSteps',
@@ -238,32 +239,34 @@ const FAULT_KEYS = [
   'capacityRate',
   'fatalRate',
   'seed',
-] as const satisfies readonly (keyof SimulatedFaults)[]
+] as const
 
-export const REQUEST_KEYS = ['maxSessionTokens'] as const satisfies readonly (keyof RequestOptions)[]
+export const REQUEST_KEYS = ['maxSessionTokens'] as const
 
-export const TURN_KEYS = [
-  'maxGeneratedTokens',
-  'temperature',
-  'topK',
-  'topP',
-  'seed',
-  'ignoreEos',
-  'stopTokenIds',
-  'stop',
-  'signal',
-] as const satisfies readonly (keyof TurnOptions)[]
+const CORE_TURN_KEYS = ['maxGeneratedTokens', 'temperature', 'topK', 'topP', 'seed', 'ignoreEos', 'stopTokenIds'] as const
 
-type Json = Record<string, unknown>
+export const TURN_KEYS = [...CORE_TURN_KEYS, 'stop', 'signal'] as const
 
-/** Engine options common to every model. `forSimulated` drops the ONNX Runtime settings, which
- *  mean nothing to the simulated model (and which its core options do not have). */
-function engineFields(name: string, present: Map<string, unknown>, json: Json, forSimulated: boolean): void {
+// The key lists against the public types and the generated inputs (compile-time only).
+true satisfies ExactKeys<(typeof ENGINE_KEYS)[number], EngineOptions>
+true satisfies ExactKeys<(typeof ENGINE_KEYS)[number], ModelOptionsInput>
+true satisfies ExactKeys<(typeof SIM_KEYS)[number], SimulatedOptions>
+true satisfies ExactKeys<(typeof CORE_ENGINE_KEYS | typeof SIM_ONLY_KEYS)[number], SimOptionsInput>
+true satisfies ExactKeys<(typeof FAULT_KEYS)[number], SimulatedFaults>
+true satisfies ExactKeys<(typeof FAULT_KEYS)[number], FaultsInput>
+true satisfies ExactKeys<(typeof REQUEST_KEYS)[number], RequestOptions>
+true satisfies ExactKeys<(typeof REQUEST_KEYS)[number], RequestOptionsInput>
+true satisfies ExactKeys<(typeof TURN_KEYS)[number], TurnOptions>
+true satisfies ExactKeys<(typeof CORE_TURN_KEYS)[number], TurnOptionsInput>
+
+/** Engine options common to every model, into `out`. `forSimulated` drops the ONNX Runtime
+ *  settings, which mean nothing to the simulated model (and which its core options do not have). */
+function engineFields(name: string, present: Map<string, unknown>, out: ModelOptionsInput, forSimulated: boolean): void {
   for (const [key, value] of present) {
     const arg = `${name}.${key}`
     switch (key) {
       case 'batching':
-        json[key] = oneOf(arg, value, ['dynamic', 'static'])
+        out.batching = oneOf(arg, value, ['dynamic', 'static'] as const)
         break
       case 'blockSize':
       case 'numBlocks':
@@ -271,34 +274,34 @@ function engineFields(name: string, present: Map<string, unknown>, json: Json, f
       case 'maxScheduledTokens':
       case 'prefillChunkSize':
       case 'maxRequests':
-        json[key] = integer(arg, value, 1)
+        out[key] = integer(arg, value, 1)
         break
       case 'maxPrefillWaitSteps':
-        json[key] = integer(arg, value, 0)
+        out[key] = integer(arg, value, 0)
         break
       case 'executionProvider': {
         const provider = oneOf(arg, value, ['cpu', 'cuda'])
-        if (!forSimulated) json[key] = provider
+        if (!forSimulated) out.executionProvider = provider
         break
       }
       case 'intraOpThreads': {
         const threads = integer(arg, value, 0, 1024)
-        if (!forSimulated) json[key] = threads
+        if (!forSimulated) out.intraOpThreads = threads
         break
       }
       case 'intraOpSpinning': {
         const spinning = boolean(arg, value)
-        if (!forSimulated) json[key] = spinning
+        if (!forSimulated) out.intraOpSpinning = spinning
         break
       }
     }
   }
 }
 
-export function engineOptions(name: string, value: unknown): Json {
-  const json: Json = {}
-  engineFields(name, options(name, value, ENGINE_KEYS), json, false)
-  return json
+export function engineOptions(name: string, value: unknown): ModelOptionsInput {
+  const out: ModelOptionsInput = {}
+  engineFields(name, options(name, value, ENGINE_KEYS), out, false)
+  return out
 }
 
 function stepList(name: string, value: unknown): number[] {
@@ -307,76 +310,72 @@ function stepList(name: string, value: unknown): number[] {
   return value.map((v, i) => seed(`${name}[${i}]`, v))
 }
 
-function faults(name: string, value: unknown): Json {
-  const json: Json = {}
+function faults(name: string, value: unknown): FaultsInput {
+  const out: FaultsInput = {}
   for (const [key, v] of options(name, value, FAULT_KEYS)) {
     const arg = `${name}.${key}`
     switch (key) {
       case 'retryableSteps':
       case 'fatalSteps':
       case 'capacitySteps':
-        json[key] = stepList(arg, v)
+        out[key] = stepList(arg, v)
         break
       case 'retryableRate':
       case 'capacityRate':
       case 'fatalRate':
-        json[key] = finite(arg, v, 0, 1)
+        out[key] = finite(arg, v, 0, 1)
         break
       case 'seed':
-        json[key] = seed(arg, v)
+        out.seed = seed(arg, v)
         break
     }
   }
-  return json
+  return out
 }
 
-export function simulatedOptions(name: string, value: unknown): Json {
+export function simulatedOptions(name: string, value: unknown): SimOptionsInput {
   const present = options(name, value, SIM_KEYS)
-  const json: Json = {}
+  const out: SimOptionsInput = {}
   const engine = new Map<string, unknown>()
   for (const [key, v] of present) {
     const arg = `${name}.${key}`
     switch (key) {
       case 'seed':
-        json[key] = seed(arg, v)
-        break
-      case 'vocabSize':
-        json[key] = integer(arg, v, 2)
-        break
-      case 'eosTokenId':
-        json[key] = integer(arg, v, 0)
-        break
-      case 'maxLength':
-        json[key] = integer(arg, v, 1)
-        break
-      case 'eosProbability':
-        json[key] = finite(arg, v, 0, 1)
-        break
-      case 'faults':
-        json[key] = faults(arg, v)
-        break
       case 'stepCostUs':
       case 'tokenCostUs':
-        json[key] = seed(arg, v)
+        out[key] = seed(arg, v)
+        break
+      case 'vocabSize':
+        out.vocabSize = integer(arg, v, 2)
+        break
+      case 'eosTokenId':
+        out.eosTokenId = integer(arg, v, 0)
+        break
+      case 'maxLength':
+        out.maxLength = integer(arg, v, 1)
+        break
+      case 'eosProbability':
+        out.eosProbability = finite(arg, v, 0, 1)
+        break
+      case 'faults':
+        out.faults = faults(arg, v)
         break
       default:
         engine.set(key, v)
     }
   }
-  engineFields(name, engine, json, true)
-  return json
+  engineFields(name, engine, out, true)
+  return out
 }
 
-export function requestOptions(name: string, present: Map<string, unknown>): Json {
-  const json: Json = {}
+export function requestOptions(name: string, present: Map<string, unknown>): RequestOptionsInput {
   const value = present.get('maxSessionTokens')
-  if (value !== undefined) json.maxSessionTokens = integer(`${name}.maxSessionTokens`, value)
-  return json
+  return value === undefined ? {} : { maxSessionTokens: integer(`${name}.maxSessionTokens`, value) }
 }
 
 export interface CheckedTurnOptions {
   /** TurnOptions as the core takes them (without stop / signal). */
-  json: Json
+  core: TurnOptionsInput
   stop: string[] | null
   signal: AbortSignal | null
 }
@@ -404,28 +403,29 @@ function stopStrings(name: string, value: unknown): string[] | null {
 }
 
 export function turnOptions(name: string, present: Map<string, unknown>): CheckedTurnOptions {
-  const checked: CheckedTurnOptions = { json: {}, stop: null, signal: null }
+  const checked: CheckedTurnOptions = { core: {}, stop: null, signal: null }
+  const core = checked.core
   for (const [key, value] of present) {
     const arg = `${name}.${key}`
     switch (key) {
       case 'maxGeneratedTokens':
       case 'topK':
-        checked.json[key] = integer(arg, value)
+        core[key] = integer(arg, value)
         break
       case 'temperature':
-        checked.json[key] = finite(arg, value, 0, Number.MAX_VALUE)
+        core.temperature = finite(arg, value, 0, Number.MAX_VALUE)
         break
       case 'topP':
-        checked.json[key] = finite(arg, value, 0, 1, true)
+        core.topP = finite(arg, value, 0, 1, true)
         break
       case 'seed':
-        checked.json[key] = seed(arg, value)
+        core.seed = seed(arg, value)
         break
       case 'ignoreEos':
-        checked.json[key] = boolean(arg, value)
+        core.ignoreEos = boolean(arg, value)
         break
       case 'stopTokenIds':
-        checked.json[key] = stopTokenIds(arg, value)
+        core.stopTokenIds = stopTokenIds(arg, value)
         break
       case 'stop':
         checked.stop = stopStrings(arg, value)

@@ -1,59 +1,31 @@
-// The typed side of the core's session rules (binding.ts `CoreSessions`): JSON in, JSON out,
-// binding errors turned into OrtexError. Nothing here decides anything; ortex-core's `session`
-// module does (fences, leases, appends, cancel, two-phase close, expiry).
+// The typed side of the core's session rules (binding.ts `CoreSessions`): typed inputs, views
+// out (both generated from the Rust side), binding errors turned into OrtexError. Nothing here
+// decides anything; ortex-core's `session` module does (fences, leases, appends, cancel,
+// two-phase close, expiry).
 
 import type { CoreSessions } from '../binding'
 import { toOrtexError } from '../errors'
-import type { Fence, SessionState } from './events'
+import type {
+  AppendPlanView,
+  CancelView,
+  CommitView,
+  ExpiryView,
+  FenceInput,
+  SessionView,
+  SessionsOptionsInput,
+} from '../generated/boundary'
+import type { Fence } from './events'
 
-/** The session as the core sees it after a call. */
-export interface SessionView {
-  fence: Fence
-  state: SessionState
-  leaseGeneration: number
-  configGeneration: number
-  closeReason: string | null
-  seq: number
-  turnSeq: number
-  lastActivityMs: number
-  detachedAtMs: number | null
-  operationsInFlight: number
-}
-
-export interface AppendResultJson {
-  seq: number
-  turnSeq: number
-  turnId: number
-  final: boolean
-  replayed: boolean
-}
-
-export type AppendPlanJson = { replay: AppendResultJson } | { reservation: number; result: AppendResultJson }
-
-export interface CancelOutcome {
-  cancelled: Fence
-  fence: Fence
-  advanced: boolean
-  requestIds: number[]
-  session: SessionView
-}
-
-export interface CoreExpiry {
-  sessionId: string
-  fence: Fence
-  leaseGeneration: number
-  reason: string
-  submittedRequestIds: number[]
-  reservedRequestIds: number[]
-}
+export type { AppendPlanView, CancelView, CommitView, ExpiryView, SessionView, SessionsOptionsInput }
 
 export type LeaseActivity = 'append' | 'respond' | 'cancel' | 'heartbeat' | 'attach' | 'detach' | 'model-output' | 'config'
 
-export interface CoreSessionsOptions {
-  maxSessions: number | null
-  idleTtlMs: number | null
-  disconnectGraceMs: number
-  completedAppendLimit: number
+/** What an append asks the rules for. */
+export interface AppendInput {
+  fence: Fence | null
+  final: boolean
+  operationId: string | null
+  inputDigest: number
 }
 
 function call<T>(fn: () => T): T {
@@ -64,8 +36,8 @@ function call<T>(fn: () => T): T {
   }
 }
 
-function fenceJson(fence: Fence | null | undefined): string {
-  return fence == null ? 'null' : JSON.stringify(fence)
+function fenceInput(fence: Fence | null | undefined): FenceInput | null {
+  return fence == null ? null : { ...fence }
 }
 
 /** One engine's session rules. */
@@ -73,29 +45,24 @@ export class SessionRules {
   constructor(private readonly core: CoreSessions) {}
 
   open(sessionId: string, nowMs: number): SessionView {
-    return JSON.parse(call(() => this.core.open(sessionId, nowMs))) as SessionView
+    return call(() => this.core.open(sessionId, nowMs))
   }
 
   view(sessionId: string): SessionView {
-    return JSON.parse(call(() => this.core.get(sessionId))) as SessionView
+    return call(() => this.core.get(sessionId))
   }
 
   bindRequest(sessionId: string, requestId: number): void {
     call(() => this.core.bindRequest(sessionId, requestId))
   }
 
-  prepareAppend(
-    sessionId: string,
-    request: { fence: Fence | null; final: boolean; operationId: string | null; inputDigest: number },
-  ): AppendPlanJson {
-    return JSON.parse(call(() => this.core.prepareAppend(sessionId, JSON.stringify(request)))) as AppendPlanJson
+  prepareAppend(sessionId: string, request: AppendInput): AppendPlanView {
+    const { fence, final, operationId, inputDigest } = request
+    return call(() => this.core.prepareAppend(sessionId, final, operationId, inputDigest, fenceInput(fence)))
   }
 
-  commitAppend(reservation: number, nowMs: number): { result: AppendResultJson; session: SessionView } {
-    return JSON.parse(call(() => this.core.commitAppend(reservation, nowMs))) as {
-      result: AppendResultJson
-      session: SessionView
-    }
+  commitAppend(reservation: number, nowMs: number): CommitView {
+    return call(() => this.core.commitAppend(reservation, nowMs))
   }
 
   discardReservation(reservation: number): void {
@@ -107,16 +74,16 @@ export class SessionRules {
   }
 
   startResponse(sessionId: string, nowMs: number): SessionView {
-    return JSON.parse(call(() => this.core.startResponse(sessionId, nowMs))) as SessionView
+    return call(() => this.core.startResponse(sessionId, nowMs))
   }
 
-  cancel(sessionId: string, cancelled: Fence | null, nowMs: number): CancelOutcome {
-    return JSON.parse(call(() => this.core.cancel(sessionId, fenceJson(cancelled), nowMs))) as CancelOutcome
+  cancel(sessionId: string, cancelled: Fence | null, nowMs: number): CancelView {
+    return call(() => this.core.cancel(sessionId, fenceInput(cancelled), nowMs))
   }
 
   validateFence(sessionId: string, fence: Fence | null | undefined): void {
     if (fence == null) return
-    call(() => this.core.validateFence(sessionId, fenceJson(fence)))
+    call(() => this.core.validateFence(sessionId, { ...fence }))
   }
 
   touch(sessionId: string, nowMs: number, activity: LeaseActivity): void {
@@ -124,11 +91,11 @@ export class SessionRules {
   }
 
   detach(sessionId: string, nowMs: number): SessionView {
-    return JSON.parse(call(() => this.core.detach(sessionId, nowMs))) as SessionView
+    return call(() => this.core.detach(sessionId, nowMs))
   }
 
   resume(sessionId: string, nowMs: number, expectedGeneration: number): SessionView {
-    return JSON.parse(call(() => this.core.resume(sessionId, nowMs, expectedGeneration))) as SessionView
+    return call(() => this.core.resume(sessionId, nowMs, expectedGeneration))
   }
 
   beginOperation(sessionId: string, nowMs: number, operationId: string): void {
@@ -140,19 +107,19 @@ export class SessionRules {
   }
 
   replaceConfigs(sessionId: string, configs: { session?: Record<string, string>; runtime?: Record<string, string> }): number {
-    return call(() => this.core.replaceConfigs(sessionId, JSON.stringify(configs)))
+    return call(() => this.core.replaceConfigs(sessionId, configs))
   }
 
   beginClose(sessionId: string, fence: Fence | null, reason: string): boolean {
-    return call(() => this.core.beginClose(sessionId, fenceJson(fence), reason))
+    return call(() => this.core.beginClose(sessionId, fenceInput(fence), reason))
   }
 
   finalizeClose(sessionId: string): number[] {
-    return JSON.parse(call(() => this.core.finalizeClose(sessionId))) as number[]
+    return Array.from(call(() => this.core.finalizeClose(sessionId)))
   }
 
-  collectExpired(nowMs: number): CoreExpiry[] {
-    return JSON.parse(call(() => this.core.collectExpired(nowMs))) as CoreExpiry[]
+  collectExpired(nowMs: number): ExpiryView[] {
+    return call(() => this.core.collectExpired(nowMs))
   }
 
   numSessions(): number {

@@ -9,7 +9,7 @@ import { Engine } from '../engine'
 import { invalidArgument } from '../errors'
 import type { TurnOptions } from '../types'
 import * as v from '../validate'
-import { type CoreSessionsOptions, SessionRules, type SessionView } from './core'
+import { SessionRules, type SessionView, type SessionsOptionsInput } from './core'
 import { DEFAULT_EVENT_BUFFER_CAPACITY, type Fence, SessionEventQueue } from './events'
 import { type DuplexSessionOptions, DuplexSession, type RespondMode, type SessionHost, type SessionInit, checkConfig } from './session'
 
@@ -62,12 +62,9 @@ export class DuplexSessionManager {
       throw invalidArgument(`engine must be an Engine, got ${v.describe(engine)}`)
     }
     const present = v.options('options', options, MANAGER_KEYS)
-    const core: CoreSessionsOptions = {
-      maxSessions: present.has('maxSessions') ? v.integer('options.maxSessions', present.get('maxSessions'), 1) : null,
-      idleTtlMs: 300_000,
-      disconnectGraceMs: 30_000,
-      completedAppendLimit: 256,
-    }
+    // Only what the caller gave: the defaults are the core's (LIMITS in ts/generated/boundary.ts).
+    const core: SessionsOptionsInput = {}
+    if (present.has('maxSessions')) core.maxSessions = v.integer('options.maxSessions', present.get('maxSessions'), 1)
     if (present.has('idleTtlMs')) {
       const ttl = present.get('idleTtlMs')
       core.idleTtlMs = ttl === null ? null : v.integer('options.idleTtlMs', ttl, 1, Number.MAX_SAFE_INTEGER)
@@ -91,8 +88,7 @@ export class DuplexSessionManager {
     // Weakly: the engine's listener must not keep a manager the program dropped alive.
     const self = new WeakRef(this)
     this.stopWatching = engine._onEnd((reason) => self.deref()?.endAll(reason))
-    const optionsJson = JSON.stringify(core)
-    this.rules = new SessionRules(engine._call(() => engine._core.createSessions(optionsJson)))
+    this.rules = new SessionRules(engine._call(() => engine._core.createSessions(core)))
     this.host = {
       engine,
       rules: this.rules,

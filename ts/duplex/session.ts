@@ -158,9 +158,9 @@ export class DuplexSession {
     const now = this.host.now()
     const rules = this.host.rules
     const plan = rules.prepareAppend(this.id, { fence, final: isFinal, operationId, inputDigest: digestOf(tokens) })
-    if ('replay' in plan) {
+    if (plan.reservation === 0) {
       rules.touch(this.id, now, 'append')
-      return { ...plan.replay, fence: this.fence }
+      return { ...plan.result, fence: this.fence }
     }
     const respondNow = isFinal && this.config.respond === 'on-final'
     let committed: ReturnType<SessionRules['commitAppend']>

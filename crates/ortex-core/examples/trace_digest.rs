@@ -51,7 +51,7 @@ fn turn_options(rng: &mut Rng, vocab: u32) -> TurnOptions {
         json += r#","ignoreEos":true"#;
     }
     json += "}";
-    serde_json::from_str(&json).expect("turn options parse")
+    ortex_ops::turn_options_from_json(&json).expect("turn options parse")
 }
 
 struct Trace {
@@ -152,7 +152,7 @@ fn run(engine: &mut Engine, rng: &mut Rng, trace: &mut Trace) -> bool {
 
 fn digest_of(seed: u64) -> u64 {
     let mut rng = Rng::new(seed);
-    let options: SimOptions = serde_json::from_str(&options_for(seed, &mut rng)).expect("options parse");
+    let options: SimOptions = ortex_ops::sim_options_from_json(&options_for(seed, &mut rng)).expect("options parse");
     let mut trace = Trace { digest: seed };
     let mut engine = match Engine::simulated(&options) {
         Ok(engine) => engine,

@@ -27,6 +27,28 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// Every code, in the order the TypeScript side lists them.
+    pub const ALL: [ErrorCode; 18] = [
+        ErrorCode::InvalidArgument,
+        ErrorCode::RequestClosed,
+        ErrorCode::TurnActive,
+        ErrorCode::EventsPending,
+        ErrorCode::WrongEngine,
+        ErrorCode::EngineClosed,
+        ErrorCode::EngineUnhealthy,
+        ErrorCode::EngineDriven,
+        ErrorCode::ModelLoad,
+        ErrorCode::Unsupported,
+        ErrorCode::CapacityExhausted,
+        ErrorCode::SessionExists,
+        ErrorCode::SessionClosed,
+        ErrorCode::FenceMismatch,
+        ErrorCode::StaleReservation,
+        ErrorCode::LeaseGenerationMismatch,
+        ErrorCode::OperationReused,
+        ErrorCode::RunInProgress,
+    ];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             ErrorCode::InvalidArgument => "INVALID_ARGUMENT",

@@ -20,6 +20,34 @@ use crate::ids::{RequestId, TurnId};
 
 pub const EVENT_STRIDE_WORDS: usize = 10;
 
+/// Word offsets within one event record (the diagram above).
+pub mod word {
+    pub const FLAGS: usize = 0;
+    pub const REQUEST: usize = 1;
+    pub const TURN: usize = 2;
+    pub const TOKEN: usize = 3;
+    pub const FINISH: usize = 4;
+    pub const ERROR: usize = 5;
+    pub const PROMPT_TOKENS: usize = 6;
+    pub const GENERATED_TOKENS: usize = 7;
+    pub const CACHED_PROMPT_TOKENS: usize = 8;
+    pub const HAS_USAGE: usize = 9;
+
+    /// Every word by the name the TypeScript side reads it under.
+    pub const ALL: [(&str, usize); super::EVENT_STRIDE_WORDS] = [
+        ("flags", FLAGS),
+        ("request", REQUEST),
+        ("turn", TURN),
+        ("token", TOKEN),
+        ("finish", FINISH),
+        ("error", ERROR),
+        ("promptTokens", PROMPT_TOKENS),
+        ("generatedTokens", GENERATED_TOKENS),
+        ("cachedPromptTokens", CACHED_PROMPT_TOKENS),
+        ("hasUsage", HAS_USAGE),
+    ];
+}
+
 pub mod flags {
     pub const TOKEN: u32 = 1;
     pub const TURN_FINISHED: u32 = 2;
@@ -42,6 +70,17 @@ pub enum FinishReason {
 }
 
 impl FinishReason {
+    /// Every reason, indexed by its code (the event's finish word).
+    pub const CODES: [FinishReason; 7] = [
+        FinishReason::None,
+        FinishReason::Eos,
+        FinishReason::Stop,
+        FinishReason::MaxGeneratedTokens,
+        FinishReason::MaxSessionTokens,
+        FinishReason::Cancelled,
+        FinishReason::Failed,
+    ];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             FinishReason::None => "none",
@@ -69,6 +108,17 @@ pub enum EventErrorCode {
 }
 
 impl EventErrorCode {
+    /// Every code, indexed by its value (the event's error word).
+    pub const ALL: [EventErrorCode; 7] = [
+        EventErrorCode::None,
+        EventErrorCode::CapacityDeferred,
+        EventErrorCode::ExecutionCapacityExceeded,
+        EventErrorCode::RetryableExecution,
+        EventErrorCode::RequestUnserviceable,
+        EventErrorCode::EngineContractFailure,
+        EventErrorCode::EngineExecutionFailure,
+    ];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             EventErrorCode::None => "none",
@@ -148,18 +198,17 @@ impl Event {
 
     pub fn encode(&self, out: &mut [i32]) {
         let usage = self.usage.unwrap_or_default();
-        out[..EVENT_STRIDE_WORDS].copy_from_slice(&[
-            self.flags as i32,
-            self.request.map_or(0, |r| r.0 as i32),
-            self.turn.0 as i32,
-            self.token,
-            self.finish_reason as i32,
-            self.error as i32,
-            usage.prompt_tokens as i32,
-            usage.generated_tokens as i32,
-            usage.cached_prompt_tokens as i32,
-            i32::from(self.usage.is_some()),
-        ]);
+        let record = &mut out[..EVENT_STRIDE_WORDS];
+        record[word::FLAGS] = self.flags as i32;
+        record[word::REQUEST] = self.request.map_or(0, |r| r.0 as i32);
+        record[word::TURN] = self.turn.0 as i32;
+        record[word::TOKEN] = self.token;
+        record[word::FINISH] = self.finish_reason as i32;
+        record[word::ERROR] = self.error as i32;
+        record[word::PROMPT_TOKENS] = usage.prompt_tokens as i32;
+        record[word::GENERATED_TOKENS] = usage.generated_tokens as i32;
+        record[word::CACHED_PROMPT_TOKENS] = usage.cached_prompt_tokens as i32;
+        record[word::HAS_USAGE] = i32::from(self.usage.is_some());
     }
 
     /// A 64-bit digest of every field, for cross-target trace comparison.

@@ -1,8 +1,7 @@
-//! Options as callers give them (camelCase, every field optional, as in docs/api.md) and the
-//! resolved, validated configuration the engine runs with. Options are snapshotted: the engine
-//! copies them, so a caller changing its object later changes nothing.
-
-use serde::Deserialize;
+//! Options as callers give them (every field optional, as in docs/api.md) and the resolved,
+//! validated configuration the engine runs with. Options are snapshotted: the engine copies them,
+//! so a caller changing its object later changes nothing. The bindings deserialize JavaScript's
+//! objects into their own mirrors of these (crates/ortex-ops), so the core carries no serde.
 
 use crate::error::{OrtexError, Result};
 use crate::executor::ModelInfo;
@@ -11,8 +10,11 @@ use crate::executor::ModelInfo;
 /// every single count inside JavaScript's 31-bit small-integer range.
 pub const MAX_COUNT: u32 = i32::MAX as u32;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "kebab-case")]
+/// Most stop sequences per turn (stop token sequences here; the facade holds stop strings to the
+/// same limit).
+pub const MAX_STOP_ENTRIES: usize = 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BatchingMode {
     /// Continuous batching: rows join and leave the batch at every step.
     #[default]
@@ -30,8 +32,7 @@ impl BatchingMode {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct EngineOptions {
     pub batching: Option<BatchingMode>,
     pub block_size: Option<u32>,
@@ -46,36 +47,26 @@ pub struct EngineOptions {
 }
 
 /// Injected failures of the simulated executor, for simulation tests.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct SimFaults {
     /// Transaction numbers (0-based, counting every executed transaction) that fail retryably.
-    #[serde(default)]
     pub retryable_steps: Vec<u64>,
     /// Transaction numbers that fail fatally (the engine becomes unhealthy).
-    #[serde(default)]
     pub fatal_steps: Vec<u64>,
     /// Transaction numbers that report execution capacity exceeded.
-    #[serde(default)]
     pub capacity_steps: Vec<u64>,
     /// Chance per transaction of a retryable failure, decided by a hash of (seed, step).
-    #[serde(default)]
     pub retryable_rate: f64,
     /// Chance per transaction of an execution-capacity failure.
-    #[serde(default)]
     pub capacity_rate: f64,
     /// Chance per transaction of a fatal failure.
-    #[serde(default)]
     pub fatal_rate: f64,
     /// Seed of the rate decisions (independent of the model seed).
-    #[serde(default)]
     pub seed: u64,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct SimOptions {
-    #[serde(flatten)]
     pub engine: EngineOptions,
     pub seed: Option<u64>,
     pub vocab_size: Option<u32>,
@@ -88,15 +79,13 @@ pub struct SimOptions {
     pub token_cost_us: Option<u64>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct RequestOptions {
     /// 0 or absent: the model's max length. Bounds prompt + generated + continuation tokens.
     pub max_session_tokens: Option<u32>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct TurnOptions {
     /// 0 or absent: until the session limit.
     pub max_generated_tokens: Option<u32>,
@@ -206,8 +195,8 @@ impl TurnOptions {
                 )));
             }
         }
-        if stop_token_ids.len() > 1024 {
-            return Err(OrtexError::invalid("stopTokenIds holds at most 1024 sequences"));
+        if stop_token_ids.len() > MAX_STOP_ENTRIES {
+            return Err(OrtexError::invalid(format!("stopTokenIds holds at most {MAX_STOP_ENTRIES} sequences")));
         }
         Ok(ResolvedTurnOptions {
             max_generated_tokens,

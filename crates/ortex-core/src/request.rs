@@ -36,6 +36,10 @@ pub enum RequestState {
 }
 
 impl RequestState {
+    /// Every state, indexed by its code.
+    pub const ALL: [RequestState; 5] =
+        [RequestState::Created, RequestState::Queued, RequestState::Active, RequestState::TurnComplete, RequestState::Closed];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             RequestState::Created => "created",

@@ -1,10 +1,12 @@
 //! ortex's Node-API addon: a thin napi-rs binding over ortex-core. The interface it exports is
 //! ts/binding.ts (`NativeBinding`); the TypeScript facade is its only caller.
 //!
-//! Shape: the logic of each method is a plain function in [`ops`]; the `#[napi]` wrappers below
-//! only convert arguments, run the call under [`guarded`] (a panic becomes an ENGINE_UNHEALTHY
-//! error and marks the engine unhealthy: it never unwinds into Node) and turn an
-//! [`OrtexError`] into a JS `Error` whose `code` is the core's `ErrorCode::as_str()`.
+//! Shape: the logic of each method is a plain function in [`ops`] (crates/ortex-ops, which the
+//! WebAssembly binding calls too); the `#[napi]` wrappers below only convert (a JavaScript object
+//! into an `ops` input and an `ops` view back, through serde), run the call under [`guarded`] (a
+//! panic becomes an ENGINE_UNHEALTHY error and marks the engine unhealthy: it never unwinds into
+//! Node) and turn an [`OrtexError`] into a JS `Error` whose `code` is the core's
+//! `ErrorCode::as_str()`.
 //!
 //! Threads: the engine lives on the JS thread. `run` plans on the JS thread (`run_begin`), sends
 //! only the [`Transaction`] (which carries the executor) off it, and commits on the JS thread
@@ -17,7 +19,6 @@
 
 mod completions;
 mod model;
-mod ops;
 mod step_thread;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -28,7 +29,21 @@ use completions::Completions;
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 use ortex_core::{Engine, ErrorCode, OrtexError, RunStart, Transaction};
+use ortex_ops as ops;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
 use step_thread::{Job, StepThread};
+
+/// A JavaScript object as one of ops' typed inputs; a wrong shape is INVALID_ARGUMENT.
+fn input<T: DeserializeOwned>(what: &str, value: Value) -> ortex_core::Result<T> {
+    serde_json::from_value(value).map_err(|error| ops::invalid_input(what, error))
+}
+
+/// One of ops' views as a JavaScript object.
+fn view(value: impl Serialize) -> Value {
+    serde_json::to_value(value).expect("views serialize: they hold only strings, numbers and lists")
+}
 
 /// What `run` returns: a pool task (simulated model), or a promise: already settled (a drain, or a
 /// step executed here) or settled when the step thread's transaction commits.
@@ -190,8 +205,8 @@ fn commit(
 impl CoreEngine {
     /// An engine over the deterministic simulated model; `optionsJson` is SimOptions as JSON.
     #[napi(factory)]
-    pub fn simulated(options_json: String) -> napi::Result<Self, String> {
-        let engine = catch_unwind(|| ops::simulated_impl(&options_json))
+    pub fn simulated(options: Value) -> napi::Result<Self, String> {
+        let engine = catch_unwind(|| ops::simulated_impl(input("engine options", options)?))
             .unwrap_or_else(|payload| Err(unhealthy_after_panic(&ops::panic_message(payload.as_ref()))))
             .map_err(coded)?;
         Ok(CoreEngine {
@@ -202,19 +217,19 @@ impl CoreEngine {
         })
     }
 
-    #[napi]
-    pub fn config_json(&self) -> napi::Result<String, String> {
-        self.call(|engine| Ok(ops::config_json_impl(engine)))
+    #[napi(ts_return_type = "ConfigView")]
+    pub fn config(&self) -> napi::Result<Value, String> {
+        self.call(|engine| Ok(view(ops::config_impl(engine))))
     }
 
     #[napi]
-    pub fn create_request(&self, options_json: String) -> napi::Result<u32, String> {
-        self.call(|engine| ops::create_request_impl(engine, &options_json))
+    pub fn create_request(&self, options: Value) -> napi::Result<u32, String> {
+        self.call(|engine| ops::create_request_impl(engine, input("request options", options)?))
     }
 
     #[napi]
-    pub fn begin_turn(&self, request_id: u32, tokens: &[i32], options_json: String) -> napi::Result<u32, String> {
-        self.call(|engine| ops::begin_turn_impl(engine, request_id, tokens, &options_json))
+    pub fn begin_turn(&self, request_id: u32, tokens: &[i32], options: Value) -> napi::Result<u32, String> {
+        self.call(|engine| ops::begin_turn_impl(engine, request_id, tokens, input("turn options", options)?))
     }
 
     #[napi]
@@ -285,9 +300,9 @@ impl CoreEngine {
         self.call(|engine| Ok(ops::has_pending_work_impl(engine)))
     }
 
-    #[napi]
-    pub fn stats_json(&self) -> napi::Result<String, String> {
-        self.call(|engine| Ok(ops::stats_json_impl(engine)))
+    #[napi(ts_return_type = "StatsView")]
+    pub fn stats(&self) -> napi::Result<Value, String> {
+        self.call(|engine| Ok(view(ops::stats_impl(engine))))
     }
 
     #[napi]
@@ -339,8 +354,8 @@ impl CoreEngine {
 
     /// A full-duplex session manager (the core's session rules) for this engine's sessions.
     #[napi]
-    pub fn create_sessions(&self, options_json: String) -> napi::Result<CoreSessions, String> {
-        let sessions = catch_unwind(|| ops::Sessions::new(&options_json))
+    pub fn create_sessions(&self, options: Value) -> napi::Result<CoreSessions, String> {
+        let sessions = catch_unwind(|| ops::Sessions::new(input("session manager options", options)?))
             .unwrap_or_else(|payload| Err(sessions_panic(&ops::panic_message(payload.as_ref()))))
             .map_err(coded)?;
         Ok(CoreSessions { sessions, broken: None })
@@ -352,7 +367,7 @@ fn sessions_panic(message: &str) -> OrtexError {
 }
 
 /// ortex-core's full-duplex session rules (fences, leases, appends, cancel, two-phase close,
-/// expiry). JSON in and out; every method lives in `ops::Sessions`. A panic (a broken session
+/// expiry). Objects in and out; every method lives in `ops::Sessions`. A panic (a broken session
 /// invariant) becomes an ENGINE_UNHEALTHY error, and every later call is refused the same way.
 #[napi]
 pub struct CoreSessions {
@@ -378,14 +393,14 @@ impl CoreSessions {
 
 #[napi]
 impl CoreSessions {
-    #[napi]
-    pub fn open(&mut self, session_id: String, now_ms: f64) -> napi::Result<String, String> {
-        self.call(|sessions| sessions.open(&session_id, now_ms))
+    #[napi(ts_return_type = "SessionView")]
+    pub fn open(&mut self, session_id: String, now_ms: f64) -> napi::Result<Value, String> {
+        self.call(|sessions| sessions.open(&session_id, now_ms).map(view))
     }
 
-    #[napi]
-    pub fn get(&mut self, session_id: String) -> napi::Result<String, String> {
-        self.call(|sessions| sessions.get(&session_id))
+    #[napi(ts_return_type = "SessionView")]
+    pub fn get(&mut self, session_id: String) -> napi::Result<Value, String> {
+        self.call(|sessions| sessions.get(&session_id).map(view))
     }
 
     #[napi]
@@ -393,14 +408,24 @@ impl CoreSessions {
         self.call(|sessions| sessions.bind_request(&session_id, request_id))
     }
 
-    #[napi]
-    pub fn prepare_append(&mut self, session_id: String, request_json: String) -> napi::Result<String, String> {
-        self.call(|sessions| sessions.prepare_append(&session_id, &request_json))
+    #[napi(ts_return_type = "AppendPlanView")]
+    pub fn prepare_append(
+        &mut self,
+        session_id: String,
+        is_final: bool,
+        operation_id: Option<String>,
+        input_digest: f64,
+        fence: Option<Value>,
+    ) -> napi::Result<Value, String> {
+        self.call(|sessions| {
+            let fence = fence.map(|f| input("fence", f)).transpose()?;
+            sessions.prepare_append(&session_id, is_final, operation_id, input_digest, fence).map(view)
+        })
     }
 
-    #[napi]
-    pub fn commit_append(&mut self, reservation_id: u32, now_ms: f64) -> napi::Result<String, String> {
-        self.call(|sessions| sessions.commit_append(reservation_id, now_ms))
+    #[napi(ts_return_type = "CommitView")]
+    pub fn commit_append(&mut self, reservation_id: u32, now_ms: f64) -> napi::Result<Value, String> {
+        self.call(|sessions| sessions.commit_append(reservation_id, now_ms).map(view))
     }
 
     #[napi]
@@ -411,19 +436,22 @@ impl CoreSessions {
         })
     }
 
-    #[napi]
-    pub fn start_response(&mut self, session_id: String, now_ms: f64) -> napi::Result<String, String> {
-        self.call(|sessions| sessions.start_response(&session_id, now_ms))
+    #[napi(ts_return_type = "SessionView")]
+    pub fn start_response(&mut self, session_id: String, now_ms: f64) -> napi::Result<Value, String> {
+        self.call(|sessions| sessions.start_response(&session_id, now_ms).map(view))
+    }
+
+    #[napi(ts_return_type = "CancelView")]
+    pub fn cancel(&mut self, session_id: String, cancelled: Option<Value>, now_ms: f64) -> napi::Result<Value, String> {
+        self.call(|sessions| {
+            let cancelled = cancelled.map(|f| input("cancelled fence", f)).transpose()?;
+            sessions.cancel(&session_id, cancelled, now_ms).map(view)
+        })
     }
 
     #[napi]
-    pub fn cancel(&mut self, session_id: String, cancelled_json: String, now_ms: f64) -> napi::Result<String, String> {
-        self.call(|sessions| sessions.cancel(&session_id, &cancelled_json, now_ms))
-    }
-
-    #[napi]
-    pub fn validate_fence(&mut self, session_id: String, fence_json: String) -> napi::Result<(), String> {
-        self.call(|sessions| sessions.validate_fence(&session_id, &fence_json))
+    pub fn validate_fence(&mut self, session_id: String, fence: Value) -> napi::Result<(), String> {
+        self.call(|sessions| sessions.validate_fence(&session_id, input("fence", fence)?))
     }
 
     #[napi]
@@ -431,28 +459,18 @@ impl CoreSessions {
         self.call(|sessions| sessions.touch(&session_id, now_ms, &activity))
     }
 
-    #[napi]
-    pub fn detach(&mut self, session_id: String, now_ms: f64) -> napi::Result<String, String> {
-        self.call(|sessions| sessions.detach(&session_id, now_ms))
+    #[napi(ts_return_type = "SessionView")]
+    pub fn detach(&mut self, session_id: String, now_ms: f64) -> napi::Result<Value, String> {
+        self.call(|sessions| sessions.detach(&session_id, now_ms).map(view))
+    }
+
+    #[napi(ts_return_type = "SessionView")]
+    pub fn resume(&mut self, session_id: String, now_ms: f64, expected_generation: f64) -> napi::Result<Value, String> {
+        self.call(|sessions| sessions.resume(&session_id, now_ms, expected_generation).map(view))
     }
 
     #[napi]
-    pub fn resume(
-        &mut self,
-        session_id: String,
-        now_ms: f64,
-        expected_generation: f64,
-    ) -> napi::Result<String, String> {
-        self.call(|sessions| sessions.resume(&session_id, now_ms, expected_generation))
-    }
-
-    #[napi]
-    pub fn begin_operation(
-        &mut self,
-        session_id: String,
-        now_ms: f64,
-        operation_id: String,
-    ) -> napi::Result<(), String> {
+    pub fn begin_operation(&mut self, session_id: String, now_ms: f64, operation_id: String) -> napi::Result<(), String> {
         self.call(|sessions| sessions.begin_operation(&session_id, now_ms, &operation_id))
     }
 
@@ -462,28 +480,26 @@ impl CoreSessions {
     }
 
     #[napi]
-    pub fn replace_configs(&mut self, session_id: String, configs_json: String) -> napi::Result<f64, String> {
-        self.call(|sessions| sessions.replace_configs(&session_id, &configs_json))
+    pub fn replace_configs(&mut self, session_id: String, configs: Value) -> napi::Result<f64, String> {
+        self.call(|sessions| sessions.replace_configs(&session_id, input("session configs", configs)?))
     }
 
     #[napi]
-    pub fn begin_close(
-        &mut self,
-        session_id: String,
-        fence_json: String,
-        reason: String,
-    ) -> napi::Result<bool, String> {
-        self.call(|sessions| sessions.begin_close(&session_id, &fence_json, &reason))
+    pub fn begin_close(&mut self, session_id: String, fence: Option<Value>, reason: String) -> napi::Result<bool, String> {
+        self.call(|sessions| {
+            let fence = fence.map(|f| input("fence", f)).transpose()?;
+            sessions.begin_close(&session_id, fence, &reason)
+        })
     }
 
     #[napi]
-    pub fn finalize_close(&mut self, session_id: String) -> napi::Result<String, String> {
+    pub fn finalize_close(&mut self, session_id: String) -> napi::Result<Vec<u32>, String> {
         self.call(|sessions| sessions.finalize_close(&session_id))
     }
 
-    #[napi]
-    pub fn collect_expired(&mut self, now_ms: f64) -> napi::Result<String, String> {
-        self.call(|sessions| sessions.collect_expired(now_ms))
+    #[napi(ts_return_type = "ExpiryView[]")]
+    pub fn collect_expired(&mut self, now_ms: f64) -> napi::Result<Value, String> {
+        self.call(|sessions| sessions.collect_expired(now_ms).map(view))
     }
 
     #[napi]
@@ -532,7 +548,7 @@ mod tests {
     use super::*;
 
     fn engine() -> Engine {
-        ops::simulated_impl(r#"{"seed":1}"#).unwrap()
+        ops::simulated_impl(ops::SimOptionsInput { seed: Some(1.0), ..Default::default() }).unwrap()
     }
 
     #[test]
@@ -549,8 +565,8 @@ mod tests {
     #[test]
     fn a_transaction_that_panicked_rolls_back_and_reports_a_fatal_event() {
         let mut engine = engine();
-        let request = ops::create_request_impl(&mut engine, "{}").unwrap();
-        ops::begin_turn_impl(&mut engine, request, &[5, 6, 7], "{}").unwrap();
+        let request = ops::create_request_impl(&mut engine, Default::default()).unwrap();
+        ops::begin_turn_impl(&mut engine, request, &[5, 6, 7], Default::default()).unwrap();
         let mut events = vec![0; 10 * 8];
         let RunStart::Execute(mut transaction) = engine.run_begin(&mut events, 8).unwrap() else {
             panic!("a queued turn plans a transaction");
@@ -563,18 +579,5 @@ mod tests {
         let again = guarded(&mut engine, |engine| engine.run(&mut events, 8)).unwrap_err();
         assert_eq!(again.code, ErrorCode::EngineUnhealthy, "{}", again.message);
         engine.close();
-    }
-
-    #[test]
-    fn options_are_strict_json() {
-        for bad in ["", "nope", "[]", r#"{"seed":-1}"#, r#"{"unknown":1}"#, r#"{"seed":1.5}"#] {
-            let error = ops::simulated_impl(bad).err().unwrap_or_else(|| panic!("{bad} was accepted"));
-            assert_eq!(error.code, ErrorCode::InvalidArgument, "{bad}");
-        }
-        let mut engine = engine();
-        assert_eq!(
-            ops::create_request_impl(&mut engine, r#"{"maxSessionTokens":"1"}"#).unwrap_err().code,
-            ErrorCode::InvalidArgument
-        );
     }
 }

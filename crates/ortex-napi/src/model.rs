@@ -13,32 +13,40 @@ use std::sync::Mutex;
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 use ortex_core::{ErrorCode, OrtexError, Result};
-use ortex_ort::ExecutorStats;
+use ortex_ops::{ExecutionProviderInput, ModelOptionsInput};
+use ortex_ort::{ExecutionProvider, ExecutorStats, LoadOptions};
 
 use crate::completions::Completions;
 use crate::step_thread::StepThread;
 use crate::{coded_js, ops, unhealthy_after_panic, CoreEngine, OffThread};
 
-/// Builds the engine: `options_json` is EngineOptions plus `executionProvider` and
-/// `intraOpThreads`; `library` is the ONNX Runtime library to use when neither ORTEX_ORT_DYLIB
-/// nor ORT_DYLIB_PATH names one.
-pub fn load_impl(model_dir: &str, options_json: &str, library: Option<&str>) -> Result<ortex_ort::LoadedEngine> {
-    let options = ortex_ort::parse_load_options(options_json)?;
+/// Builds the engine: `options` are the engine's plus how ONNX Runtime runs the model;
+/// `library` is the ONNX Runtime library to use when neither ORTEX_ORT_DYLIB nor ORT_DYLIB_PATH
+/// names one.
+pub fn load_impl(model_dir: &str, options: ModelOptionsInput, library: Option<&str>) -> Result<ortex_ort::LoadedEngine> {
+    let options = LoadOptions {
+        engine: options.engine(),
+        execution_provider: options.execution_provider.map(|provider| match provider {
+            ExecutionProviderInput::Cpu => ExecutionProvider::Cpu,
+            ExecutionProviderInput::Cuda => ExecutionProvider::Cuda,
+        }),
+        intra_op_threads: options.intra_op_threads,
+        intra_op_spinning: options.intra_op_spinning,
+    };
     ortex_ort::load_engine(Path::new(model_dir), &options, library.map(Path::new))
 }
 
-/// Cumulative executor timings (microseconds): where a step's time goes.
-pub fn executor_stats_json(stats: &ExecutorStats) -> String {
-    // The keys and units come from ortex_ort's counter list (`Counter`): `gatherUs` and the
-    // other timings are whole microseconds.
+/// Cumulative executor timings: an object keyed by ortex_ort's counter list (`Counter`), whose
+/// timings are whole microseconds (`gatherUs`); ts/generated/boundary.ts names the same keys.
+pub fn executor_stats_view(stats: &ExecutorStats) -> serde_json::Value {
     let report: serde_json::Map<String, serde_json::Value> =
         stats.snapshot().report().map(|(key, value)| (key, value.into())).collect();
-    serde_json::Value::Object(report).to_string()
+    serde_json::Value::Object(report)
 }
 
 pub struct LoadTask {
     model_dir: String,
-    options_json: String,
+    options: ModelOptionsInput,
     library: Option<String>,
 }
 
@@ -49,7 +57,7 @@ impl Task for LoadTask {
     /// On the libuv thread pool.
     fn compute(&mut self) -> napi::Result<Self::Output> {
         let loaded =
-            catch_unwind(AssertUnwindSafe(|| load_impl(&self.model_dir, &self.options_json, self.library.as_deref())))
+            catch_unwind(AssertUnwindSafe(|| load_impl(&self.model_dir, self.options.clone(), self.library.as_deref())))
                 .unwrap_or_else(|payload| Err(unhealthy_after_panic(&ops::panic_message(payload.as_ref()))));
         Ok(loaded.and_then(|loaded| {
             let steps = StepThread::spawn().map_err(|e| {
@@ -77,15 +85,16 @@ impl Task for LoadTask {
 #[napi]
 impl CoreEngine {
     /// An engine over an ONNX model folder (genai_config.json, model.onnx, tokenizer.json).
+    /// Rejects with INVALID_ARGUMENT for options of the wrong shape, MODEL_LOAD for the folder.
     #[napi(ts_return_type = "Promise<CoreEngine>")]
-    pub fn load(model_dir: String, options_json: String, ort_library_path: Option<String>) -> AsyncTask<LoadTask> {
-        AsyncTask::new(LoadTask { model_dir, options_json, library: ort_library_path })
+    pub fn load(model_dir: String, options: serde_json::Value, ort_library_path: Option<String>) -> napi::Result<AsyncTask<LoadTask>, String> {
+        let options = crate::input("engine options", options).map_err(crate::coded)?;
+        Ok(AsyncTask::new(LoadTask { model_dir, options, library: ort_library_path }))
     }
 
-    /// The ONNX executor's cumulative timings as JSON ({steps, invocations, rows, tokens, carried,
-    /// gatherUs, runUs, scatterUs, executeUs, hugePageBytes}); null for the simulated model.
-    #[napi]
-    pub fn executor_stats_json(&self) -> Option<String> {
-        self.executor_stats.as_deref().map(executor_stats_json)
+    /// The ONNX executor's cumulative timings (ExecutorStatsView); null for the simulated model.
+    #[napi(ts_return_type = "ExecutorStatsView | null")]
+    pub fn executor_stats(&self) -> Option<serde_json::Value> {
+        self.executor_stats.as_deref().map(executor_stats_view)
     }
 }

@@ -23,20 +23,17 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ortex_core::options::EngineOptions;
-use ortex_core::{Engine, OrtexError, Result};
-use serde::Deserialize;
+use ortex_core::{Engine, Result};
 
 pub use config::ModelConfig;
 pub use executor::{AttentionForm, Counter, ExecutorStats, OrtExecutor, StatsSnapshot, Unit};
 pub use runtime::{ExecutionProvider, SessionSettings};
 pub use tokenizer::TokenizerCodec;
 
-/// `Engine.load`'s options: the engine's own plus how ONNX Runtime runs the model. (The core's
-/// `EngineOptions` refuses unknown fields, so the model settings are split off here.)
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+/// `Engine.load`'s options: the engine's own plus how ONNX Runtime runs the model (the binding
+/// builds them from JavaScript's object, crates/ortex-ops `ModelOptionsInput`).
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct LoadOptions {
-    #[serde(flatten)]
     pub engine: EngineOptions,
     pub execution_provider: Option<ExecutionProvider>,
     /// 0 or absent: ONNX Runtime's default.
@@ -104,36 +101,4 @@ pub fn load_engine(dir: &Path, options: &LoadOptions, library: Option<&Path>) ->
 fn folder_bytes(dir: &Path) -> u64 {
     let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
     entries.flatten().filter_map(|entry| entry.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum()
-}
-
-/// Parses `Engine.load`'s options JSON; malformed JSON, wrong types and unknown fields are
-/// INVALID_ARGUMENT.
-pub fn parse_load_options(json: &str) -> Result<LoadOptions> {
-    serde_json::from_str(json).map_err(|e| OrtexError::invalid(format!("invalid engine options: {e}")))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn load_options_split_engine_and_model_settings() {
-        let options = parse_load_options(
-            r#"{"maxBatchSize":4,"executionProvider":"cuda","intraOpThreads":2,"intraOpSpinning":true}"#,
-        )
-        .unwrap();
-        assert_eq!(options.engine.max_batch_size, Some(4));
-        assert_eq!(options.execution_provider, Some(ExecutionProvider::Cuda));
-        assert_eq!(options.intra_op_threads, Some(2));
-        assert_eq!(options.intra_op_spinning, Some(true));
-        for bad in [
-            r#"{"unknown":1}"#,
-            r#"{"executionProvider":"tpu"}"#,
-            r#"{"intraOpThreads":-1}"#,
-            r#"{"intraOpSpinning":1}"#,
-            "nope",
-        ] {
-            assert_eq!(parse_load_options(bad).unwrap_err().code, ortex_core::ErrorCode::InvalidArgument, "{bad}");
-        }
-    }
 }

@@ -2,18 +2,38 @@
 //! model. The interface it exports is ts/binding.ts (`WasmBinding`); the TypeScript facade is
 //! its only caller.
 //!
-//! Same shape as the native addon: the logic of each method is a plain function in `ops` (the
-//! very file crates/ortex-napi compiles, so both backends behave and answer alike); the wrappers
-//! below only convert, and turn an [`OrtexError`] into a JS `Error` whose `code` is the core's
-//! `ErrorCode::as_str()`. There is no asynchronous `run` (one thread), and a panic aborts
-//! (this build uses panic=abort), which traps as a `WebAssembly.RuntimeError`.
-
-#[path = "../../ortex-napi/src/ops.rs"]
-mod ops;
+//! Same shape as the native addon: the logic of each method is a plain function in `ops`
+//! (crates/ortex-ops, which crates/ortex-napi calls too, so both backends behave and answer
+//! alike); the wrappers below only convert (a JavaScript object into an `ops` input and an `ops`
+//! view back, through serde-wasm-bindgen), and turn an [`OrtexError`] into a JS `Error` whose
+//! `code` is the core's `ErrorCode::as_str()`. There is no asynchronous `run` (one thread), and a
+//! panic aborts (this build uses panic=abort), which traps as a `WebAssembly.RuntimeError`.
 
 use js_sys::{Int32Array, Reflect};
 use ortex_core::{Engine, OrtexError, EVENT_STRIDE_WORDS};
+use ortex_ops as ops;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use wasm_bindgen::prelude::*;
+
+/// A JavaScript object as one of ops' typed inputs; a wrong shape is INVALID_ARGUMENT.
+fn input<T: DeserializeOwned>(what: &str, value: JsValue) -> Result<T, JsValue> {
+    serde_wasm_bindgen::from_value(value).map_err(|error| coded(ops::invalid_input(what, error)))
+}
+
+/// An optional one: `null` and `undefined` are None.
+fn optional_input<T: DeserializeOwned>(what: &str, value: JsValue) -> Result<Option<T>, JsValue> {
+    if value.is_null() || value.is_undefined() {
+        return Ok(None);
+    }
+    input(what, value).map(Some)
+}
+
+/// One of ops' views as a plain JavaScript object (maps as objects, as the native addon gives).
+fn view(value: &impl Serialize) -> JsValue {
+    let serializer = serde_wasm_bindgen::Serializer::new().serialize_maps_as_objects(true);
+    value.serialize(&serializer).expect("views serialize: they hold only strings, numbers and lists")
+}
 
 fn coded(error: OrtexError) -> JsValue {
     let js_error = js_sys::Error::new(&error.message);
@@ -38,24 +58,24 @@ pub struct CoreEngine {
 #[wasm_bindgen]
 impl CoreEngine {
     /// An engine over the deterministic simulated model; `optionsJson` is SimOptions as JSON.
-    pub fn simulated(options_json: &str) -> Result<CoreEngine, JsValue> {
-        let engine = ops::simulated_impl(options_json).map_err(coded)?;
+    pub fn simulated(options: JsValue) -> Result<CoreEngine, JsValue> {
+        let engine = ops::simulated_impl(input("engine options", options)?).map_err(coded)?;
         Ok(CoreEngine { engine, scratch: Vec::new() })
     }
 
-    #[wasm_bindgen(js_name = configJson)]
-    pub fn config_json(&self) -> String {
-        ops::config_json_impl(&self.engine)
+    pub fn config(&self) -> JsValue {
+        view(&ops::config_impl(&self.engine))
     }
 
     #[wasm_bindgen(js_name = createRequest)]
-    pub fn create_request(&mut self, options_json: &str) -> Result<u32, JsValue> {
-        ops::create_request_impl(&mut self.engine, options_json).map_err(coded)
+    pub fn create_request(&mut self, options: JsValue) -> Result<u32, JsValue> {
+        ops::create_request_impl(&mut self.engine, input("request options", options)?).map_err(coded)
     }
 
     #[wasm_bindgen(js_name = beginTurn)]
-    pub fn begin_turn(&mut self, request_id: u32, tokens: &[i32], options_json: &str) -> Result<u32, JsValue> {
-        ops::begin_turn_impl(&mut self.engine, request_id, tokens, options_json).map_err(coded)
+    pub fn begin_turn(&mut self, request_id: u32, tokens: &[i32], options: JsValue) -> Result<u32, JsValue> {
+        let options = input("turn options", options)?;
+        ops::begin_turn_impl(&mut self.engine, request_id, tokens, options).map_err(coded)
     }
 
     pub fn prefill(&mut self, request_id: u32, tokens: &[i32]) -> Result<(), JsValue> {
@@ -110,9 +130,8 @@ impl CoreEngine {
         ops::has_pending_work_impl(&mut self.engine)
     }
 
-    #[wasm_bindgen(js_name = statsJson)]
-    pub fn stats_json(&self) -> String {
-        ops::stats_json_impl(&self.engine)
+    pub fn stats(&self) -> JsValue {
+        view(&ops::stats_impl(&self.engine))
     }
 
     /// Returns an Int32Array.
@@ -147,13 +166,14 @@ impl CoreEngine {
 
     /// A full-duplex session manager (the core's session rules) for this engine's sessions.
     #[wasm_bindgen(js_name = createSessions)]
-    pub fn create_sessions(&self, options_json: &str) -> Result<CoreSessions, JsValue> {
-        Ok(CoreSessions { sessions: ops::Sessions::new(options_json).map_err(coded)? })
+    pub fn create_sessions(&self, options: JsValue) -> Result<CoreSessions, JsValue> {
+        let options = input("session manager options", options)?;
+        Ok(CoreSessions { sessions: ops::Sessions::new(options).map_err(coded)? })
     }
 }
 
 /// ortex-core's full-duplex session rules (fences, leases, appends, cancel, two-phase close,
-/// expiry). JSON in and out; every method lives in `ops::Sessions`.
+/// expiry). Objects in and out; every method lives in `ops::Sessions`.
 #[wasm_bindgen]
 pub struct CoreSessions {
     sessions: ops::Sessions,
@@ -161,12 +181,12 @@ pub struct CoreSessions {
 
 #[wasm_bindgen]
 impl CoreSessions {
-    pub fn open(&mut self, session_id: &str, now_ms: f64) -> Result<String, JsValue> {
-        self.sessions.open(session_id, now_ms).map_err(coded)
+    pub fn open(&mut self, session_id: &str, now_ms: f64) -> Result<JsValue, JsValue> {
+        self.sessions.open(session_id, now_ms).map(|v| view(&v)).map_err(coded)
     }
 
-    pub fn get(&mut self, session_id: &str) -> Result<String, JsValue> {
-        self.sessions.get(session_id).map_err(coded)
+    pub fn get(&mut self, session_id: &str) -> Result<JsValue, JsValue> {
+        self.sessions.get(session_id).map(|v| view(&v)).map_err(coded)
     }
 
     #[wasm_bindgen(js_name = bindRequest)]
@@ -175,13 +195,22 @@ impl CoreSessions {
     }
 
     #[wasm_bindgen(js_name = prepareAppend)]
-    pub fn prepare_append(&mut self, session_id: &str, request_json: &str) -> Result<String, JsValue> {
-        self.sessions.prepare_append(session_id, request_json).map_err(coded)
+    pub fn prepare_append(
+        &mut self,
+        session_id: &str,
+        is_final: bool,
+        operation_id: Option<String>,
+        input_digest: f64,
+        fence: JsValue,
+    ) -> Result<JsValue, JsValue> {
+        let fence = optional_input("fence", fence)?;
+        let plan = self.sessions.prepare_append(session_id, is_final, operation_id, input_digest, fence);
+        plan.map(|v| view(&v)).map_err(coded)
     }
 
     #[wasm_bindgen(js_name = commitAppend)]
-    pub fn commit_append(&mut self, reservation_id: u32, now_ms: f64) -> Result<String, JsValue> {
-        self.sessions.commit_append(reservation_id, now_ms).map_err(coded)
+    pub fn commit_append(&mut self, reservation_id: u32, now_ms: f64) -> Result<JsValue, JsValue> {
+        self.sessions.commit_append(reservation_id, now_ms).map(|v| view(&v)).map_err(coded)
     }
 
     #[wasm_bindgen(js_name = discardReservation)]
@@ -190,29 +219,30 @@ impl CoreSessions {
     }
 
     #[wasm_bindgen(js_name = startResponse)]
-    pub fn start_response(&mut self, session_id: &str, now_ms: f64) -> Result<String, JsValue> {
-        self.sessions.start_response(session_id, now_ms).map_err(coded)
+    pub fn start_response(&mut self, session_id: &str, now_ms: f64) -> Result<JsValue, JsValue> {
+        self.sessions.start_response(session_id, now_ms).map(|v| view(&v)).map_err(coded)
     }
 
-    pub fn cancel(&mut self, session_id: &str, cancelled_json: &str, now_ms: f64) -> Result<String, JsValue> {
-        self.sessions.cancel(session_id, cancelled_json, now_ms).map_err(coded)
+    pub fn cancel(&mut self, session_id: &str, cancelled: JsValue, now_ms: f64) -> Result<JsValue, JsValue> {
+        let cancelled = optional_input("cancelled fence", cancelled)?;
+        self.sessions.cancel(session_id, cancelled, now_ms).map(|v| view(&v)).map_err(coded)
     }
 
     #[wasm_bindgen(js_name = validateFence)]
-    pub fn validate_fence(&mut self, session_id: &str, fence_json: &str) -> Result<(), JsValue> {
-        self.sessions.validate_fence(session_id, fence_json).map_err(coded)
+    pub fn validate_fence(&mut self, session_id: &str, fence: JsValue) -> Result<(), JsValue> {
+        self.sessions.validate_fence(session_id, input("fence", fence)?).map_err(coded)
     }
 
     pub fn touch(&mut self, session_id: &str, now_ms: f64, activity: &str) -> Result<(), JsValue> {
         self.sessions.touch(session_id, now_ms, activity).map_err(coded)
     }
 
-    pub fn detach(&mut self, session_id: &str, now_ms: f64) -> Result<String, JsValue> {
-        self.sessions.detach(session_id, now_ms).map_err(coded)
+    pub fn detach(&mut self, session_id: &str, now_ms: f64) -> Result<JsValue, JsValue> {
+        self.sessions.detach(session_id, now_ms).map(|v| view(&v)).map_err(coded)
     }
 
-    pub fn resume(&mut self, session_id: &str, now_ms: f64, expected_generation: f64) -> Result<String, JsValue> {
-        self.sessions.resume(session_id, now_ms, expected_generation).map_err(coded)
+    pub fn resume(&mut self, session_id: &str, now_ms: f64, expected_generation: f64) -> Result<JsValue, JsValue> {
+        self.sessions.resume(session_id, now_ms, expected_generation).map(|v| view(&v)).map_err(coded)
     }
 
     #[wasm_bindgen(js_name = beginOperation)]
@@ -226,23 +256,25 @@ impl CoreSessions {
     }
 
     #[wasm_bindgen(js_name = replaceConfigs)]
-    pub fn replace_configs(&mut self, session_id: &str, configs_json: &str) -> Result<f64, JsValue> {
-        self.sessions.replace_configs(session_id, configs_json).map_err(coded)
+    pub fn replace_configs(&mut self, session_id: &str, configs: JsValue) -> Result<f64, JsValue> {
+        let configs = input("session configs", configs)?;
+        self.sessions.replace_configs(session_id, configs).map_err(coded)
     }
 
     #[wasm_bindgen(js_name = beginClose)]
-    pub fn begin_close(&mut self, session_id: &str, fence_json: &str, reason: &str) -> Result<bool, JsValue> {
-        self.sessions.begin_close(session_id, fence_json, reason).map_err(coded)
+    pub fn begin_close(&mut self, session_id: &str, fence: JsValue, reason: &str) -> Result<bool, JsValue> {
+        let fence = optional_input("fence", fence)?;
+        self.sessions.begin_close(session_id, fence, reason).map_err(coded)
     }
 
     #[wasm_bindgen(js_name = finalizeClose)]
-    pub fn finalize_close(&mut self, session_id: &str) -> Result<String, JsValue> {
-        self.sessions.finalize_close(session_id).map_err(coded)
+    pub fn finalize_close(&mut self, session_id: &str) -> Result<JsValue, JsValue> {
+        self.sessions.finalize_close(session_id).map(|ids| view(&ids)).map_err(coded)
     }
 
     #[wasm_bindgen(js_name = collectExpired)]
-    pub fn collect_expired(&mut self, now_ms: f64) -> Result<String, JsValue> {
-        self.sessions.collect_expired(now_ms).map_err(coded)
+    pub fn collect_expired(&mut self, now_ms: f64) -> Result<JsValue, JsValue> {
+        self.sessions.collect_expired(now_ms).map(|v| view(&v)).map_err(coded)
     }
 
     #[wasm_bindgen(js_name = numSessions)]

@@ -1,0 +1,17 @@
+// Compile-time checks that the public types (types.ts, duplex/events.ts: written by hand, with
+// their documentation) and the shapes the core answers with (generated from the Rust side into
+// ts/generated/boundary.ts) are the same: a field added on one side only fails the build.
+
+import type { SessionState } from './duplex/events'
+import type { Fence } from './duplex/events'
+import type { ConfigView, ExecutorStatsView, FenceView, SessionView, StatsView } from './generated/boundary'
+import type { EngineConfig, EngineStats, ExecutorStats } from './types'
+
+/** True when A and B are the same type; else never, which makes the `satisfies` below fail. */
+type Same<A, B> = [A] extends [B] ? ([B] extends [A] ? true : never) : never
+
+true satisfies Same<EngineConfig, ConfigView>
+true satisfies Same<EngineStats, StatsView>
+true satisfies Same<ExecutorStats, ExecutorStatsView>
+true satisfies Same<Fence, FenceView>
+true satisfies Same<SessionState, SessionView['state']>

@@ -53,6 +53,22 @@ describe.each(BACKENDS)('lifecycle (%s)', (backend: BackendName) => {
     for (const result of results) expect(['cancelled', 'max-generated-tokens']).toContain(result.finishReason)
   })
 
+  it('a stop carries which stop sequence it was: a stop string (matched in the text) or stop token ids', async () => {
+    const engine = simulated()
+    const free = await engine.generate('tell me', { maxGeneratedTokens: 12, ignoreEos: true }).done
+    expect(free.stop).toBe(null)
+    const third = free.tokens[3]!
+    const byTokens = await engine.generate('tell me', { maxGeneratedTokens: 12, ignoreEos: true, stopTokenIds: [[99_999 % 300], [third]] }).done
+    expect(byTokens.finishReason).toBe('stop')
+    expect(byTokens.stop).toEqual({ kind: 'token-ids', index: 1 })
+    expect(Array.from(byTokens.tokens)).toEqual(Array.from(free.tokens.slice(0, byTokens.tokens.length)))
+    const word = engine.detokenize([free.tokens[5]!]).trim()
+    const byText = await engine.generate('tell me', { maxGeneratedTokens: 12, ignoreEos: true, stop: ['no such text', word] }).done
+    expect(byText.finishReason).toBe('stop')
+    expect(byText.stop).toEqual({ kind: 'string', index: 1 })
+    expect(byText.text).toBe(free.text.slice(0, free.text.indexOf(word)))
+  })
+
   it('documented-valid sizes work: maxLength 2^24 and numBlocks 2^24 allocate only what is used', async () => {
     for (const options of [{ maxLength: 2 ** 24 }, { numBlocks: 2 ** 24 }, { maxLength: 2 ** 24, numBlocks: 2 ** 24, blockSize: 16 }]) {
       const engine = simulated(options)

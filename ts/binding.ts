@@ -44,6 +44,9 @@ export interface CoreEngine {
   beginTurn(requestId: number, tokens: Int32Array, options: TurnOptionsInput): number
   prefill(requestId: number, tokens: Int32Array): void
   cancelTurn(requestId: number, turnId: number): boolean
+  /** Ends the running turn `turnId` because stop string `stopIndex` appeared in its text: one
+   *  finish with reason 'stop' and that index. False when the turn was not running. */
+  stopTurn(requestId: number, turnId: number, stopIndex: number): boolean
   closeRequest(requestId: number): void
   /** The facade lost its last handle (FinalizationRegistry); reclaimed at the next boundary. */
   abandonRequest(requestId: number): void

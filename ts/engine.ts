@@ -3,24 +3,22 @@
 // is shared, so the two behave the same.
 //
 // The facade owns ergonomics, not engine logic: it validates arguments, serializes run() calls,
-// routes each run's events to their Turns (whoever runs the engine), runs the driven loop, and
-// reports collected Requests to the core. Scheduling, KV and sampling are the core's.
+// routes each run's events to their Turns (router.ts), runs the driven loop (driver.ts), and
+// reports collected Requests to the core (registry.ts). Scheduling, KV and sampling are the core's.
+//
+// The handles reach the engine only through narrow links (link.ts): a Request and its turns get
+// an EngineLink, the duplex sessions a DuplexHost.
 
 import type { Backend } from './backend'
-import { EVENT_STRIDE, type CoreEngine, type NativeCoreEngine } from './binding'
+import type { CoreEngine, CoreSessions, NativeCoreEngine } from './binding'
 import { Driver, type DriverHost } from './driver'
 import { OrtexError, toOrtexError } from './errors'
-import {
-  EventBuffer,
-  EventFlags,
-  type EventOwner,
-  W,
-  errorCodeOf,
-  finishReasonOf,
-  usageAt,
-} from './events'
-import type { ConfigView, RequestOptionsInput } from './generated/boundary'
-import { Request, type RequestRecord } from './request'
+import { EventBuffer, type EventOwner } from './events'
+import type { ConfigView, RequestOptionsInput, SessionsOptionsInput } from './generated/boundary'
+import type { DuplexHost, EngineEndReason } from './link'
+import { RequestRegistry } from './registry'
+import { Request, type RequestLink, type RequestRecord } from './request'
+import { type RouterHost, anyProgress, dropEventsOfCollected, routeEvents } from './router'
 import type { Turn, TurnState } from './turn'
 import type {
   BackendKind,
@@ -35,15 +33,11 @@ import type {
 } from './types'
 import * as v from './validate'
 
+export type { EngineEndReason } from './link'
+
 /** Capacity of the driven loop's own event buffer. One run writes at most one event per
  *  affected request; the rest is retained and drained by the next runs. */
 const DRIVER_BUFFER_CAPACITY = 1024
-
-/** Events that show a run moved something (CapacityBlocked alone does not). */
-const PROGRESS_FLAGS = EventFlags.Token | EventFlags.TurnFinished | EventFlags.Failed | EventFlags.Retryable
-
-/** Why an engine stopped serving: an engine-level failure, or close(). */
-export type EngineEndReason = 'engine_failure' | 'engine_closed'
 
 interface EngineInit {
   core: CoreEngine
@@ -52,15 +46,7 @@ interface EngineInit {
 
 function noop(): void {}
 
-/**
- * One registry for every engine, never collected: Node 20's V8 stops running FinalizationRegistry
- * cleanups for good once a registry is collected while one of its cleanups is queued, so a
- * registry per engine could silently end reclamation in the whole process. The held value points
- * at the engine weakly, so the registry keeps no engine alive.
- */
-const REQUEST_REGISTRY = new FinalizationRegistry<{ engine: WeakRef<Engine>; record: RequestRecord }>(
-  ({ engine, record }) => engine.deref()?._onRequestCollected(record),
-)
+const CANCELLED_BY_CLOSE = { reason: 'cancelled', errorCode: 'none', usage: null, stop: null } as const
 
 export class Engine implements EventOwner {
   /** @internal The backend of this entry point's Engine class (set by the subclass). */
@@ -96,19 +82,18 @@ export class Engine implements EventOwner {
   readonly backend: BackendKind
   /** Resolved configuration. */
   readonly config: Readonly<EngineConfig>
+  /** @internal What the duplex sessions need from this engine. */
+  readonly _duplex: DuplexHost
 
-  /** @internal */
-  readonly _core: CoreEngine
-  /** @internal */
-  _closed = false
-  /** @internal Set by an engine-level Failed event (or an internal error): the engine is
-   *  unhealthy and this is the event's error code. */
-  _failure: EventErrorCode | null = null
+  private readonly core: CoreEngine
   private readonly backendImpl: Backend
-  /** Every Request the program may still hold, by id. Weak: the facade never keeps one alive. */
-  private readonly requests = new Map<number, WeakRef<Request>>()
-  /** The unfinished turn of each request, by request id: where run() routes events. */
-  private readonly turns = new Map<number, TurnState>()
+  private closed = false
+  /** Set by an engine-level Failed event (or an internal error): the engine is unhealthy and
+   *  this is the event's error code. */
+  private failure: EventErrorCode | null = null
+  private readonly registry: RequestRegistry
+  private readonly link: RequestLink
+  private readonly router: RouterHost
   private readonly driver: Driver
   private driverBuffer: EventBuffer | null = null
   /** The last run() in the queue; run() calls execute one after another. */
@@ -123,10 +108,18 @@ export class Engine implements EventOwner {
   /** Engines are made by Engine.simulated() and Engine.load(). */
   protected constructor(init: never) {
     const { core, backend } = init as EngineInit
-    this._core = core
+    this.core = core
     this.backendImpl = backend
     this.backend = backend.kind
     this.config = Object.freeze(frozenConfig(core.config()))
+    this.registry = new RequestRegistry({ onRequestCollected: (record) => this.onRequestCollected(record) })
+    this.link = this.makeLink()
+    this._duplex = this.makeDuplexHost()
+    this.router = {
+      registry: this.registry,
+      engineFailed: (code) => this.markUnhealthy(code),
+      abandonCollected: (requestId) => this.abandonCollected(requestId),
+    }
     const host: DriverHost = {
       _driveOnce: () => this.driveOnce(),
       _hasWorkQuietly: () => this.hasWorkQuietly(),
@@ -136,14 +129,14 @@ export class Engine implements EventOwner {
   }
 
   createRequest(options?: RequestOptions): Request {
-    const json = v.requestOptions('options', v.options('options', options, v.REQUEST_KEYS))
-    return this.newRequest(json)
+    const checked = v.requestOptions('options', v.options('options', options, v.REQUEST_KEYS))
+    return this.newRequest(checked)
   }
 
   /** A buffer for run/runSync of this engine; capacity 0 is allowed (every run is a no-op). */
   createEventBuffer(capacity: number): EventBuffer {
     v.capacity('capacity', capacity)
-    this._checkOpen()
+    this.checkOpen()
     return EventBuffer._create(this, capacity)
   }
 
@@ -164,53 +157,50 @@ export class Engine implements EventOwner {
     if (this.runsQueued > 0) {
       throw new OrtexError('RUN_IN_PROGRESS', 'a run() of this engine has not finished yet; await it first')
     }
-    const written = this._call(() => this._core.runSync(buffer._words, buffer.capacity))
-    const count = this.dropEventsOfCollectedRequests(buffer._words, written)
-    buffer._count = count
-    this.route(buffer._words, count)
-    return count
+    const written = this.call(() => this.core.runSync(buffer._words, buffer.capacity))
+    return this.deliver(buffer, written)
   }
 
   /** True while any turn is queued or active, any prefill is queued, any event is retained, or a
    *  dropped request awaits reclamation. */
   hasPendingWork(): boolean {
-    this._checkOpen()
-    return this._call(() => this._core.hasPendingWork())
+    this.checkOpen()
+    return this.call(() => this.core.hasPendingWork())
   }
 
   stats(): EngineStats {
-    this._checkOpen()
-    return this._call(() => this._core.stats())
+    this.checkOpen()
+    return this.call(() => this.core.stats())
   }
 
   /** Addition: the ONNX executor's cumulative timings; null for the simulated model. */
   executorStats(): ExecutorStats | null {
-    this._checkOpen()
-    const core = this._core as Partial<NativeCoreEngine>
-    return core.executorStats === undefined ? null : this._call(() => core.executorStats!())
+    this.checkOpen()
+    const core = this.core as Partial<NativeCoreEngine>
+    return core.executorStats === undefined ? null : this.call(() => core.executorStats!())
   }
 
   tokenize(text: string): Int32Array {
     v.string('text', text)
-    this._checkOpen()
-    return this._call(() => this._core.tokenize(text))
+    this.checkOpen()
+    return this.call(() => this.core.tokenize(text))
   }
 
   detokenize(tokens: ArrayLike<number>): string {
     const ids = v.tokens('tokens', tokens)
-    this._checkOpen()
-    return this._call(() => this._core.detokenize(ids))
+    this.checkOpen()
+    return this.call(() => this.core.detokenize(ids))
   }
 
   /** Driven mode: an internal loop runs the engine and routes events to turns. */
   start(): void {
-    this._checkOpen()
+    this.checkOpen()
     this.driver.start()
   }
 
   /** Back to caller-driven mode once the current transaction commits. */
   stop(): Promise<void> {
-    if (this._closed) return Promise.reject(closedError())
+    if (this.closed) return Promise.reject(closedError())
     return this.driver.stop()
   }
 
@@ -228,9 +218,9 @@ export class Engine implements EventOwner {
         present.delete(key)
       }
     }
-    const requestJson = v.requestOptions('options', requestPresent)
+    const requestOptions = v.requestOptions('options', requestPresent)
     const checked = v.turnOptions('options', present)
-    const request = this.newRequest(requestJson)
+    const request = this.newRequest(requestOptions)
     let turn: Turn
     try {
       turn = request._begin(checkedInput, checked, true)
@@ -249,12 +239,12 @@ export class Engine implements EventOwner {
    */
   close(): Promise<void> {
     if (this.closing !== null) return this.closing
-    this._closed = true
+    this.closed = true
     void this.driver.stop()
-    for (const state of [...this.turns.values()]) state.finish('cancelled', 'none', null)
-    for (const request of this.liveRequests()) request._closeForEngine()
+    for (const state of this.registry.unfinishedTurns()) state.finish(CANCELLED_BY_CLOSE)
+    for (const request of this.registry.liveRequests()) request._closeForEngine()
     try {
-      this._core.close()
+      this.core.close()
     } catch {
       // Closing is best effort and never throws.
     }
@@ -266,21 +256,58 @@ export class Engine implements EventOwner {
   /** Test hook: runs the core's accounting invariants (blocks conserved, retained events
    *  counted, ...) and throws if one is broken. Cheap enough to call after every run. */
   checkInvariants(): void {
-    this._checkOpen()
-    this._call(() => this._core.checkInvariants())
+    this.checkOpen()
+    this.call(() => this.core.checkInvariants())
   }
 
-  // ---------------------------------------------------------------------------------------------
-  // For Request, Turn and EventBuffer
-  // ---------------------------------------------------------------------------------------------
-
-  /** @internal */
+  /** @internal For EventBuffer: the Request behind an id, if the program still holds it. */
   _requestById(id: number): Request | null {
-    return this.requests.get(id)?.deref() ?? null
+    return this.registry.request(id)
   }
 
-  /** @internal Calls the binding and converts what it throws into an OrtexError. */
-  _call<T>(fn: () => T): T {
+  // ---------------------------------------------------------------------------------------------
+  // The links: what Requests, Turns and the duplex sessions may ask of this engine
+  // ---------------------------------------------------------------------------------------------
+
+  private makeLink(): RequestLink {
+    const engine = this
+    return {
+      core: this.core,
+      get closed() {
+        return engine.closed
+      },
+      call: (fn) => this.call(fn),
+      checkOpen: () => this.checkOpen(),
+      checkUsable: () => this.checkUsable(),
+      inputTokens: (input) => this.inputTokens(input),
+      wake: () => this.driver.kick(),
+      ensureStarted: () => {
+        if (!this.closed) this.driver.start()
+      },
+      turnBegun: (state, request) => this.turnBegun(state, request),
+      turnFinished: (state) => this.turnFinished(state as TurnState),
+      detokenizeQuietly: (tokens) => this.quietly(() => this.core.detokenize(tokens), ''),
+      cancelTurnQuietly: (requestId, turnId) => this.endTurnQuietly(() => this.core.cancelTurn(requestId, turnId)),
+      stopTurnQuietly: (requestId, turnId, index) => this.endTurnQuietly(() => this.core.stopTurn(requestId, turnId, index)),
+    }
+  }
+
+  private makeDuplexHost(): DuplexHost {
+    const engine = this
+    return {
+      createSessions: (options: SessionsOptionsInput): CoreSessions => this.call(() => this.core.createSessions(options)),
+      checkUsable: () => this.checkUsable(),
+      checkOpen: () => this.checkOpen(),
+      get failure() {
+        return engine.failure
+      },
+      onEnd: (listener) => this.onEnd(listener),
+      closeRequest: (requestId) => this.registry.request(requestId)?.close(),
+    }
+  }
+
+  /** Calls the binding and converts what it throws into an OrtexError. */
+  private call<T>(fn: () => T): T {
     try {
       return fn()
     } catch (error) {
@@ -288,145 +315,121 @@ export class Engine implements EventOwner {
     }
   }
 
-  /** @internal */
-  _checkOpen(): void {
-    if (this._closed) throw closedError()
+  /** The value of `fn`, or `fallback` when it throws (a closed engine still decodes until its
+   *  core is gone; then there is no text). */
+  private quietly<T>(fn: () => T, fallback: T): T {
+    try {
+      return fn()
+    } catch {
+      return fallback
+    }
   }
 
-  /** @internal Open and healthy: what createRequest, beginTurn and a queued run need. */
-  _checkUsable(): void {
-    this._checkOpen()
-    if (this._failure !== null) throw unhealthyError(this._failure)
+  /** Turn.cancel, AbortSignal and stop strings: never throws; wakes the loop when it ended one. */
+  private endTurnQuietly(end: () => boolean): boolean {
+    if (this.closed) return false
+    const ended = this.quietly(end, false)
+    if (ended) this.driver.kick()
+    return ended
   }
 
-  /** @internal Text is tokenized here; token ids pass through. */
-  _inputTokens(input: string | Int32Array): Int32Array {
-    const tokens = typeof input === 'string' ? this._call(() => this._core.tokenize(input)) : input
+  private checkOpen(): void {
+    if (this.closed) throw closedError()
+  }
+
+  /** Open and healthy: what createRequest, beginTurn and a queued run need. */
+  private checkUsable(): void {
+    this.checkOpen()
+    if (this.failure !== null) throw unhealthyError(this.failure)
+  }
+
+  /** Text is tokenized here; token ids pass through. */
+  private inputTokens(input: string | Int32Array): Int32Array {
+    const tokens = typeof input === 'string' ? this.call(() => this.core.tokenize(input)) : input
     if (tokens.length === 0) throw v.invalidArgumentFor('input', 'is empty')
     return tokens
   }
 
-  /** @internal For Turn's text: never throws (a closed engine still decodes until its core is
-   *  gone; then there is no text). */
-  _detokenizeQuietly(tokens: Int32Array): string {
-    try {
-      return this._core.detokenize(tokens)
-    } catch {
-      return ''
-    }
-  }
-
-  /** @internal Turn.cancel and AbortSignal: never throws. */
-  _cancelTurnQuietly(requestId: number, turnId: number): boolean {
-    if (this._closed) return false
-    try {
-      const cancelled = this._core.cancelTurn(requestId, turnId)
-      if (cancelled) this.driver.kick()
-      return cancelled
-    } catch {
-      return false
-    }
-  }
-
-  /** @internal New work may be ready for the driven loop. */
-  _wake(): void {
-    this.driver.kick()
-  }
-
-  /** @internal Iterating a turn starts the loop; never throws. */
-  _ensureStarted(): void {
-    if (!this._closed) this.driver.start()
-  }
-
-  /** @internal */
-  _turnBegun(state: TurnState, request: Request): void {
-    const previous = this.turns.get(state.requestId)
-    if (previous !== undefined && !previous.finished) {
-      // Request._begin refuses this; reaching here would lose a turn's `done` for good.
-      throw new Error(`internal error: turn ${state.turnId} of request ${state.requestId} replaces unfinished turn ${previous.turnId}`)
-    }
-    this.turns.set(state.requestId, state)
+  private turnBegun(state: TurnState, request: Request): void {
+    this.registry.turnBegun(state)
     if (this.driver.driven) state.pinned = request
     this.driver.kick()
   }
 
-  /** @internal */
-  _turnFinished(state: TurnState): void {
-    if (this.turns.get(state.requestId) === state) this.turns.delete(state.requestId)
+  private turnFinished(state: TurnState): void {
+    this.registry.turnFinished(state)
     state.ownedRequest?.close()
   }
 
-  /** @internal Calls `listener` once when the engine fails or is closed (at once if it already
-   *  has); returns a function that removes it. The duplex sessions close on it. */
-  _onEnd(listener: (reason: EngineEndReason) => void): () => void {
-    if (this._closed || this._failure !== null) {
-      listener(this._closed ? 'engine_closed' : 'engine_failure')
+  /** Calls `listener` once when the engine fails or is closed (at once if it already has);
+   *  returns a function that removes it. */
+  private onEnd(listener: (reason: EngineEndReason) => void): () => void {
+    if (this.closed || this.failure !== null) {
+      listener(this.closed ? 'engine_closed' : 'engine_failure')
       return noop
     }
     this.endListeners.add(listener)
     return () => this.endListeners.delete(listener)
   }
 
-  /** @internal A closed request freed its blocks: a request waiting for capacity may fit now. */
-  _requestClosed(_request: Request): void {
-    this.driver.kick()
-  }
-
   // ---------------------------------------------------------------------------------------------
-  // Internals
+  // Requests and their reclamation
   // ---------------------------------------------------------------------------------------------
 
   private newRequest(options: RequestOptionsInput): Request {
-    this._checkUsable()
-    const id = this._call(() => this._core.createRequest(options))
-    const request = Request._create(this, id)
-    this.requests.set(id, new WeakRef(request))
-    // The record, not the Request, is the held value; it stays registered after close() so the
-    // map entry goes when the Request does (events read after a close still name it).
-    REQUEST_REGISTRY.register(request, { engine: new WeakRef(this), record: request._record })
+    this.checkUsable()
+    const id = this.call(() => this.core.createRequest(options))
+    const request = Request._create(this.link, id)
+    this.registry.add(request)
     return request
   }
 
-  /** @internal Called by the shared FinalizationRegistry when a Request of this engine is gone. */
-  _onRequestCollected(record: RequestRecord): void {
-    const ref = this.requests.get(record.id)
-    if (ref !== undefined && ref.deref() === undefined) this.requests.delete(record.id)
-    if (record.closed || this._closed) return
-    try {
-      this._core.abandonRequest(record.id)
-    } catch {
-      // Reclamation is the core's; an engine that cannot take the note has nothing to reclaim.
-    }
-    // The core drops a reclaimed request's events: its turn ends here.
-    this.turns.get(record.id)?.finish('cancelled', 'none', null)
+  /** The shared FinalizationRegistry says a Request of this engine is gone. */
+  private onRequestCollected(record: RequestRecord): void {
+    this.registry.forget(record.id)
+    if (record.closed || this.closed) return
+    this.abandonInCore(record.id)
     this.driver.kick()
   }
 
-  private *liveRequests(): Iterable<Request> {
-    for (const ref of this.requests.values()) {
-      const request = ref.deref()
-      if (request !== undefined) yield request
+  private abandonCollected(requestId: number): void {
+    this.registry.drop(requestId)
+    this.abandonInCore(requestId)
+  }
+
+  /** The core reclaims the request at its next owner boundary and drops its events: its turn
+   *  ends here. */
+  private abandonInCore(requestId: number): void {
+    try {
+      this.core.abandonRequest(requestId)
+    } catch {
+      // An engine that cannot take the note has nothing left to reclaim.
     }
+    this.registry.turnOf(requestId)?.finish(CANCELLED_BY_CLOSE)
   }
 
   private pinRequests(driven: boolean): void {
-    for (const state of this.turns.values()) {
-      state.pinned = driven ? (this._requestById(state.requestId) ?? state.ownedRequest) : state.ownedRequest
+    for (const state of this.registry.unfinishedTurns()) {
+      state.pinned = driven ? (this.registry.request(state.requestId) ?? state.ownedRequest) : state.ownedRequest
     }
   }
+
+  // ---------------------------------------------------------------------------------------------
+  // Runs
+  // ---------------------------------------------------------------------------------------------
 
   private checkRun(buffer: EventBuffer): void {
     if (!(buffer instanceof EventBuffer)) {
       throw v.invalidArgumentFor('buffer', `must be an EventBuffer, got ${v.describe(buffer)}`)
     }
-    this._checkOpen()
+    this.checkOpen()
     if (buffer._engine !== this) {
       throw new OrtexError('WRONG_ENGINE', 'the event buffer belongs to another engine')
     }
     if (this.driver.driven) {
       throw new OrtexError('ENGINE_DRIVEN', 'the engine is driven by start()/generate(); call stop() first')
     }
-    if (this._failure !== null) throw unhealthyError(this._failure)
+    if (this.failure !== null) throw unhealthyError(this.failure)
   }
 
   /** Runs `buffer` after the runs already queued, or at once when there are none (the driven
@@ -443,96 +446,33 @@ export class Engine implements EventOwner {
   /** One run of the queue; leaves it (runsQueued) before its promise settles. */
   private async runNow(buffer: EventBuffer): Promise<number> {
     try {
-      this._checkUsable()
-      let count: number
+      this.checkUsable()
+      let written: number
       try {
-        count = await this.backendImpl.run(this._core, buffer._words, buffer.capacity)
+        written = await this.backendImpl.run(this.core, buffer._words, buffer.capacity)
       } catch (error) {
         throw this.convertError(error)
       }
-      count = this.dropEventsOfCollectedRequests(buffer._words, count)
-      buffer._count = count
-      this.route(buffer._words, count)
-      return count
+      return this.deliver(buffer, written)
     } finally {
       this.runsQueued--
     }
   }
 
-  /**
-   * Removes, in place, the events of requests the program dropped and the garbage collector took
-   * before the FinalizationRegistry said so: nobody can receive them, and an event whose request
-   * reads as null would pass for an engine-level one. Returns the new count.
-   *
-   * WeakRef.deref() keeps a live request alive until the current job ends (ECMAScript's
-   * KeepDuringJob), so a collection later in the same job as this run cannot take a request this
-   * run saw; the next job can. That is the price of never handing out an event without its request.
-   */
-  private dropEventsOfCollectedRequests(words: Int32Array, count: number): number {
-    let kept = 0
-    let lastId = 0
-    for (let i = 0; i < count; i++) {
-      const base = i * EVENT_STRIDE
-      const requestId = words[base + W.request]!
-      if (requestId !== 0 && requestId !== lastId) {
-        if (this.requests.get(requestId)?.deref() === undefined) {
-          this.abandonCollected(requestId)
-          continue
-        }
-        lastId = requestId
-      }
-      if (kept !== i) words.copyWithin(kept * EVENT_STRIDE, base, base + EVENT_STRIDE)
-      kept++
-    }
-    return kept
-  }
-
-  private abandonCollected(requestId: number): void {
-    this.requests.delete(requestId)
-    try {
-      this._core.abandonRequest(requestId)
-    } catch {
-      // An engine that cannot take the note has nothing left to reclaim.
-    }
-    this.turns.get(requestId)?.finish('cancelled', 'none', null)
-  }
-
-  /**
-   * Hands each event to its turn: tokens are appended, a finish resolves `done`. Reads the words
-   * directly; nothing is allocated for a token event of a turn nobody iterates. Returns whether
-   * any event showed progress.
-   */
-  private route(words: Int32Array, count: number): boolean {
-    let progressed = false
-    for (let i = 0; i < count; i++) {
-      const base = i * EVENT_STRIDE
-      const flags = words[base + W.flags]!
-      if ((flags & PROGRESS_FLAGS) !== 0) progressed = true
-      const requestId = words[base + W.request]!
-      if (requestId === 0) {
-        if ((flags & EventFlags.Failed) !== 0) this.markUnhealthy(errorCodeOf(words[base + W.error]!))
-        continue
-      }
-      if ((flags & (EventFlags.Token | EventFlags.TurnFinished)) === 0) continue
-      const turn = this.turns.get(requestId)
-      if (turn === undefined || turn.turnId !== words[base + W.turn]) continue
-      if ((flags & EventFlags.Token) !== 0) turn.pushToken(words[base + W.token]!)
-      if ((flags & EventFlags.TurnFinished) !== 0) {
-        turn.finish(
-          finishReasonOf(words[base + W.finish]!),
-          errorCodeOf(words[base + W.error]!),
-          usageAt(words, base),
-        )
-      }
-    }
-    return progressed
+  /** A run's events: those of collected requests dropped, the rest routed to their turns. */
+  private deliver(buffer: EventBuffer, written: number): number {
+    const count = dropEventsOfCollected(buffer._words, written, this.router)
+    buffer._count = count
+    routeEvents(buffer._words, count, this.router)
+    return count
   }
 
   /** An engine-level failure: every pending turn resolves 'failed' with the event's code. */
   private markUnhealthy(code: EventErrorCode): void {
-    if (this._failure !== null) return
-    this._failure = code
-    for (const state of [...this.turns.values()]) state.finish('failed', code, null)
+    if (this.failure !== null) return
+    this.failure = code
+    const failed = { reason: 'failed', errorCode: code, usage: null, stop: null } as const
+    for (const state of this.registry.unfinishedTurns()) state.finish(failed)
     this.notifyEnd('engine_failure')
   }
 
@@ -550,7 +490,7 @@ export class Engine implements EventOwner {
 
   private convertError(error: unknown): OrtexError {
     const converted = toOrtexError(error)
-    if (converted.code === 'ENGINE_UNHEALTHY' && !this._closed) {
+    if (converted.code === 'ENGINE_UNHEALTHY' && !this.closed) {
       // An internal error (a WebAssembly trap, say) leaves the engine unusable, as does a core
       // that reports itself unhealthy before its Failed event reached us.
       this.markUnhealthy('engine-execution-failure')
@@ -567,29 +507,18 @@ export class Engine implements EventOwner {
   /** A run with only CapacityBlocked events (or none) may still have prefilled a prompt chunk;
    *  the step counter tells. */
   private lastRunProgressed(buffer: EventBuffer): boolean {
-    const words = buffer._words
-    for (let i = 0; i < buffer._count; i++) {
-      if ((words[i * EVENT_STRIDE + W.flags]! & PROGRESS_FLAGS) !== 0) return true
-    }
-    if (this._closed || this._failure !== null) return false
-    let steps: number
-    try {
-      steps = this._core.stats().steps
-    } catch {
-      return false
-    }
+    if (anyProgress(buffer._words, buffer._count)) return true
+    if (this.closed || this.failure !== null) return false
+    const steps = this.quietly(() => this.core.stats().steps, -1)
+    if (steps === -1) return false
     const moved = steps !== this.lastSteps
     this.lastSteps = steps
     return moved
   }
 
   private hasWorkQuietly(): boolean {
-    if (this._closed || this._failure !== null) return false
-    try {
-      return this._core.hasPendingWork()
-    } catch {
-      return false
-    }
+    if (this.closed || this.failure !== null) return false
+    return this.quietly(() => this.core.hasPendingWork(), false)
   }
 }
 

@@ -1,19 +1,20 @@
 // Events: the flags, the caller's EventBuffer and the lazy decoding of its Int32Array.
 //
-// One event is EVENT_STRIDE 32-bit words (crates/ortex-core/src/events.rs):
+// One event is EVENT_STRIDE 32-bit words; the layout (EVENT_WORDS) is generated from
+// crates/ortex-core/src/events.rs:
 //
-//   word 0 flags          1 request id (0: engine-level)   2 turn id (0: none)   3 token (-1: none)
-//        4 finish reason  5 error code                     6 prompt tokens       7 generated tokens
-//        8 cached prompt tokens                            9 usage present (1) or not (0)
+//   flags   request id (0: engine-level)   turn id (0: none)   token (-1: none)
+//   finish reason   error code   prompt / generated / cached prompt tokens   usage present
+//   stop kind (0 none, 1 token ids, 2 string)   stop index (-1: none)
 //
 // A run writes the words; nothing crosses the boundary per event. `at(i)` builds a plain object
 // only when the caller reads event i.
 
 import { EVENT_STRIDE } from './binding'
 import { invalidArgument } from './errors'
-import { EVENT_ERROR_CODES, EVENT_FLAGS, EVENT_WORDS, FINISH_REASONS } from './generated/boundary'
+import { EVENT_ERROR_CODES, EVENT_FLAGS, EVENT_WORDS, FINISH_REASONS, STOP_KINDS } from './generated/boundary'
 import type { Request } from './request'
-import type { EventErrorCode, FinishReason, TurnUsage } from './types'
+import type { EventErrorCode, FinishReason, StopMatch, TurnUsage } from './types'
 import { describe } from './validate'
 
 /** The flag bits of an event (crates/ortex-core/src/events.rs, through ts/generated). */
@@ -33,6 +34,8 @@ export interface EngineEvent {
   errorCode: EventErrorCode
   /** Set on TurnFinished. */
   usage: TurnUsage | null
+  /** Set on a TurnFinished with finishReason 'stop': which stop sequence it was. */
+  stop: StopMatch | null
 }
 
 /** Word offsets inside one event record. */
@@ -53,6 +56,12 @@ export function usageAt(words: Int32Array, base: number): TurnUsage | null {
     generatedTokens: words[base + W.generatedTokens]!,
     cachedPromptTokens: words[base + W.cachedPromptTokens]!,
   }
+}
+
+export function stopAt(words: Int32Array, base: number): StopMatch | null {
+  const kind = STOP_KINDS[words[base + W.stopKind]!]
+  if (kind === undefined || kind === 'none') return null
+  return { kind, index: words[base + W.stopIndex]! }
 }
 
 /** What a buffer needs from its engine: the Request behind an id. */
@@ -106,6 +115,7 @@ export class EventBuffer implements Iterable<EngineEvent> {
       finishReason: finishReasonOf(words[base + W.finish]!),
       errorCode: errorCodeOf(words[base + W.error]!),
       usage: usageAt(words, base),
+      stop: stopAt(words, base),
     }
   }
 

@@ -1,17 +1,17 @@
 // A Request: one sequence in the engine (its KV stays resident between turns) and its turns.
 //
-// The engine tracks requests only through WeakRefs; a Request the program drops without close()
-// is collected, and a FinalizationRegistry tells the core (abandonRequest), which reclaims it at
-// its next owner boundary. A Request holds its current Turn, and a Turn holds its Request, so a
-// program may keep either.
+// The engine tracks requests only through WeakRefs (registry.ts); a Request the program drops
+// without close() is collected, and a FinalizationRegistry tells the core (abandonRequest), which
+// reclaims it at its next owner boundary. A Request holds its current Turn, and a Turn holds its
+// Request, so a program may keep either. A Request talks to its engine only through its link
+// (link.ts): the core handle, error conversion, wake-up and the turn registry.
 
 import { OrtexError } from './errors'
 import { REQUEST_STATES } from './generated/boundary'
-import type { Engine } from './engine'
+import type { EngineLink } from './link'
 import { Turn, TurnState } from './turn'
 import type { RequestState, TurnOptions } from './types'
 import * as v from './validate'
-
 
 /** The FinalizationRegistry's held value: what the engine needs once the Request is gone. It
  *  must not point at the Request, or the Request could never be collected. */
@@ -20,45 +20,57 @@ export interface RequestRecord {
   closed: boolean
 }
 
+/** @internal The link a Request gets: its engine, seen through the registry's types. */
+export type RequestLink = EngineLink<TurnState, Request>
+
 export class Request {
   readonly id: number
-  /** @internal */
-  readonly _engine: Engine
   /** @internal */
   readonly _record: RequestRecord
   /** @internal The latest turn (finished or not). */
   _turn: Turn | null = null
+  private readonly link: RequestLink
   private closedTokenCount = 0
 
-  private constructor(engine: Engine, id: number) {
-    this._engine = engine
+  private constructor(link: RequestLink, id: number) {
+    this.link = link
     this.id = id
     this._record = { id, closed: false }
   }
 
   /** @internal */
-  static _create(engine: Engine, id: number): Request {
-    return new Request(engine, id)
+  static _create(link: RequestLink, id: number): Request {
+    return new Request(link, id)
   }
 
   get state(): RequestState {
-    if (this._record.closed || this._engine._closed) return 'closed'
-    return REQUEST_STATES[this._engine._call(() => this._engine._core.requestState(this.id))] ?? 'closed'
+    if (this._record.closed || this.link.closed) return 'closed'
+    return REQUEST_STATES[this.link.call(() => this.link.core.requestState(this.id))] ?? 'closed'
   }
 
   /** Every prompt and generated token of this request so far (kept after close). */
   get tokenCount(): number {
-    if (this._record.closed || this._engine._closed) return this.closedTokenCount
-    return this._engine._call(() => this._engine._core.requestTokenCount(this.id))
+    if (this._record.closed || this.link.closed) return this.closedTokenCount
+    return this.link.call(() => this.link.core.requestTokenCount(this.id))
+  }
+
+  /** The request's context: `tokens[start, end)` of every prompt, prefill and generated token,
+   *  clamped to what it holds (addition). */
+  tokens(start = 0, end = Number.MAX_SAFE_INTEGER): Int32Array {
+    v.integer('start', start)
+    v.integer('end', end, 0, Number.MAX_SAFE_INTEGER)
+    this.checkOpen()
+    const last = Math.min(end, 2 ** 32 - 1)
+    return this.link.call(() => this.link.core.requestTokens(this.id, start, last))
   }
 
   /** Adds context without starting a turn; a later beginTurn continues after it. */
   prefill(input: string | ArrayLike<number>): void {
     const checked = v.input('input', input)
     this.checkOpen()
-    const tokens = this._engine._inputTokens(checked)
-    this._engine._call(() => this._engine._core.prefill(this.id, tokens))
-    this._engine._wake()
+    const tokens = this.link.inputTokens(checked)
+    this.link.call(() => this.link.core.prefill(this.id, tokens))
+    this.link.wake()
   }
 
   beginTurn(input: string | ArrayLike<number>, options?: TurnOptions): Turn {
@@ -70,9 +82,9 @@ export class Request {
   /** True only for this request's queued or active turn. */
   cancelTurn(turnId: number): boolean {
     v.integer('turnId', turnId)
-    this._engine._checkOpen()
-    const cancelled = this._engine._call(() => this._engine._core.cancelTurn(this.id, turnId))
-    if (cancelled) this._engine._wake()
+    this.link.checkOpen()
+    const cancelled = this.link.call(() => this.link.core.cancelTurn(this.id, turnId))
+    if (cancelled) this.link.wake()
     return cancelled
   }
 
@@ -84,34 +96,31 @@ export class Request {
    */
   truncate(tokenCount: number): void {
     v.integer('tokenCount', tokenCount)
-    this._engine._checkUsable()
+    this.link.checkUsable()
     this.checkOpen()
-    this._engine._call(() => this._engine._core.truncate(this.id, tokenCount))
+    this.link.call(() => this.link.core.truncate(this.id, tokenCount))
     // Freed blocks may let a request waiting for capacity run.
-    this._engine._wake()
+    this.link.wake()
   }
 
   /** Idempotent, also after Engine.close(). A pending turn's `done` resolves 'cancelled'. */
   close(): void {
     if (this._record.closed) return
-    if (this._engine._closed) {
+    if (this.link.closed) {
       this._closeForEngine()
       return
     }
-    try {
-      this.closedTokenCount = this._engine._core.requestTokenCount(this.id)
-    } catch {
-      // The count is informative only.
-    }
+    this.rememberTokenCount()
     // Closed first: finishing the turn may call back into close() (a generate() turn).
     this._record.closed = true
-    this._turn?._state.finish('cancelled', 'none', null)
+    this.endTurn()
     try {
-      this._engine._core.closeRequest(this.id)
+      this.link.core.closeRequest(this.id)
     } catch {
       // Closing never fails for a request this engine made; nothing useful to report if it did.
     }
-    this._engine._requestClosed(this)
+    // A closed request freed its blocks: a request waiting for capacity may fit now.
+    this.link.wake()
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -121,15 +130,15 @@ export class Request {
   /** @internal beginTurn after validation; `owned`: engine.generate closes the request when
    *  the turn finishes. */
   _begin(input: string | Int32Array, checked: v.CheckedTurnOptions, owned: boolean): Turn {
-    this._engine._checkUsable()
+    this.link.checkUsable()
     this.checkOpen()
     this.checkPreviousTurnEnded()
-    const tokens = this._engine._inputTokens(input)
-    const turnId = this._engine._call(() => this._engine._core.beginTurn(this.id, tokens, checked.core))
-    const state = new TurnState(this._engine, this.id, turnId, tokens.length, checked.stop, owned ? this : null)
-    const turn = Turn._create(this, state)
+    const tokens = this.link.inputTokens(input)
+    const turnId = this.link.call(() => this.link.core.beginTurn(this.id, tokens, checked.core))
+    const state = new TurnState(this.link, { requestId: this.id, turnId }, tokens.length, checked.stop, owned ? this : null)
+    const turn = Turn._create(this, state, this.link)
     this._turn = turn
-    this._engine._turnBegun(state, this)
+    this.link.turnBegun(state, this)
     if (checked.signal !== null) state.attachSignal(checked.signal)
     return turn
   }
@@ -137,13 +146,21 @@ export class Request {
   /** @internal The engine is closing: no core call (the core closes every request itself). */
   _closeForEngine(): void {
     if (this._record.closed) return
-    try {
-      this.closedTokenCount = this._engine._core.requestTokenCount(this.id)
-    } catch {
-      // As in close().
-    }
+    this.rememberTokenCount()
     this._record.closed = true
-    this._turn?._state.finish('cancelled', 'none', null)
+    this.endTurn()
+  }
+
+  private rememberTokenCount(): void {
+    try {
+      this.closedTokenCount = this.link.core.requestTokenCount(this.id)
+    } catch {
+      // The count is informative only.
+    }
+  }
+
+  private endTurn(): void {
+    this._turn?._state.finish({ reason: 'cancelled', errorCode: 'none', usage: null, stop: null })
   }
 
   /**
@@ -164,7 +181,7 @@ export class Request {
   }
 
   private checkOpen(): void {
-    this._engine._checkOpen()
+    this.link.checkOpen()
     if (this._record.closed) throw new OrtexError('REQUEST_CLOSED', `request ${this.id} is closed`)
   }
 }

@@ -25,6 +25,7 @@ export type {
   TurnChunk,
   TurnOptions,
   TurnResult,
+  StopMatch,
   TurnUsage,
 } from './types'
 export { DuplexSessionManager } from './duplex/manager'

@@ -51,10 +51,10 @@ export class StreamingDetokenizer {
 }
 
 /**
- * Finds `stop` strings in streamed text. The core has no text, so the facade matches them: the
- * turn ends with finishReason 'stop' (the facade cancels it in the core) and its text is cut just
- * before the earliest stop string. Text that could be the beginning of a stop string is held back
- * until the next delta decides, so a consumer never sees part of a stop string.
+ * Finds `stop` strings in streamed text. The core has no text, so the facade matches them and
+ * tells the core which one ended the turn (finishReason 'stop' with the string's index); the
+ * text is cut just before the earliest stop string. Text that could be the beginning of a stop
+ * string is held back until the next delta decides, so a consumer never sees part of one.
  */
 export class StopMatcher {
   private text = ''
@@ -65,20 +65,25 @@ export class StopMatcher {
     this.longest = Math.max(...stops.map((s) => s.length))
   }
 
-  /** Adds a delta; returns the text now safe to emit and whether a stop string was found (then
-   *  the returned text ends just before it, and nothing more will be emitted). */
-  push(delta: string): { text: string; stopped: boolean } {
+  /** Adds a delta; returns the text now safe to emit and, when a stop string was found, its
+   *  index in `stops` (then the returned text ends just before it, and nothing more will be
+   *  emitted). Of two found at the same place, the earlier in `stops` wins. */
+  push(delta: string): { text: string; stopIndex: number | null } {
     const from = Math.max(0, this.emitted - this.longest + 1)
     this.text += delta
     let found = -1
-    for (const stop of this.stops) {
+    let stopIndex: number | null = null
+    this.stops.forEach((stop, index) => {
       const at = this.text.indexOf(stop, from)
-      if (at !== -1 && (found === -1 || at < found)) found = at
-    }
-    if (found !== -1) {
+      if (at !== -1 && (found === -1 || at < found)) {
+        found = at
+        stopIndex = index
+      }
+    })
+    if (stopIndex !== null) {
       const out = found > this.emitted ? this.text.slice(this.emitted, found) : ''
       this.emitted = Math.max(this.emitted, found)
-      return { text: out, stopped: true }
+      return { text: out, stopIndex }
     }
     const safe = this.text.length - this.heldBack()
     const out = this.text.slice(this.emitted, safe)
@@ -89,7 +94,7 @@ export class StopMatcher {
       this.text = this.text.slice(cut)
       this.emitted -= cut
     }
-    return { text: out, stopped: false }
+    return { text: out, stopIndex: null }
   }
 
   /** At the end of the turn: the held-back text. */

@@ -1,9 +1,11 @@
 // A Turn: one generation on a Request.
 //
-// Two objects make a turn:
+// Three objects make a turn:
 // - TurnState (internal) collects the tokens its events carry, whoever runs the engine (the
 //   driven loop or the caller's run/runSync), produces text, and resolves `done` exactly once,
 //   never rejecting. The engine holds it by request id and routes events to it directly.
+// - TurnCursor (internal) reads a turn's chunks in order, each once: Turn's iterator and the
+//   duplex session's delivery both read through one.
 // - Turn (public) is the handle: id, request, done, cancel(), text(), async iteration.
 //
 // TurnState never points at its Turn or its Request (except a request the engine must keep alive:
@@ -14,17 +16,18 @@
 //   beginTurn ──▶ tokens arrive (pushToken) ──▶ finish event / close / reclaim / engine failure
 //                                                  │
 //                                                  ▼
-//                                  finish: done resolves, iterators end
+//                                  finish: done resolves, cursors end
 //
 // Text is produced lazily: a turn nobody iterates and without `stop` strings stores only token
 // ids (no allocation per token beyond its growing Int32Array) and detokenizes once when it
 // finishes. Iterating (or `stop`) switches on streaming detokenization, replaying what already
 // arrived.
 
-import type { Engine } from './engine'
+import type { TurnLink } from './link'
+// Type only: at run time this module imports nothing of request.ts (which imports this one).
 import type { Request } from './request'
 import { StopMatcher, StreamingDetokenizer } from './text'
-import type { EventErrorCode, FinishReason, TurnChunk, TurnResult, TurnUsage } from './types'
+import type { EventErrorCode, FinishReason, StopMatch, TurnChunk, TurnResult, TurnUsage } from './types'
 
 /** Streaming state, present once someone iterates or the turn has `stop` strings. */
 interface TextStream {
@@ -36,23 +39,31 @@ interface TextStream {
   text: string
 }
 
+/** How a turn ended, as its finish event (or whatever ended it) said. */
+export interface TurnEnding {
+  reason: FinishReason
+  errorCode: EventErrorCode
+  usage: TurnUsage | null
+  stop: StopMatch | null
+}
+
 /** @internal */
 export class TurnState {
   readonly requestId: number
   readonly turnId: number
   readonly done: Promise<TurnResult>
   finished = false
-  /** A stop string was found; the turn is being cancelled and reports 'stop'. */
-  stopped = false
+  /** The index of the stop string found in the text; the turn is being stopped in the core. */
+  stoppedBy: number | null = null
   /** The request this turn keeps alive: its own (generate) for the whole turn, or any request
    *  while the engine is driven. */
-  pinned: Request | null = null
+  pinned: unknown = null
   /** engine.generate: the request is the engine's and is closed when the turn finishes. */
-  readonly ownedRequest: Request | null
+  readonly ownedRequest: { close(): void } | null
   tokens = new Int32Array(16)
   count = 0
-  stream: TextStream | null = null
-  private readonly engine: Engine
+  private stream: TextStream | null = null
+  private readonly link: TurnLink
   private resolveDone!: (result: TurnResult) => void
   private readonly promptTokens: number
   private readonly stops: readonly string[] | null
@@ -63,16 +74,15 @@ export class TurnState {
   }
 
   constructor(
-    engine: Engine,
-    requestId: number,
-    turnId: number,
+    link: TurnLink,
+    ids: { requestId: number; turnId: number },
     promptTokens: number,
     stops: readonly string[] | null,
-    ownedRequest: Request | null,
+    ownedRequest: { close(): void } | null,
   ) {
-    this.engine = engine
-    this.requestId = requestId
-    this.turnId = turnId
+    this.link = link
+    this.requestId = ids.requestId
+    this.turnId = ids.turnId
     this.promptTokens = promptTokens
     this.stops = stops
     this.ownedRequest = ownedRequest
@@ -83,10 +93,15 @@ export class TurnState {
     if (stops !== null) this.enableStream()
   }
 
+  /** No more tokens will be recorded: finished, or a stop string ended the text. */
+  get ended(): boolean {
+    return this.finished || this.stoppedBy !== null
+  }
+
   /** Never throws. */
   cancel(): boolean {
-    if (this.finished || this.stopped) return false
-    return this.engine._cancelTurnQuietly(this.requestId, this.turnId)
+    if (this.ended) return false
+    return this.link.cancelTurnQuietly(this.requestId, this.turnId)
   }
 
   attachSignal(signal: AbortSignal): void {
@@ -103,9 +118,14 @@ export class TurnState {
     return new Promise<void>((resolve) => this.waiters.push(resolve))
   }
 
+  /** The text token `i` completed (streaming must be on). */
+  chunkText(i: number): string {
+    return this.stream!.chunkTexts[i]!
+  }
+
   /** A Token event of this turn. */
   pushToken(token: number): void {
-    if (this.finished || this.stopped) return
+    if (this.ended) return
     if (this.count === this.tokens.length) {
       const grown = new Int32Array(this.tokens.length * 2)
       grown.set(this.tokens)
@@ -118,31 +138,18 @@ export class TurnState {
 
   /** Ends the turn: by its finish event (a Token it carried already pushed), by a close or a
    *  reclaim ('cancelled', usage counted here), by an engine failure ('failed'). */
-  finish(reason: FinishReason, errorCode: EventErrorCode, usage: TurnUsage | null): void {
+  finish(ending: TurnEnding): void {
     if (this.finished) return
     this.finished = true
-    let text: string
-    if (this.stream !== null) {
-      if (!this.stopped) this.flushStream()
-      text = this.stream.text
-    } else {
-      text = this.count === 0 ? '' : this.engine._detokenizeQuietly(this.tokens.subarray(0, this.count))
-    }
+    const text = this.finalText()
     if (this.signal !== null) {
       this.signal.removeEventListener('abort', this.onAbort)
       this.signal = null
     }
-    const result: TurnResult = {
-      finishReason: this.stopped ? 'stop' : reason,
-      errorCode: this.stopped ? 'none' : errorCode,
-      usage: usage ?? { promptTokens: this.promptTokens, generatedTokens: this.count, cachedPromptTokens: 0 },
-      tokens: this.tokens.slice(0, this.count),
-      text,
-    }
     this.pinned = null
-    this.resolveDone(result)
+    this.resolveDone(this.result(ending, text))
     this.wake()
-    this.engine._turnFinished(this)
+    this.link.turnFinished(this)
   }
 
   /** Turns on streaming text, replaying what arrived before anyone listened. Tokens are kept
@@ -150,7 +157,7 @@ export class TurnState {
    *  from its start). */
   enableStream(): void {
     if (this.stream !== null) return
-    const decode = (tokens: Int32Array): string => this.engine._detokenizeQuietly(tokens)
+    const decode = (tokens: Int32Array): string => this.link.detokenizeQuietly(tokens)
     this.stream = {
       detokenizer: new StreamingDetokenizer(decode),
       stopper: this.stops === null ? null : new StopMatcher(this.stops),
@@ -166,14 +173,41 @@ export class TurnState {
     if (this.finished) this.flushStream()
   }
 
+  private finalText(): string {
+    if (this.stream !== null) {
+      if (this.stoppedBy === null) this.flushStream()
+      return this.stream.text
+    }
+    return this.count === 0 ? '' : this.link.detokenizeQuietly(this.tokens.subarray(0, this.count))
+  }
+
+  /**
+   * The result the finish event describes. A stop string the facade found is the core's to
+   * report (stopTurn); only when the turn had already ended in the core when the text showed the
+   * stop string (its finish was under way) does the facade report the stop itself, since the text
+   * it returns ends before that string.
+   */
+  private result(ending: TurnEnding, text: string): TurnResult {
+    const stoppedHere = this.stoppedBy !== null && ending.reason !== 'stop'
+    const stop: StopMatch | null = stoppedHere ? { kind: 'string', index: this.stoppedBy! } : ending.stop
+    return {
+      finishReason: stoppedHere ? 'stop' : ending.reason,
+      errorCode: stoppedHere ? 'none' : ending.errorCode,
+      usage: ending.usage ?? { promptTokens: this.promptTokens, generatedTokens: this.count, cachedPromptTokens: 0 },
+      tokens: this.tokens.slice(0, this.count),
+      text,
+      stop,
+    }
+  }
+
   /** Produces the chunk text of the newest token. */
   private streamToken(): void {
     const stream = this.stream!
     let delta = stream.detokenizer.next(this.tokens, this.count)
     if (stream.stopper !== null) {
-      const { text, stopped } = stream.stopper.push(delta)
+      const { text, stopIndex } = stream.stopper.push(delta)
       delta = text
-      if (stopped) this.hitStop()
+      if (stopIndex !== null) this.hitStop(stopIndex)
     }
     stream.chunkTexts.push(delta)
     stream.text += delta
@@ -184,20 +218,20 @@ export class TurnState {
     const stream = this.stream!
     let rest = stream.detokenizer.flush(this.tokens, this.count)
     if (stream.stopper !== null) {
-      const { text, stopped } = stream.stopper.push(rest)
-      rest = stopped ? text : text + stream.stopper.flush()
-      if (stopped) this.stopped = true
+      const { text, stopIndex } = stream.stopper.push(rest)
+      rest = stopIndex !== null ? text : text + stream.stopper.flush()
+      if (stopIndex !== null) this.stoppedBy = stopIndex
     }
     if (rest.length === 0 || stream.chunkTexts.length === 0) return
     stream.chunkTexts[stream.chunkTexts.length - 1] += rest
     stream.text += rest
   }
 
-  /** A stop string ended the text: cancel the turn in the core; its finishing event then
-   *  resolves `done` with 'stop'. Tokens after this one are not recorded. */
-  private hitStop(): void {
-    if (!this.finished) this.engine._cancelTurnQuietly(this.requestId, this.turnId)
-    this.stopped = true
+  /** A stop string ended the text: the core ends the turn with reason stop and the string's
+   *  index; its finishing event then resolves `done`. Tokens after this one are not recorded. */
+  private hitStop(stopIndex: number): void {
+    if (!this.finished) this.link.stopTurnQuietly(this.requestId, this.turnId, stopIndex)
+    this.stoppedBy = stopIndex
   }
 
   private wake(): void {
@@ -208,25 +242,68 @@ export class TurnState {
   }
 }
 
+/**
+ * @internal Reads a turn's chunks in order, each once (Turn's iterator; the duplex delivery).
+ * Turns streaming text on. A chunk's text may grow after it was read when the turn's end flushes
+ * held-back text into the last chunk: `heldBack()` is that growth.
+ */
+export class TurnCursor {
+  private position = 0
+  private lastReadText = ''
+
+  constructor(private readonly state: TurnState) {
+    state.enableStream()
+  }
+
+  /** The next chunk, or null when none has arrived yet (see `ended` and `wait`). */
+  read(): TurnChunk | null {
+    const state = this.state
+    if (this.position >= state.count) return null
+    const i = this.position++
+    this.lastReadText = state.chunkText(i)
+    return { token: state.tokens[i]!, text: this.lastReadText }
+  }
+
+  /** Every chunk was read and no more will come. */
+  get ended(): boolean {
+    return this.state.ended && this.position >= this.state.count
+  }
+
+  /** Resolves at the next token or the end. */
+  wait(): Promise<void> {
+    return this.state.wait()
+  }
+
+  /** After the end: the text the turn's end added to the last chunk after it was read. */
+  heldBack(): string {
+    const state = this.state
+    if (this.position === 0 || this.position !== state.count) return ''
+    const last = state.chunkText(this.position - 1)
+    return last.startsWith(this.lastReadText) ? last.slice(this.lastReadText.length) : ''
+  }
+}
+
 export class Turn implements AsyncIterable<TurnChunk> {
   /** Request-local, starts at 1, grows by 1. */
   readonly id: number
   readonly request: Request
-  /** Never rejects: { finishReason, errorCode, usage, tokens, text }. */
+  /** Never rejects: { finishReason, errorCode, usage, tokens, text, stop }. */
   readonly done: Promise<TurnResult>
   /** @internal */
   readonly _state: TurnState
+  private readonly link: TurnLink
 
-  private constructor(request: Request, state: TurnState) {
+  private constructor(request: Request, state: TurnState, link: TurnLink) {
     this.id = state.turnId
     this.request = request
     this.done = state.done
     this._state = state
+    this.link = link
   }
 
   /** @internal */
-  static _create(request: Request, state: TurnState): Turn {
-    return new Turn(request, state)
+  static _create(request: Request, state: TurnState, link: TurnLink): Turn {
+    return new Turn(request, state, link)
   }
 
   /** Cancels the turn if it is still queued or running; false otherwise. Never throws. */
@@ -239,32 +316,33 @@ export class Turn implements AsyncIterable<TurnChunk> {
     return this.done.then((result) => result.text)
   }
 
+  /** @internal A cursor over this turn's chunks (the duplex delivery reads through one). */
+  _cursor(): TurnCursor {
+    return new TurnCursor(this._state)
+  }
+
   /**
    * Streams the turn's chunks from its first token. Iterating starts the engine's driven loop
    * (`engine.start()`). Breaking out of the loop cancels the turn. Several iterators may run at
    * once; each sees every chunk.
    */
   [Symbol.asyncIterator](): AsyncIterator<TurnChunk> {
-    const state = this._state
-    state.enableStream()
-    this.request._engine._ensureStarted()
-    let cursor = 0
+    const cursor = new TurnCursor(this._state)
+    this.link.ensureStarted()
     let closed = false
     return {
       next: async (): Promise<IteratorResult<TurnChunk>> => {
         for (;;) {
           if (closed) return { value: undefined, done: true }
-          if (cursor < state.count) {
-            const i = cursor++
-            return { value: { token: state.tokens[i]!, text: state.stream!.chunkTexts[i]! }, done: false }
-          }
-          if (state.finished || state.stopped) return { value: undefined, done: true }
-          await state.wait()
+          const chunk = cursor.read()
+          if (chunk !== null) return { value: chunk, done: false }
+          if (cursor.ended) return { value: undefined, done: true }
+          await cursor.wait()
         }
       },
       return: async (): Promise<IteratorResult<TurnChunk>> => {
         closed = true
-        state.cancel()
+        this._state.cancel()
         return { value: undefined, done: true }
       },
     }

@@ -6,7 +6,7 @@
 // The shapes the core answers with are generated from the Rust side (ts/generated/boundary.ts);
 // ts/boundary-check.ts makes the build fail when one of these drifts from its generated twin.
 
-import type { EVENT_ERROR_CODES, FINISH_REASONS, REQUEST_STATES } from './generated/boundary'
+import type { EVENT_ERROR_CODES, FINISH_REASONS, REQUEST_STATES, STOP_KINDS } from './generated/boundary'
 
 export type Batching = 'dynamic' | 'static'
 export type BackendKind = 'native' | 'wasm'
@@ -173,10 +173,19 @@ export interface TurnChunk {
   text: string
 }
 
+/** Which stop sequence ended a turn: `stopTokenIds[index]` ('token-ids', matched by the core) or
+ *  `stop[index]` ('string', matched in the text). */
+export interface StopMatch {
+  kind: Exclude<(typeof STOP_KINDS)[number], 'none'>
+  index: number
+}
+
 export interface TurnResult {
   finishReason: FinishReason
   errorCode: EventErrorCode
   usage: TurnUsage
   tokens: Int32Array
   text: string
+  /** Set when finishReason is 'stop': which stop sequence it was (addition). */
+  stop: StopMatch | null
 }

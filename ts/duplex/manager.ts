@@ -7,6 +7,7 @@ import { randomUUID } from 'node:crypto'
 
 import { Engine } from '../engine'
 import { invalidArgument } from '../errors'
+import type { DuplexHost } from '../link'
 import type { TurnOptions } from '../types'
 import * as v from '../validate'
 import { SessionRules, type SessionView, type SessionsOptionsInput } from './core'
@@ -56,6 +57,7 @@ export class DuplexSessionManager {
   private readonly sessions = new Map<string, DuplexSession>()
   private readonly host: SessionHost
   private readonly stopWatching: () => void
+  private readonly duplex: DuplexHost
 
   constructor(engine: Engine, options?: DuplexSessionManagerOptions) {
     if (!(engine instanceof Engine)) {
@@ -83,14 +85,17 @@ export class DuplexSessionManager {
     this.eventBufferCapacity = present.has('eventBufferCapacity')
       ? v.integer('options.eventBufferCapacity', present.get('eventBufferCapacity'), 1, 1 << 20)
       : DEFAULT_EVENT_BUFFER_CAPACITY
-    engine._checkOpen()
+    const duplex = engine._duplex
+    duplex.checkOpen()
     this.engine = engine
+    this.duplex = duplex
     // Weakly: the engine's listener must not keep a manager the program dropped alive.
     const self = new WeakRef(this)
-    this.stopWatching = engine._onEnd((reason) => self.deref()?.endAll(reason))
-    this.rules = new SessionRules(engine._call(() => engine._core.createSessions(core)))
+    this.stopWatching = duplex.onEnd((reason) => self.deref()?.endAll(reason))
+    this.rules = new SessionRules(duplex.createSessions(core))
     this.host = {
       engine,
+      duplex,
       rules: this.rules,
       now: () => this.clock(),
       finalize: (session) => this.finalize(session),
@@ -113,7 +118,7 @@ export class DuplexSessionManager {
       ...(present.has('turn') ? { turn: present.get('turn') } : {}),
       ...(present.has('respond') ? { respond: present.get('respond') } : {}),
     })
-    this.engine._checkUsable()
+    this.duplex.checkUsable()
     // The request first: a refused open closes it again, and the rules are left untouched.
     const request = this.engine.createRequest()
     let view: SessionView
@@ -196,7 +201,7 @@ export class DuplexSessionManager {
   /** A session the core expired that this manager does not hold (it never should): its slot is
    *  freed and the requests bound to it are closed, so that nothing it held stays alive. */
   private releaseUnknown(sessionId: string): void {
-    for (const requestId of this.rules.finalizeClose(sessionId)) this.engine._requestById(requestId)?.close()
+    for (const requestId of this.rules.finalizeClose(sessionId)) this.duplex.closeRequest(requestId)
   }
 
   /** The engine failed or was closed: every session ends with one session.closed carrying the

@@ -28,7 +28,7 @@
 import type { Engine } from '../engine'
 import { OrtexError } from '../errors'
 import type { Request } from '../request'
-import type { Turn } from '../turn'
+import type { Turn, TurnCursor } from '../turn'
 import type { EventErrorCode, FinishReason, TurnOptions, TurnResult, TurnUsage } from '../types'
 import type { SessionRules } from './core'
 import type { Fence, ResponseStatus, SessionEventQueue } from './events'
@@ -115,9 +115,10 @@ export class ResponseRecord {
   /** response.created was emitted. */
   announced = false
   doneEmitted = false
-  /** Deltas delivered, and the text of the last one (the detokenizer may add to it at the end). */
+  /** Deltas delivered. */
   delivered = 0
-  lastDeliveredText = ''
+  /** What reads the turn's chunks for delivery (it knows what the end added to the last one). */
+  cursor: TurnCursor | null = null
   /** Context length where the response's output starts, once its turn began. */
   startTokenCount = -1
   /** The turn's new input, once it began. */
@@ -353,7 +354,7 @@ export class EngineFeed {
     if (this.held === null && (response.input === null || response.input.length === 0)) {
       const count = request.tokenCount
       if (count === 0) return 'no-context'
-      const last = this.ctx.engine._call(() => this.ctx.engine._core.requestTokens(request.id, count - 1, count))[0]!
+      const last = request.tokens(count - 1, count)[0]!
       try {
         request.truncate(count - 1)
       } catch (error) {
@@ -486,23 +487,22 @@ export class Delivery {
     while (response.status === 'queued') await response.changed()
     if (response.status !== 'running' || response.turn === null) return
     const turn = response.turn
-    const state = turn._state
-    state.enableStream()
+    const cursor = turn._cursor()
+    response.cursor = cursor
     let index = 0
     for (;;) {
       if (response.status !== 'running') return
-      if (index < state.count) {
-        if (!this.ctx.events.hasRoom()) {
-          await Promise.race([this.ctx.events.waitForRoom(), response.stopped])
-          continue
-        }
-        const text = state.stream?.chunkTexts[index] ?? ''
-        this.ctx.services.post({ kind: 'delta', response, index, token: state.tokens[index]!, text })
-        index++
+      if (!this.ctx.events.hasRoom()) {
+        await Promise.race([this.ctx.events.waitForRoom(), response.stopped])
         continue
       }
-      if (state.finished || state.stopped) break
-      await Promise.race([state.wait(), response.stopped])
+      const chunk = cursor.read()
+      if (chunk !== null) {
+        this.ctx.services.post({ kind: 'delta', response, index: index++, token: chunk.token, text: chunk.text })
+        continue
+      }
+      if (cursor.ended) break
+      await Promise.race([cursor.wait(), response.stopped])
     }
     const result = await Promise.race([turn.done, response.stopped.then(() => null)])
     if (result !== null) this.ctx.services.post({ kind: 'response-done', response, result })
@@ -511,10 +511,9 @@ export class Delivery {
 
 /** The text the detokenizer added to the response's last delta when the turn ended. */
 export function heldBackText(response: ResponseRecord): string {
-  const state = response.turn?._state
-  if (state?.stream == null || response.delivered === 0 || response.delivered !== state.count) return ''
-  const last = state.stream.chunkTexts[response.delivered - 1] ?? ''
-  return last.startsWith(response.lastDeliveredText) ? last.slice(response.lastDeliveredText.length) : ''
+  const cursor = response.cursor
+  if (cursor === null || response.delivered === 0) return ''
+  return cursor.heldBack()
 }
 
 export function statusOf(reason: FinishReason): ResponseStatus {
@@ -727,7 +726,6 @@ export class Runner implements RunnerServices {
     if (response.status !== 'running' || response.doneEmitted || this.run.closedEmitted) return
     this.ctx.events.push({ type: 'response.delta', fence: response.fence, text, token, index })
     response.delivered = index + 1
-    response.lastDeliveredText = text
   }
 
   private responseDone(response: ResponseRecord, result: TurnResult): void {

@@ -8,6 +8,7 @@
 //            └──────────────────────────────┘ in the same tick, appends accepted at once
 
 import type { Engine } from '../engine'
+import type { DuplexHost } from '../link'
 import { OrtexError, invalidArgument } from '../errors'
 import type { Request } from '../request'
 import type { Turn } from '../turn'
@@ -66,6 +67,8 @@ export interface DuplexTruncateOptions {
 /** What a session needs from its manager. */
 export interface SessionHost {
   readonly engine: Engine
+  /** What the session needs of its engine beyond the public API. */
+  readonly duplex: DuplexHost
   readonly rules: SessionRules
   readonly now: () => number
   /** The second phase of a close: frees the session's slot. */
@@ -198,7 +201,7 @@ export class DuplexSession {
   respond(options?: TurnOptions): Turn {
     v.turnOptions('options', v.options('options', options, v.TURN_KEYS))
     this.checkOpen()
-    this.host.engine._checkUsable()
+    this.host.duplex.checkUsable()
     const feed = this.runner.feed
     const readiness = feed.readiness()
     if (readiness === 'turn-active') {
@@ -333,7 +336,7 @@ export class DuplexSession {
   /** @internal The engine failed or was closed: the session closes with that reason; a running
    *  response ends 'failed' (a failure) or 'cancelled' (a close), as its turn did. */
   _endForEngine(reason: 'engine_failure' | 'engine_closed'): void {
-    const failure = this.host.engine._failure
+    const failure = this.host.duplex.failure
     const ending: ResponseEnding =
       reason === 'engine_failure' ? { status: 'failed', finishReason: 'failed', errorCode: failure ?? 'engine-execution-failure' } : CANCELLED
     this.endAfterEngineFailure(reason, ending)

@@ -158,7 +158,7 @@ export const LIMITS = {
 } as const
 
 /** 32-bit words per event record. */
-export const EVENT_STRIDE = 10 as const
+export const EVENT_STRIDE = 12 as const
 
 /** Word offsets within one event record. */
 export const EVENT_WORDS = {
@@ -170,6 +170,8 @@ export const EVENT_WORDS = {
   "hasUsage": 9,
   "promptTokens": 6,
   "request": 1,
+  "stopIndex": 11,
+  "stopKind": 10,
   "token": 3,
   "turn": 2
 } as const
@@ -192,6 +194,13 @@ export const FINISH_REASONS = [
   "max-session-tokens",
   "cancelled",
   "failed"
+] as const
+
+/** Stop kinds, indexed by the event's stop-kind word. */
+export const STOP_KINDS = [
+  "none",
+  "token-ids",
+  "string"
 ] as const
 
 /** Event error codes, indexed by the event's error word. */

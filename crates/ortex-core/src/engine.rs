@@ -6,11 +6,11 @@
 //! keeps accepting begin / cancel / close calls; [`Engine::run_commit`] applies it afterwards.
 
 use crate::error::{ErrorCode, OrtexError, Result};
-use crate::events::{flags, Event, EventErrorCode, FinishReason, RetainedEvents, EVENT_STRIDE_WORDS};
+use crate::events::{flags, Event, EventErrorCode, FinishReason, RetainedEvents, StopMatch, EVENT_STRIDE_WORDS};
 use crate::executor::{ExecError, Executor, KvGeometry, StepOutput, StepPlan};
 use crate::ids::{RequestId, TurnId};
 use crate::kv::{KvManager, PagedKv, StepReservation};
-use crate::options::{EngineConfig, EngineOptions, RequestOptions, SimOptions, TurnOptions};
+use crate::options::{EngineConfig, EngineOptions, RequestOptions, SimOptions, TurnOptions, MAX_STOP_ENTRIES};
 use crate::request::{Lifecycle, Request, RequestState};
 use crate::request_table::RequestTable;
 use crate::rng::{hash2, Rng};
@@ -272,6 +272,22 @@ impl Engine {
             return Ok(false);
         }
         self.finish_turn_now(id, FinishReason::Cancelled);
+        Ok(true)
+    }
+
+    /// Ends the request's running turn `turn` because stop string `stop_index` appeared in its text
+    /// (the facade matches stop strings; the core has no text). One TurnFinished with reason stop
+    /// and the index, as a cancel publishes it. Returns false when `turn` is not running.
+    pub fn stop_turn(&mut self, id: RequestId, turn: TurnId, stop_index: u32) -> Result<bool> {
+        self.check_open()?;
+        if stop_index as usize >= MAX_STOP_ENTRIES {
+            return Err(OrtexError::invalid(format!("a stop string index is below {MAX_STOP_ENTRIES}, got {stop_index}")));
+        }
+        let request = self.open_request(id)?;
+        if request.running_turn().map(|t| t.id) != Some(turn) {
+            return Ok(false);
+        }
+        self.finish_turn_now(id, FinishReason::Stop(StopMatch::Text(stop_index)));
         Ok(true)
     }
 

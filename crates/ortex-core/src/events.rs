@@ -12,13 +12,14 @@
 //!       4 finish reason code, 5 error code
 //!       6 prompt tokens, 7 generated tokens, 8 cached prompt tokens   (usage; set on TurnFinished)
 //!       9 usage present (1) or not (0)
+//!      10 stop kind (0 none, 1 a stop token sequence, 2 a stop string), 11 its index (-1: none)
 //! ```
 
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::ids::{RequestId, TurnId};
 
-pub const EVENT_STRIDE_WORDS: usize = 10;
+pub const EVENT_STRIDE_WORDS: usize = 12;
 
 /// Word offsets within one event record (the diagram above).
 pub mod word {
@@ -32,6 +33,8 @@ pub mod word {
     pub const GENERATED_TOKENS: usize = 7;
     pub const CACHED_PROMPT_TOKENS: usize = 8;
     pub const HAS_USAGE: usize = 9;
+    pub const STOP_KIND: usize = 10;
+    pub const STOP_INDEX: usize = 11;
 
     /// Every word by the name the TypeScript side reads it under.
     pub const ALL: [(&str, usize); super::EVENT_STRIDE_WORDS] = [
@@ -45,6 +48,8 @@ pub mod word {
         ("generatedTokens", GENERATED_TOKENS),
         ("cachedPromptTokens", CACHED_PROMPT_TOKENS),
         ("hasUsage", HAS_USAGE),
+        ("stopKind", STOP_KIND),
+        ("stopIndex", STOP_INDEX),
     ];
 }
 
@@ -56,40 +61,71 @@ pub mod flags {
     pub const RETRYABLE: u32 = 16;
 }
 
+/// Which stop sequence ended a turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StopMatch {
+    /// `stopTokenIds[index]`, matched by the core in the generated tokens.
+    TokenIds(u32),
+    /// `stop[index]`, a stop string the facade matched in the streamed text.
+    Text(u32),
+}
+
+impl StopMatch {
+    /// The names of the kinds, indexed by the event's stop-kind word (0: no stop).
+    pub const KIND_NAMES: [&'static str; 3] = ["none", "token-ids", "string"];
+
+    const fn kind_code(self) -> i32 {
+        match self {
+            StopMatch::TokenIds(_) => 1,
+            StopMatch::Text(_) => 2,
+        }
+    }
+
+    const fn index(self) -> u32 {
+        match self {
+            StopMatch::TokenIds(index) | StopMatch::Text(index) => index,
+        }
+    }
+}
+
+/// Why a turn ended; a stop carries which stop sequence it was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[repr(u8)]
 pub enum FinishReason {
     #[default]
-    None = 0,
-    Eos = 1,
-    Stop = 2,
-    MaxGeneratedTokens = 3,
-    MaxSessionTokens = 4,
-    Cancelled = 5,
-    Failed = 6,
+    None,
+    Eos,
+    Stop(StopMatch),
+    MaxGeneratedTokens,
+    MaxSessionTokens,
+    Cancelled,
+    Failed,
 }
 
 impl FinishReason {
-    /// Every reason, indexed by its code (the event's finish word).
-    pub const CODES: [FinishReason; 7] = [
-        FinishReason::None,
-        FinishReason::Eos,
-        FinishReason::Stop,
-        FinishReason::MaxGeneratedTokens,
-        FinishReason::MaxSessionTokens,
-        FinishReason::Cancelled,
-        FinishReason::Failed,
-    ];
+    /// The names of the reasons, indexed by their code (the event's finish word).
+    pub const NAMES: [&'static str; 7] =
+        ["none", "eos", "stop", "max-generated-tokens", "max-session-tokens", "cancelled", "failed"];
+
+    pub const fn code(self) -> u32 {
+        match self {
+            FinishReason::None => 0,
+            FinishReason::Eos => 1,
+            FinishReason::Stop(_) => 2,
+            FinishReason::MaxGeneratedTokens => 3,
+            FinishReason::MaxSessionTokens => 4,
+            FinishReason::Cancelled => 5,
+            FinishReason::Failed => 6,
+        }
+    }
 
     pub const fn as_str(self) -> &'static str {
+        Self::NAMES[self.code() as usize]
+    }
+
+    const fn stop(self) -> Option<StopMatch> {
         match self {
-            FinishReason::None => "none",
-            FinishReason::Eos => "eos",
-            FinishReason::Stop => "stop",
-            FinishReason::MaxGeneratedTokens => "max-generated-tokens",
-            FinishReason::MaxSessionTokens => "max-session-tokens",
-            FinishReason::Cancelled => "cancelled",
-            FinishReason::Failed => "failed",
+            FinishReason::Stop(stop) => Some(stop),
+            _ => None,
         }
     }
 }
@@ -203,12 +239,15 @@ impl Event {
         record[word::REQUEST] = self.request.map_or(0, |r| r.0 as i32);
         record[word::TURN] = self.turn.0 as i32;
         record[word::TOKEN] = self.token;
-        record[word::FINISH] = self.finish_reason as i32;
+        record[word::FINISH] = self.finish_reason.code() as i32;
         record[word::ERROR] = self.error as i32;
         record[word::PROMPT_TOKENS] = usage.prompt_tokens as i32;
         record[word::GENERATED_TOKENS] = usage.generated_tokens as i32;
         record[word::CACHED_PROMPT_TOKENS] = usage.cached_prompt_tokens as i32;
         record[word::HAS_USAGE] = i32::from(self.usage.is_some());
+        let stop = self.finish_reason.stop();
+        record[word::STOP_KIND] = stop.map_or(0, StopMatch::kind_code);
+        record[word::STOP_INDEX] = stop.map_or(-1, |s| s.index() as i32);
     }
 
     /// A 64-bit digest of every field, for cross-target trace comparison.

@@ -26,7 +26,7 @@ pub mod text;
 
 pub use engine::{Engine, EngineStats, RunStart, Transaction};
 pub use error::{ErrorCode, OrtexError, Result};
-pub use events::{Event, EventErrorCode, FinishReason, Usage, EVENT_STRIDE_WORDS};
+pub use events::{Event, EventErrorCode, FinishReason, StopMatch, Usage, EVENT_STRIDE_WORDS};
 pub use executor::{ExecError, Executor, KvGeometry, ModelInfo, StepOutput};
 pub use ids::{BlockId, RequestId, TurnId};
 pub use options::{BatchingMode, EngineConfig, EngineOptions, RequestOptions, SimFaults, SimOptions, TurnOptions};

@@ -20,7 +20,7 @@
 //!     └─────────────────────── close ────────────────────────────▶┘   (by the engine only)
 //! ```
 
-use crate::events::{FinishReason, Usage};
+use crate::events::{FinishReason, StopMatch, Usage};
 use crate::ids::{RequestId, TurnId};
 use crate::options::ResolvedTurnOptions;
 use crate::rng::Rng;
@@ -240,8 +240,8 @@ impl Request {
             return Some(FinishReason::Eos);
         }
         let generated = &self.tokens[self.tokens.len() - turn.generated_tokens as usize..];
-        if turn.options.stop_token_ids.iter().any(|s| generated.ends_with(s)) {
-            return Some(FinishReason::Stop);
+        if let Some(index) = turn.options.stop_token_ids.iter().position(|s| generated.ends_with(s)) {
+            return Some(FinishReason::Stop(StopMatch::TokenIds(index as u32)));
         }
         if turn.options.max_generated_tokens > 0 && turn.generated_tokens >= turn.options.max_generated_tokens {
             return Some(FinishReason::MaxGeneratedTokens);

@@ -379,7 +379,7 @@ fn unhealthy_after_fatal() {
     let ev = run(&mut e, 4);
     assert_eq!(ev.len(), 1);
     assert_eq!((ev[0].request, ev[0].flags, ev[0].error), (0, flags::FAILED, ERR_FATAL));
-    let mut buf = vec![0i32; 40];
+    let mut buf = vec![0i32; 4 * EVENT_STRIDE_WORDS];
     assert_eq!(code(e.run(&mut buf, 4)), ErrorCode::EngineUnhealthy);
     assert_eq!(code(e.create_request(&RequestOptions::default())), ErrorCode::EngineUnhealthy);
     assert_eq!(code(e.begin_turn(r, &[5], &turn_opts("{}"))), ErrorCode::EngineUnhealthy);

@@ -243,6 +243,11 @@ impl CoreEngine {
     }
 
     #[napi]
+    pub fn stop_turn(&self, request_id: u32, turn_id: u32, stop_index: u32) -> napi::Result<bool, String> {
+        self.call(|engine| ops::stop_turn_impl(engine, request_id, turn_id, stop_index))
+    }
+
+    #[napi]
     pub fn close_request(&self, request_id: u32) -> napi::Result<(), String> {
         self.call(|engine| ops::close_request_impl(engine, request_id))
     }
@@ -567,7 +572,7 @@ mod tests {
         let mut engine = engine();
         let request = ops::create_request_impl(&mut engine, Default::default()).unwrap();
         ops::begin_turn_impl(&mut engine, request, &[5, 6, 7], Default::default()).unwrap();
-        let mut events = vec![0; 10 * 8];
+        let mut events = vec![0; ortex_core::EVENT_STRIDE_WORDS * 8];
         let RunStart::Execute(mut transaction) = engine.run_begin(&mut events, 8).unwrap() else {
             panic!("a queued turn plans a transaction");
         };

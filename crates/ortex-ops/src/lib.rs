@@ -73,6 +73,10 @@ pub fn cancel_turn_impl(engine: &mut Engine, request_id: u32, turn_id: u32) -> R
     engine.cancel_turn(RequestId(request_id), TurnId(turn_id))
 }
 
+pub fn stop_turn_impl(engine: &mut Engine, request_id: u32, turn_id: u32, stop_index: u32) -> Result<bool> {
+    engine.stop_turn(RequestId(request_id), TurnId(turn_id), stop_index)
+}
+
 pub fn close_request_impl(engine: &mut Engine, request_id: u32) -> Result<()> {
     engine.close_request(RequestId(request_id))
 }

@@ -2,7 +2,7 @@
 //! record's layout and the names of the codes it carries. Each is defined once, in ortex-core;
 //! crates/ortex-typegen writes them into ts/generated/boundary.ts for the TypeScript side.
 
-use ortex_core::events::{flags, word, FinishReason};
+use ortex_core::events::{flags, word, FinishReason, StopMatch};
 use ortex_core::options::MAX_STOP_ENTRIES;
 use ortex_core::session::{
     DEFAULT_COMPLETED_APPEND_LIMIT, DEFAULT_DISCONNECT_GRACE_MS, DEFAULT_IDLE_TTL_MS, MAX_CLOSE_REASON_CHARS,
@@ -46,6 +46,8 @@ pub struct EventLayout {
     pub flags: Vec<(&'static str, u32)>,
     /// Finish reason names, indexed by their code.
     pub finish_reasons: Vec<&'static str>,
+    /// What a stop was (a stop token sequence or a stop string), indexed by the stop-kind word.
+    pub stop_kinds: Vec<&'static str>,
     /// Event error code names, indexed by their code.
     pub event_error_codes: Vec<&'static str>,
     /// The error codes of every thrown `OrtexError`.
@@ -67,7 +69,8 @@ pub fn event_layout() -> EventLayout {
             ("Failed", flags::FAILED),
             ("Retryable", flags::RETRYABLE),
         ],
-        finish_reasons: FinishReason::CODES.iter().map(|r| r.as_str()).collect(),
+        finish_reasons: FinishReason::NAMES.to_vec(),
+        stop_kinds: StopMatch::KIND_NAMES.to_vec(),
         event_error_codes: EventErrorCode::ALL.iter().map(|c| c.as_str()).collect(),
         error_codes: ErrorCode::ALL.iter().map(|c| c.as_str()).collect(),
         retryable_error_codes: ErrorCode::ALL.iter().filter(|c| c.retryable()).map(|c| c.as_str()).collect(),

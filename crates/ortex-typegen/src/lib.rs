@@ -68,6 +68,7 @@ fn constants() -> String {
         constant("EVENT_WORDS", "Word offsets within one event record.", &object(&layout["words"])),
         constant("EVENT_FLAGS", "Flag bits of an event.", &object(&layout["flags"])),
         constant("FINISH_REASONS", "Finish reasons, indexed by the event's finish word.", &layout["finishReasons"]),
+        constant("STOP_KINDS", "Stop kinds, indexed by the event's stop-kind word.", &layout["stopKinds"]),
         constant("EVENT_ERROR_CODES", "Event error codes, indexed by the event's error word.", &layout["eventErrorCodes"]),
         constant("ERROR_CODES", "Every OrtexError code.", &layout["errorCodes"]),
         constant("RETRYABLE_ERROR_CODES", "The codes of errors a caller may retry.", &layout["retryableErrorCodes"]),

@@ -213,7 +213,7 @@ class Simulation {
     if (this.runOptions.gc && this.engine && typeof gc === 'function') {
       // Let queued FinalizationRegistry callbacks run while the engine is still referenced: in
       // Node 20 a FinalizationRegistry collected with a cleanup still queued stops every later
-      // one in the process (contract.test.ts, "collecting an engine with a queued reclamation").
+      // one in the process (contract/entry-points.test.ts, "collecting an engine with a queued reclamation").
       for (let i = 0; i < 3; i++) {
         gc()
         await new Promise((resolve) => setTimeout(resolve, 1))

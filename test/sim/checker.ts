@@ -2,7 +2,7 @@
 // against it, as are the runs, the engine's counters, the core's own invariants and, at the end,
 // every turn's `done`. A failed check throws a SimFailure that carries the seed and the trace.
 import type { OrtexModule } from '../helpers/backends'
-import { runningTurn, type Engine, type EventBuffer, type RequestModel, type SimModel, type TurnModel } from './model'
+import { runningTurn, type Engine, type EngineShape, type EventBuffer, type RemainingWork, type RequestModel, type SimModel, type TurnModel } from './model'
 
 const TOKEN = 1
 const TURN_FINISHED = 2
@@ -59,6 +59,9 @@ export class Trace {
 }
 
 export class Checker {
+  /** The step from which no fault is injected (null while faults may still come). */
+  private faultsOffAtStep: number | null = null
+
   constructor(
     private readonly mod: OrtexModule,
     private readonly engine: Engine,
@@ -86,6 +89,11 @@ export class Checker {
     if (this.model.inFlight && (error as any).code === 'ENGINE_UNHEALTHY' && this.fatalFaultsInjected()) return
     if ((error as any).code !== code) this.fail(`${what} threw ${(error as any).code} (${(error as Error).message}), expected ${code}`)
     if (!allowed) this.fail(`${what} threw ${code} (${(error as Error).message}) where the model expects success`)
+  }
+
+  /** From `step` on no fault is injected: an engine-level event from then on is a failure. */
+  faultsOff(step: number): void {
+    this.faultsOffAtStep = step
   }
 
   fatalFaultsInjected(): boolean {
@@ -249,6 +257,7 @@ export class Checker {
   private onEngineEvent(event: any): void {
     const faults = this.faults
     this.model.summary.engineEvents++
+    if (this.faultsOffAtStep !== null) this.fail(`engine-level event (flags ${event.flags}) with faults off since step ${this.faultsOffAtStep}`)
     this.check(event.turnId === 0 && event.usage === null && event.finishReason === 'none', `engine-level event with turn/usage/finish data`)
     if (event.flags === RETRYABLE) {
       this.check(event.errorCode === 'retryable-execution', `Retryable event with ${event.errorCode}`)
@@ -280,4 +289,48 @@ export class Checker {
       else this.check(turn.doneReason === 'cancelled', `${what}: done says ${turn.doneReason}`)
     }
   }
+}
+
+/** How many runs the liveness phase may take, and how that number was derived. */
+export interface LivenessBound {
+  runs: number
+  why: string
+}
+
+/**
+ * The runs within which every turn still running must end once faults are off, from what is
+ * left to compute (remainingWork: each request's context and the rest of its generation budget,
+ * T tokens in all):
+ *
+ *   runs <= 1 + (T + recompute) x ceil(activeRequests / bufferCapacity)
+ *
+ * - With faults off every step computes at least one token (the token budget is at least 1, and
+ *   a step that finds the pool full preempts for the oldest blocked request and runs it), so
+ *   without KV pressure T steps suffice: nothing is computed twice.
+ * - Under KV pressure (the requests' final contexts need more blocks than the pool has) a
+ *   preempted request computes its context again. Each preemption makes room for one block of
+ *   an older request, so there are at most about as many as the blocks the requests still gain
+ *   (P = sum of ceil(tokens / blockSize), plus one per request), each recomputing at most the
+ *   longest context C: recompute = P x C. (Not a proof: a request computed again gains its
+ *   blocks again. Over 20,000 seeds the phase used at most a tenth of this allowance.)
+ * - One transaction writes at most one event per request, so with a buffer that holds an event
+ *   per request no event waits for a later run, and each run is a step; the 1 is the run that
+ *   sees nothing is pending.
+ */
+export function livenessBound(work: RemainingWork[], shape: EngineShape, activeRequests: number, bufferCapacity: number): LivenessBound {
+  const tokensOf = (w: RemainingWork) => w.contextTokens + w.generatedTokens
+  const blocksOf = (w: RemainingWork) => Math.ceil(tokensOf(w) / shape.blockSize)
+  const tokens = sum(work.map(tokensOf))
+  const blocks = sum(work.map(blocksOf))
+  const pressure = blocks > shape.numBlocks
+  const preemptions = pressure ? blocks + work.length : 0
+  const longest = Math.max(0, ...work.map(tokensOf))
+  const runsPerStep = Math.ceil(Math.max(1, activeRequests) / bufferCapacity)
+  const runs = 1 + (tokens + preemptions * longest) * runsPerStep
+  const recompute = pressure ? ` + ${preemptions} preemptions x ${longest} tokens recomputed (${blocks} blocks needed of ${shape.numBlocks})` : ''
+  return { runs, why: `${work.length} requests with ${tokens} tokens to compute${recompute}` }
+}
+
+function sum(values: number[]): number {
+  return values.reduce((total, v) => total + v, 0)
 }

@@ -7,6 +7,16 @@
 // sequences), prefill, get cancelled at random points, closed, or dropped for the garbage
 // collector. Some runs are `run()` calls with actions taken before they return.
 //
+// A seed runs in two phases, as TigerBeetle's simulator does:
+//
+//   faults phase      the actions and runs, with faults injected at scheduled steps; then runs
+//                     alone until the last scheduled fault is past and its events delivered
+//   liveness phase    faults off, no more actions: every turn still running must end (and all
+//                     pending work with it) within a bound derived from what is left to compute
+//                     (checker.ts, livenessBound)
+//
+// then every request is closed (or, after a fatal fault, the engine refuses all but close()).
+//
 // A model of every request and turn (model.ts), updated in event order, is checked after every
 // run (checker.ts):
 //   - each begun turn finishes exactly once (unless its request was closed first);
@@ -16,6 +26,7 @@
 //     only when the request is full, cancelled only for turns we cancelled, eos only on the EOS
 //     token, stop only after a stop sequence, failed only with an error code and a request that
 //     cannot fit the pool);
+//   - engine-level events only for faults that were injected, none once faults are off;
 //   - the core's accounting invariants hold (`checkInvariants()`), retained events drain without
 //     model work, and the engine's counters agree with the model;
 //   - once everything is closed (and dropped handles are collected) every block is free;
@@ -23,10 +34,10 @@
 //     'cancelled' for a request closed first), including turns whose finish was in a run() still
 //     in flight when the caller acted.
 import type { OrtexModule } from '../helpers/backends'
-import { Checker, SimFailure, Trace } from './checker'
-import { SimModel, runningTurn, shapeOf, type Engine, type EventBuffer, type SimSummary } from './model'
+import { Checker, SimFailure, Trace, livenessBound } from './checker'
+import { SimModel, remainingWork, runningTurn, shapeOf, type Engine, type EventBuffer, type SimSummary } from './model'
 import { Prng } from './prng'
-import { Actions, engineOptionsFor } from './workload'
+import { Actions, workloadFor, type Workload } from './workload'
 
 export { SimFailure } from './checker'
 export type { SimSummary } from './model'
@@ -40,12 +51,12 @@ export interface SimRunOptions {
 
 export async function runSimSeed(mod: OrtexModule, backend: string, seed: number, runOptions: SimRunOptions): Promise<SimSummary> {
   const rng = new Prng(seed)
-  const options = engineOptionsFor(rng)
+  const workload = workloadFor(rng)
   const trace = new Trace(seed, backend, runOptions.traceLines ?? 60)
   let sim: Simulation | null = null
   try {
-    trace.log(`options ${JSON.stringify(options)}`)
-    sim = new Simulation(mod, seed, rng, options, trace, runOptions.gc)
+    trace.log(`options ${JSON.stringify(workload.options)}; ${workload.iterations} iterations, faults before step ${workload.faultHorizonSteps}`)
+    sim = new Simulation(mod, seed, rng, workload, trace, runOptions.gc)
     return await sim.run()
   } catch (error) {
     if (error instanceof SimFailure) throw error
@@ -67,10 +78,11 @@ class Simulation {
     mod: OrtexModule,
     seed: number,
     private readonly rng: Prng,
-    options: Record<string, unknown>,
+    private readonly workload: Workload,
     private readonly trace: Trace,
     private readonly gc: boolean,
   ) {
+    const options = workload.options
     this.engine = mod.Engine.simulated(options as any)
     this.model = new SimModel(seed, shapeOf(this.engine))
     this.checker = new Checker(mod, this.engine, this.model, trace, (options.faults ?? {}) as Record<string, any>)
@@ -79,8 +91,8 @@ class Simulation {
   }
 
   async run(): Promise<SimSummary> {
-    await this.workloadPhase()
-    if (!this.model.unhealthy) this.drainAll()
+    await this.faultsPhase()
+    if (!this.model.unhealthy) this.livenessPhase()
     if (this.model.unhealthy) await this.endUnhealthy()
     else await this.endHealthy()
     return this.model.summary
@@ -107,22 +119,29 @@ class Simulation {
 
   // ---- phases ------------------------------------------------------------------------------
 
-  /** Random actions between runs, a quarter of the runs run() calls with actions in flight. */
-  private async workloadPhase(): Promise<void> {
-    const iterations = this.rng.int(20, 120)
-    for (let i = 0; i < iterations && !this.model.unhealthy; i++) {
+  /**
+   * The workload with its injected faults: random actions between runs, a quarter of the runs
+   * run() calls with actions in flight; then runs alone until the last scheduled fault is past
+   * and every event it may have caused is delivered.
+   */
+  private async faultsPhase(): Promise<void> {
+    for (let i = 0; i < this.workload.iterations && !this.model.unhealthy; i++) {
       const actions = this.rng.int(0, 2)
       for (let a = 0; a < actions; a++) await this.actions.act()
       if (this.rng.chance(0.25)) await this.runInFlight()
       else this.runOnce()
     }
+    this.runUntil(() => {
+      const stats = this.engine.stats()
+      return stats.steps >= this.workload.faultHorizonSteps && stats.retainedEvents === 0
+    })
   }
 
-  /** Runs until nothing is pending: every turn must finish, and the engine must not stall. */
-  private drainAll(): void {
+  /** Runs on random buffers until `done()` or nothing is pending, failing if the engine stalls. */
+  private runUntil(done: () => boolean): void {
     let runs = 0
     let idleRuns = 0
-    while (!this.model.unhealthy && this.engine.hasPendingWork()) {
+    while (!this.model.unhealthy && this.engine.hasPendingWork() && !done()) {
       if (++runs > 50_000) this.checker.fail('no progress: still pending work after 50000 runs')
       const steps = this.engine.stats().steps
       const events = this.model.summary.events
@@ -130,7 +149,25 @@ class Simulation {
       idleRuns = this.engine.stats().steps === steps && this.model.summary.events === events ? idleRuns + 1 : 0
       if (idleRuns >= 100) this.checker.fail(`stalled: hasPendingWork() stays true but ${idleRuns} runs in a row executed nothing and wrote no event`)
     }
-    if (this.model.unhealthy) return
+  }
+
+  /**
+   * Faults off (every scheduled fault is past) and no more actions: every turn still running
+   * must end, and all pending work with it, within the bound that livenessBound derives from
+   * what is left to compute. The runs use the largest buffer, so no event waits for a run.
+   */
+  private livenessPhase(): void {
+    const stats = this.engine.stats()
+    this.checker.faultsOff(stats.steps)
+    const work = remainingWork(this.model)
+    const buffer = this.buffers[5]
+    const bound = livenessBound(work, this.model.shape, stats.activeRequests, buffer.capacity)
+    this.trace.log(`liveness from step ${stats.steps}: at most ${bound.runs} runs (${bound.why})`)
+    let runs = 0
+    while (this.engine.hasPendingWork()) {
+      if (++runs > bound.runs) this.checker.fail(`liveness: ${this.stillRunning()} after ${bound.runs} runs with faults off (${bound.why})`)
+      this.runOnce(buffer)
+    }
     for (const model of this.model.open()) {
       const turn = runningTurn(model)
       if (turn) this.checker.fail(`r${model.id} t${turn.id} never finished`)
@@ -138,10 +175,18 @@ class Simulation {
     this.checker.check(this.engine.stats().retainedEvents === 0, `events retained with no pending work`)
   }
 
+  /** The turns the model still sees running, for a liveness failure. */
+  private stillRunning(): string {
+    const turns = this.model.open().flatMap((m) => {
+      const turn = runningTurn(m)
+      return turn ? [`r${m.id} t${turn.id} (${turn.generated.length} generated)`] : []
+    })
+    return turns.length > 0 ? `${turns.join(', ')} still running` : 'work still pending'
+  }
+
   // ---- runs --------------------------------------------------------------------------------
 
-  private runOnce(): void {
-    const buffer = this.rng.pick(this.buffers)
+  private runOnce(buffer: EventBuffer = this.rng.pick(this.buffers)): void {
     const before = this.engine.stats()
     const droppedAlive = before.activeRequests - this.model.open().length
     let count: number

@@ -68,6 +68,8 @@ export interface EngineShape {
   blockSize: number
   numBlocks: number
   batching: string
+  maxScheduledTokens: number
+  prefillChunkSize: number
 }
 
 export function shapeOf(engine: Engine): EngineShape {
@@ -79,6 +81,8 @@ export function shapeOf(engine: Engine): EngineShape {
     blockSize: config.blockSize,
     numBlocks: config.numBlocks,
     batching: config.batching,
+    maxScheduledTokens: config.maxScheduledTokens,
+    prefillChunkSize: config.prefillChunkSize,
   }
 }
 
@@ -200,4 +204,34 @@ export class SimModel {
 /** The request's turn, if it has one the model has not seen finish. */
 export function runningTurn(model: RequestModel): TurnModel | null {
   return model.current !== null && !model.current.finished ? model.current : null
+}
+
+/** What the core may still compute for a request: its context (again, if its KV was preempted)
+ *  and the tokens its running turn may still generate. */
+export interface RemainingWork {
+  contextTokens: number
+  generatedTokens: number
+}
+
+/**
+ * At most what the core may still compute, per request it holds. An open request may have all
+ * of its context to compute (input of a turn cancelled before it ran, a prefill, or KV that was
+ * preempted), and a running turn the rest of its generation budget; a dropped request not yet
+ * reclaimed, up to its whole session. Closed requests compute nothing.
+ */
+export function remainingWork(model: SimModel): RemainingWork[] {
+  const work: RemainingWork[] = []
+  for (const m of model.requests) {
+    if (m.dropped) work.push({ contextTokens: m.maxSessionTokens, generatedTokens: 0 })
+    else if (!m.closed) work.push({ contextTokens: m.tokenCount + m.deferredPrefill, generatedTokens: generationLeft(m) })
+  }
+  return work
+}
+
+/** The tokens a request's running turn may still generate (0 without one). */
+function generationLeft(m: RequestModel): number {
+  const turn = runningTurn(m)
+  if (turn === null) return 0
+  const sessionLeft = Math.max(0, m.maxSessionTokens - m.tokenCount)
+  return turn.maxGeneratedTokens > 0 ? Math.min(turn.maxGeneratedTokens - turn.generated.length, sessionLeft) : sessionLeft
 }

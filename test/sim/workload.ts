@@ -1,12 +1,38 @@
 // The simulation's workload: a seed's engine options (KV pressure, chunked prefill, static or
-// dynamic batching, injected faults) and the random caller actions between runs. Each action
+// dynamic batching, injected faults scheduled within its faults phase) and the random caller
+// actions between runs. Each action
 // calls the facade, checks what the call returned against the model, and updates the model.
 import type { Checker, Trace } from './checker'
 import { runningTurn, type Engine, type Request, type RequestModel, type SimModel, type Turn } from './model'
 import type { Prng } from './prng'
 
-/** Builds the engine options of a seed. */
-export function engineOptionsFor(rng: Prng): Record<string, unknown> {
+/** A seed's workload: its engine options and how long its faults phase lasts. */
+export interface Workload {
+  options: Record<string, unknown>
+  /** Rounds of random actions and runs in the faults phase. */
+  iterations: number
+  /** Every injected fault is at a step below this one: from here on, faults are off. */
+  faultHorizonSteps: number
+}
+
+/**
+ * The engine options of a seed, and the iterations of its faults phase. Faults are engine options
+ * and cannot be turned off mid-run, so a seed schedules its faults by step number instead of at a
+ * rate: a rate becomes the steps among the first 2 x iterations that fail at that rate (each
+ * iteration runs at most one step; the runs that follow the iterations keep meeting faults up
+ * to the horizon), and the liveness phase starts past the last scheduled fault.
+ */
+export function workloadFor(rng: Prng): Workload {
+  const options = engineOptionsFor(rng)
+  const iterations = rng.int(20, 120)
+  const faults = faultsFor(rng, 2 * iterations)
+  if (faults !== null) options.faults = faults
+  if (rng.chance(0.1)) options.maxRequests = rng.int(1, 4)
+  return { options, iterations, faultHorizonSteps: faultHorizon(faults) }
+}
+
+/** KV pressure, scheduling, sampling model: everything but the faults and maxRequests. */
+function engineOptionsFor(rng: Prng): Record<string, unknown> {
   const maxLength = rng.pick([16, 32, 64, 128])
   const blockSize = rng.pick([1, 2, 4, 8, 16])
   const maxBatchSize = rng.int(1, 6)
@@ -32,23 +58,42 @@ export function engineOptionsFor(rng: Prng): Record<string, unknown> {
   options.vocabSize = vocabSize
   if (rng.chance(0.5)) options.eosTokenId = rng.int(0, vocabSize - 1)
   options.eosProbability = rng.pick([0, 0, 0.05, 0.3])
+  return options
+}
+
+type Faults = Record<string, number | number[]>
+
+/** Retryable and capacity faults for a third of the seeds, fatal ones for one in twenty. */
+function faultsFor(rng: Prng, windowSteps: number): Faults | null {
+  let faults: Faults | null = null
   if (rng.chance(0.35)) {
-    const faults: Record<string, unknown> = {
-      retryableRate: rng.pick([0, 0.02, 0.1]),
-      capacityRate: rng.pick([0, 0.02, 0.1]),
-      seed: rng.int(0, 1e9),
-    }
-    if (rng.chance(0.3)) faults.retryableSteps = [rng.int(0, 20)]
-    if (rng.chance(0.3)) faults.capacitySteps = [rng.int(0, 20)]
-    options.faults = faults
+    const retryableRate = rng.pick([0, 0.02, 0.1])
+    const capacityRate = rng.pick([0, 0.02, 0.1])
+    const retryableSteps = stepsAtRate(rng, retryableRate, windowSteps)
+    const capacitySteps = stepsAtRate(rng, capacityRate, windowSteps)
+    if (rng.chance(0.3)) retryableSteps.push(rng.int(0, 20))
+    if (rng.chance(0.3)) capacitySteps.push(rng.int(0, 20))
+    faults = { retryableSteps, capacitySteps }
   }
   if (rng.chance(0.05)) {
-    const faults = (options.faults ??= { seed: rng.int(0, 1e9) }) as Record<string, unknown>
-    if (rng.chance(0.5)) faults.fatalSteps = [rng.int(0, 150)]
-    else faults.fatalRate = 0.005
+    faults ??= {}
+    faults.fatalSteps = rng.chance(0.5) ? [rng.int(0, 150)] : stepsAtRate(rng, 0.005, windowSteps)
   }
-  if (rng.chance(0.1)) options.maxRequests = rng.int(1, 4)
-  return options
+  return faults
+}
+
+/** The steps below `windowSteps` that fail, each with chance `rate`. */
+function stepsAtRate(rng: Prng, rate: number, windowSteps: number): number[] {
+  const steps: number[] = []
+  if (rate === 0) return steps
+  for (let step = 0; step < windowSteps; step++) if (rng.chance(rate)) steps.push(step)
+  return steps
+}
+
+/** The first step past every scheduled fault (0 without faults). */
+function faultHorizon(faults: Faults | null): number {
+  const steps = Object.values(faults ?? {}).flatMap((v) => (Array.isArray(v) ? v : []))
+  return steps.length === 0 ? 0 : Math.max(...steps) + 1
 }
 
 export class Actions {

@@ -1,7 +1,7 @@
 // The throughput benchmark's report: a table and the goals as text, and a bar chart as a
 // hand-written SVG (no dependencies): tokens per second by concurrency for every system.
 
-import type { Row, SystemName, ThroughputReport } from './throughput'
+import type { Goal, Row, SystemName, ThroughputReport } from './throughput'
 
 export const SYSTEM_LABELS: Readonly<Record<SystemName, string>> = {
   ortex: 'ortex',
@@ -28,87 +28,120 @@ const mib = (bytes: number) => (bytes / 2 ** 20).toFixed(0)
 const fixed = (x: number | null | undefined, digits = 1) => (x === null || x === undefined ? '-' : x.toFixed(digits))
 
 export function formatTable(report: ThroughputReport): string {
+  return [
+    ...workloadLines(report),
+    '',
+    ...resultLines(report),
+    ...executorLines(report),
+    ...baselineLines(report),
+    '',
+    'goals:',
+    ...report.goals.map((g) => goalLine(g, report.rounds > 1)),
+  ].join('\n')
+}
+
+/** What ran, and on what machine under what load. */
+function workloadLines(report: ThroughputReport): string[] {
   const w = report.workload
-  const lines: string[] = []
-  lines.push(
+  const m = report.machine
+  const loads = (averages: number[]) => averages.map((x) => x.toFixed(2)).join(' ')
+  return [
     `model ${w.modelDir}; prompts of ${w.promptLengths.join('/')} tokens (cycled), ${w.generatedTokens} tokens per ` +
       `request (ignoreEos, greedy), arrivals ${w.staggerMs} ms apart, ${w.intraOpThreads} intra-op threads` +
       (w.intraOpSpinning ? ' spinning during runs (ortex-blocking: blocking)' : ''),
-  )
-  lines.push(
-    `machine: ${report.machine.cpus} CPUs (${report.machine.cpuModel}), load average ` +
-      `${report.machine.loadAverageStart.map((x) => x.toFixed(2)).join(' ')} at the start, ` +
-      `${report.machine.loadAverageEnd.map((x) => x.toFixed(2)).join(' ')} at the end; node ${report.machine.node}`,
-  )
-  lines.push('')
+    `machine: ${m.cpus} CPUs (${m.cpuModel}), load average ${loads(m.loadAverageStart)} at the start, ` +
+      `${loads(m.loadAverageEnd)} at the end; node ${m.node}`,
+  ]
+}
+
+const RESULT_HEADER = ['system', 'conc', 'req', 'tokens', 'wall s', 'tokens/s', 'TTFT p50', 'TTFT p99', 'ITL p50', 'ITL p99']
+
+/** The table of every measured configuration, by concurrency then system, and its note. */
+function resultLines(report: ThroughputReport): string[] {
   const rounds = report.rounds > 1
-  const header = ['system', 'conc', 'req', 'tokens', 'wall s', 'tokens/s', 'TTFT p50', 'TTFT p99', 'ITL p50', 'ITL p99']
-  if (rounds) header.push('tokens/s by round')
+  const header = rounds ? [...RESULT_HEADER, 'tokens/s by round'] : RESULT_HEADER
   const table: string[][] = [header]
-  for (const c of w.concurrencies) {
+  for (const c of report.workload.concurrencies) {
     for (const system of SYSTEM_ORDER) {
       const row = report.summary.find((r) => r.system === system && r.concurrency === c)
-      if (row === undefined) continue
-      const byRound = report.rows
-        .filter((r) => r.system === system && r.concurrency === c)
-        .map((r) => ('error' in r ? 'failed' : fixed(r.tokensPerSecond)))
-        .join(' / ')
-      if ('error' in row) {
-        table.push([system, String(c), '-', '-', '-', `failed: ${row.error}`, '', '', '', ''])
-        continue
-      }
-      table.push([
-        system,
-        String(c),
-        String(row.requests),
-        String(row.tokens),
-        fixed(row.wallMs / 1000, 2),
-        fixed(row.tokensPerSecond),
-        fixed(row.ttftMs.p50),
-        fixed(row.ttftMs.p99),
-        fixed(row.itlMs.p50),
-        fixed(row.itlMs.p99),
-        ...(rounds ? [byRound] : []),
-      ])
+      if (row !== undefined) table.push(resultCells(report, row))
     }
   }
-  const widths = header.map((_, i) => Math.max(...table.map((r) => (r[i] ?? '').length)))
-  for (const r of table) {
-    lines.push(r.map((cell, i) => (i === 0 ? cell.padEnd(widths[i]!) : cell.padStart(widths[i]!))).join('  ').trimEnd())
-  }
-  lines.push(`(latencies in ms; TTFT from the scheduled arrival${rounds ? `; medians of ${report.rounds} rounds` : ''})`)
+  return [
+    ...alignColumns(table, header.length),
+    `(latencies in ms; TTFT from the scheduled arrival${rounds ? `; medians of ${report.rounds} rounds` : ''})`,
+  ]
+}
+
+/** One summary row's cells; with several rounds, each round's tokens/s last. */
+function resultCells(report: ThroughputReport, row: Row): string[] {
+  const c = row.concurrency
+  if ('error' in row) return [row.system, String(c), '-', '-', '-', `failed: ${row.error}`, '', '', '', '']
+  const byRound = report.rows
+    .filter((r) => r.system === row.system && r.concurrency === c)
+    .map((r) => ('error' in r ? 'failed' : fixed(r.tokensPerSecond)))
+    .join(' / ')
+  return [
+    row.system,
+    String(c),
+    String(row.requests),
+    String(row.tokens),
+    fixed(row.wallMs / 1000, 2),
+    fixed(row.tokensPerSecond),
+    fixed(row.ttftMs.p50),
+    fixed(row.ttftMs.p99),
+    fixed(row.itlMs.p50),
+    fixed(row.itlMs.p99),
+    ...(report.rounds > 1 ? [byRound] : []),
+  ]
+}
+
+/** The first column left-aligned, the others right-aligned, each as wide as its widest cell. */
+function alignColumns(table: string[][], columns: number): string[] {
+  const widths = Array.from({ length: columns }, (_, i) => Math.max(...table.map((r) => (r[i] ?? '').length)))
+  return table.map((r) => r.map((cell, i) => (i === 0 ? cell.padEnd(widths[i]!) : cell.padStart(widths[i]!))).join('  ').trimEnd())
+}
+
+/** Where ortex's engine steps spent their time, and its engines' weights (none without rows). */
+function executorLines(report: ThroughputReport): string[] {
   const executorRows = report.summary.filter((r): r is Extract<Row, { executor?: unknown }> => !('error' in r) && r.executor !== undefined)
-  if (executorRows.length > 0) {
-    lines.push('')
-    lines.push('ortex engine steps: wall ms/step, session run ms/step, gather + scatter ms/step, outside the runs % of wall')
-    for (const r of executorRows) {
+  if (executorRows.length === 0) return []
+  return [
+    '',
+    'ortex engine steps: wall ms/step, session run ms/step, gather + scatter ms/step, outside the runs % of wall',
+    ...executorRows.map((r) => {
       const e = r.executor!
       const perStep = (ms: number) => fixed(ms / Math.max(1, e.steps), 2)
-      lines.push(
+      return (
         `  ${r.system.padEnd(15)} concurrency ${String(r.concurrency).padStart(2)}: ${e.steps} steps (${e.invocations} model runs), ` +
-          `${fixed(e.stepMs, 2)} ms/step wall, ${perStep(e.runMs)} run, ${perStep(e.gatherMs + e.scatterMs)} gather+scatter, ` +
-          `${fixed(e.outsideRunPct)}% outside the runs`,
+        `${fixed(e.stepMs, 2)} ms/step wall, ${perStep(e.runMs)} run, ${perStep(e.gatherMs + e.scatterMs)} gather+scatter, ` +
+        `${fixed(e.outsideRunPct)}% outside the runs`
       )
-    }
-    for (const weights of report.ortexWeights) {
-      lines.push(
+    }),
+    ...report.ortexWeights.map(
+      (weights) =>
         `  ${weights.system.padEnd(15)} weights: ${mib(weights.hugePageBytes)} MiB on huge pages, ` +
-          `${mib(weights.weightChunkBytes)} MiB in weight chunks`,
-      )
-    }
-  }
+        `${mib(weights.weightChunkBytes)} MiB in weight chunks`,
+    ),
+  ]
+}
+
+/** Whether the systems ortex is compared with were measured (and which onnxruntime-genai). */
+function baselineLines(report: ThroughputReport): string[] {
+  const lines: string[] = []
   if (!report.naive.ok) lines.push(`naive loop: not measured (${report.naive.error ?? 'unavailable'})`)
   if (!report.genai.ok) lines.push(`onnxruntime-genai: not measured (${report.genai.error ?? 'unavailable'})`)
   else lines.push(`onnxruntime-genai ${report.genai.version ?? '?'} (onnxruntime ${report.genai.onnxruntimeVersion ?? '?'})`)
-  lines.push('')
-  lines.push('goals:')
-  for (const g of report.goals) {
-    const value = g.value === null ? 'not measured' : g.unit === '%' ? `${fixed(g.value)}%` : `${fixed(g.value, RATIO_DIGITS)}x`
-    const verdict = g.met === null ? '' : g.met ? ' (met)' : ' (missed)'
-    const each = rounds ? ` (rounds: ${g.perRound.map((v) => fixed(v, g.unit === '%' ? 2 : RATIO_DIGITS)).join(', ')})` : ''
-    lines.push(`  ${g.goal}: ${value}${g.ratio === null ? '' : `, ${fixed(g.ratio, RATIO_DIGITS)} of the target`}${verdict}${each}`)
-  }
-  return lines.join('\n')
+  return lines
+}
+
+/** A goal's value, its share of the target and verdict; with several rounds, each round's value. */
+function goalLine(g: Goal, rounds: boolean): string {
+  const digits = g.unit === '%' ? 1 : RATIO_DIGITS
+  const value = g.value === null ? 'not measured' : `${fixed(g.value, digits)}${g.unit}`
+  const verdict = g.met === null ? '' : g.met ? ' (met)' : ' (missed)'
+  const each = rounds ? ` (rounds: ${g.perRound.map((v) => fixed(v, g.unit === '%' ? 2 : RATIO_DIGITS)).join(', ')})` : ''
+  return `  ${g.goal}: ${value}${g.ratio === null ? '' : `, ${fixed(g.ratio, RATIO_DIGITS)} of the target`}${verdict}${each}`
 }
 
 const escapeXml = (s: string) => s.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;')

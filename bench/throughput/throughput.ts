@@ -600,9 +600,59 @@ export function summarizeRounds(rows: Row[]): Row[] {
 export async function runThroughput(options: ThroughputOptions): Promise<ThroughputReport> {
   const started = performance.now()
   const loadAverageStart = os.loadavg()
-  const progress = options.onProgress
-  const rows: Row[] = []
-  progress(`loading ${options.modelDir} in ortex`)
+  const { engine, blocking, w } = await loadOrtex(options)
+  const ortexWeights = [weightsOf('ortex', engine), weightsOf('ortex-blocking', blocking)].flatMap((x) => x ?? [])
+  const { naive, loop } = await loadNaiveLoop(options, w)
+  const genai: ThroughputReport['genai'] = options.genai ? { ok: true } : { ok: false, error: 'skipped (--no-genai)' }
+  let genaiProcess: GenaiProcess | null = null
+  let rows: Row[] = []
+  try {
+    if (options.genai) genaiProcess = await startGenai(options, w, genai)
+    const systems: Systems = { w, engine, blocking, loop, genai: genaiProcess }
+    await warmUp(systems)
+    rows = await runRounds(options, systems)
+  } finally {
+    genaiProcess?.close()
+    await engine.close()
+    await blocking.close()
+    if (loop !== null) await loop.model.release()
+  }
+  const { prompts: _prompts, ...workload } = w
+  return {
+    createdAt: new Date().toISOString(),
+    quick: options.quick,
+    machine: machineOf(loadAverageStart),
+    workload,
+    rounds: options.rounds,
+    rows,
+    summary: summarizeRounds(rows),
+    naive,
+    genai,
+    ortexWeights,
+    goals: goals(rows, options.rounds),
+    elapsedS: (performance.now() - started) / 1000,
+  }
+}
+
+/** The naive loop's module and session, when both loaded. */
+interface NaiveLoop {
+  ref: Reference
+  model: ReferenceModel
+}
+
+/** Everything one benchmark measures, loaded once: the systems that could not start are null. */
+interface Systems {
+  w: Workload
+  /** ortex with spinning intra-op threads, and with its default, blocking ones. */
+  engine: BenchEngine
+  blocking: BenchEngine
+  loop: NaiveLoop | null
+  genai: GenaiProcess | null
+}
+
+/** ortex's two engines and the workload (its prompts come from ortex's tokenizer). */
+async function loadOrtex(options: ThroughputOptions): Promise<{ engine: BenchEngine; blocking: BenchEngine; w: Workload }> {
+  options.onProgress(`loading ${options.modelDir} in ortex`)
   const longest = Math.max(...PROMPT_LENGTHS) + (options.quick ? QUICK_TOKENS : FULL_TOKENS)
   const load = (intraOpSpinning: boolean) =>
     options.Engine.load(options.modelDir, {
@@ -614,143 +664,155 @@ export async function runThroughput(options: ThroughputOptions): Promise<Through
       blockSize: BLOCK_SIZE,
     })
   const engine = await load(true)
-  let blocking: BenchEngine | null = null
-  let w: Workload
   try {
-    w = makeWorkload(options.modelDir, options.quick, options.intraOpThreads, (text) => engine.tokenize(text), options.concurrencies)
-    blocking = await load(false)
+    const w = makeWorkload(options.modelDir, options.quick, options.intraOpThreads, (text) => engine.tokenize(text), options.concurrencies)
+    return { engine, blocking: await load(false), w }
   } catch (error) {
     await engine.close()
     throw error
   }
-  const ortexWeights = [weightsOf('ortex', engine), weightsOf('ortex-blocking', blocking)].flatMap((x) => x ?? [])
-  const naive = { ok: options.naive } as ThroughputReport['naive']
-  let ref: Reference | null = null
-  let refModel: ReferenceModel | null = null
-  if (options.naive) {
-    try {
-      ref = await loadReference()
-      refModel = await ref.ReferenceModel.load(options.modelDir, {
-        intraOpThreads: w.intraOpThreads,
-        intraOpSpinning: w.intraOpSpinning,
-      })
-    } catch (error) {
-      naive.ok = false
-      naive.error = `the naive loop could not start (it needs onnxruntime-node): ${(error as Error).message}`
-      progress(naive.error)
-    }
-  } else {
-    naive.error = 'skipped (--no-naive)'
-  }
-  const genai: ThroughputReport['genai'] = options.genai ? { ok: true } : { ok: false, error: 'skipped (--no-genai)' }
-  let genaiProcess: GenaiProcess | null = null
+}
+
+/** The naive loop on onnxruntime-node; where it cannot start, the report says why. */
+async function loadNaiveLoop(options: ThroughputOptions, w: Workload): Promise<{ naive: ThroughputReport['naive']; loop: NaiveLoop | null }> {
+  if (!options.naive) return { naive: { ok: false, error: 'skipped (--no-naive)' }, loop: null }
   try {
-    if (options.genai) {
-      progress('starting onnxruntime-genai (Python): loading the model for its Engine and Generator')
-      const started = await GenaiProcess.start(options, w, readPadTokenId(options.modelDir))
-      if (typeof started === 'string') {
-        genai.ok = false
-        genai.error = started
-        progress(`onnxruntime-genai: ${started}`)
-      } else {
-        genaiProcess = started
-        genai.version = started.version
-        genai.onnxruntimeVersion = started.onnxruntimeVersion
-      }
-    }
-    // Warm-ups: the first runs of a session allocate.
-    for (const e of [engine, blocking]) {
-      await drain(e.generate(w.prompts[0]!.slice(0, 8), { maxGeneratedTokens: 8, ignoreEos: true }))
-    }
-    if (ref !== null && refModel !== null) await ref.naiveGenerate(refModel, w.prompts[0]!.slice(0, 8), 8, { ignoreEos: true })
-    const n = w.generatedTokens
-    const prompt = (index: number) => w.prompts[index % w.prompts.length]!
-    const solo: SoloSystem[] = [
-      { system: 'ortex', one: (i) => timed((onToken) => ortexRequest(engine, prompt(i), n, onToken)), stats: () => engine.executorStats() },
-      {
-        system: 'ortex-blocking',
-        one: (i) => timed((onToken) => ortexRequest(blocking!, prompt(i), n, onToken)),
-        stats: () => blocking!.executorStats(),
-      },
-    ]
-    if (ref !== null && refModel !== null) {
-      const naiveModel = refModel
-      solo.push({
-        system: 'naive',
-        one: (i) => timed((onToken) => ref.naiveGenerate(naiveModel, prompt(i), n, { ignoreEos: true, onToken })),
-      })
-    }
-    if (genaiProcess !== null) {
-      const g = genaiProcess
-      solo.push({ system: 'genai-engine', one: (i) => g.request('engine', i) })
-      solo.push({ system: 'genai-generator', one: (i) => g.request('generator', i) })
-    }
-    const batched = 1 + (ref !== null ? 1 : 0) + (genaiProcess !== null ? 1 : 0)
-    const total = w.concurrencies.reduce((sum, c) => sum + (c === 1 ? 1 : batched), 0) * options.rounds
-    let done = 0
-    const step = (round: number, what: string, c: number) =>
-      progress(
-        `[${++done}/${total}] ${options.rounds > 1 ? `round ${round}: ` : ''}${what}, concurrency ${c}: ` +
-          `${w.requestsByConcurrency[c]} requests x ${w.generatedTokens} tokens`,
-      )
-    const add = (row: Row) => {
-      rows.push(row)
-      if ('error' in row) progress(`  ${row.system}: failed: ${row.error}`)
-      else progress(`  ${row.system}: ${row.tokensPerSecond.toFixed(1)} tokens/s`)
-    }
-    for (let round = 1; round <= options.rounds; round++) {
-      for (const c of w.concurrencies) {
-        if (c === 1) {
-          step(round, `${solo.map((s) => s.system).join(', ')} taking turns request by request`, c)
-          for (const row of await runInterleavedSolo(solo, w, round)) add(row)
-          continue
-        }
-        step(round, 'ortex', c)
-        add(await runOrtex(engine, w, c, round).catch((e: Error) => errorRow('ortex', c, round, e)))
-        if (ref !== null && refModel !== null) {
-          step(round, 'naive loop (onnxruntime-node)', c)
-          add(await runNaive(ref, refModel, w, c, round).catch((e: Error) => errorRow('naive', c, round, e)))
-        }
-        if (genaiProcess !== null) {
-          step(round, 'onnxruntime-genai (Python): Engine, then Generator', c)
-          for (const [mode, system] of [['engine', 'genai-engine'], ['generator', 'genai-generator']] as const) {
-            const requests = w.requestsByConcurrency[c]!
-            add(
-              await genaiProcess
-                .closedLoop(mode, c, requests)
-                .then((summary): Row => ({ system, concurrency: c, round, ...summary }))
-                .catch((e: Error) => errorRow(system, c, round, e)),
-            )
-          }
-        }
-      }
-    }
-  } finally {
-    genaiProcess?.close()
-    await engine.close()
-    await blocking.close()
-    if (refModel !== null) await refModel.release()
+    const ref = await loadReference()
+    const model = await ref.ReferenceModel.load(options.modelDir, {
+      intraOpThreads: w.intraOpThreads,
+      intraOpSpinning: w.intraOpSpinning,
+    })
+    return { naive: { ok: true }, loop: { ref, model } }
+  } catch (error) {
+    const naive = { ok: false, error: `the naive loop could not start (it needs onnxruntime-node): ${(error as Error).message}` }
+    options.onProgress(naive.error)
+    return { naive, loop: null }
   }
-  const { prompts: _prompts, ...workload } = w
-  return {
-    createdAt: new Date().toISOString(),
-    quick: options.quick,
-    machine: {
-      cpus: os.cpus().length,
-      cpuModel: os.cpus()[0]?.model ?? 'unknown',
-      loadAverageStart,
-      loadAverageEnd: os.loadavg(),
-      node: process.version,
+}
+
+/** onnxruntime-genai's process, or null with the reason in `genai`. */
+async function startGenai(options: ThroughputOptions, w: Workload, genai: ThroughputReport['genai']): Promise<GenaiProcess | null> {
+  options.onProgress('starting onnxruntime-genai (Python): loading the model for its Engine and Generator')
+  const started = await GenaiProcess.start(options, w, readPadTokenId(options.modelDir))
+  if (typeof started === 'string') {
+    genai.ok = false
+    genai.error = started
+    options.onProgress(`onnxruntime-genai: ${started}`)
+    return null
+  }
+  genai.version = started.version
+  genai.onnxruntimeVersion = started.onnxruntimeVersion
+  return started
+}
+
+/** The first runs of a session allocate: one short request on each system in this process. */
+async function warmUp({ w, engine, blocking, loop }: Systems): Promise<void> {
+  const prompt = w.prompts[0]!.slice(0, 8)
+  for (const e of [engine, blocking]) await drain(e.generate(prompt, { maxGeneratedTokens: 8, ignoreEos: true }))
+  if (loop !== null) await loop.ref.naiveGenerate(loop.model, prompt, 8, { ignoreEos: true })
+}
+
+/** Every round: each concurrency in turn, concurrency 1 interleaved, the others system by system. */
+async function runRounds(options: ThroughputOptions, systems: Systems): Promise<Row[]> {
+  const log = new RoundLog(options, systems)
+  const solo = soloSystems(systems)
+  for (let round = 1; round <= options.rounds; round++) {
+    for (const c of systems.w.concurrencies) {
+      if (c === 1) {
+        log.configuration(round, `${solo.map((s) => s.system).join(', ')} taking turns request by request`, c)
+        for (const row of await runInterleavedSolo(solo, systems.w, round)) log.add(row)
+      } else {
+        await runBatched(systems, c, round, log)
+      }
+    }
+  }
+  return log.rows
+}
+
+/** The rows of a benchmark as they come, each configuration and result told to progress. */
+class RoundLog {
+  readonly rows: Row[] = []
+  private done = 0
+  private readonly total: number
+
+  constructor(
+    private readonly options: ThroughputOptions,
+    private readonly systems: Systems,
+  ) {
+    // A configuration at concurrency 1 runs every system at once; above, one per system.
+    const batched = 1 + (systems.loop !== null ? 1 : 0) + (systems.genai !== null ? 1 : 0)
+    this.total = systems.w.concurrencies.reduce((sum, c) => sum + (c === 1 ? 1 : batched), 0) * options.rounds
+  }
+
+  configuration(round: number, what: string, c: number): void {
+    const w = this.systems.w
+    this.options.onProgress(
+      `[${++this.done}/${this.total}] ${this.options.rounds > 1 ? `round ${round}: ` : ''}${what}, concurrency ${c}: ` +
+        `${w.requestsByConcurrency[c]} requests x ${w.generatedTokens} tokens`,
+    )
+  }
+
+  add(row: Row): void {
+    this.rows.push(row)
+    if ('error' in row) this.options.onProgress(`  ${row.system}: failed: ${row.error}`)
+    else this.options.onProgress(`  ${row.system}: ${row.tokensPerSecond.toFixed(1)} tokens/s`)
+  }
+}
+
+/** Each system as concurrency 1 runs it: one request alone, timed token by token. */
+function soloSystems({ w, engine, blocking, loop, genai }: Systems): SoloSystem[] {
+  const n = w.generatedTokens
+  const prompt = (index: number) => w.prompts[index % w.prompts.length]!
+  const solo: SoloSystem[] = [
+    { system: 'ortex', one: (i) => timed((onToken) => ortexRequest(engine, prompt(i), n, onToken)), stats: () => engine.executorStats() },
+    {
+      system: 'ortex-blocking',
+      one: (i) => timed((onToken) => ortexRequest(blocking, prompt(i), n, onToken)),
+      stats: () => blocking.executorStats(),
     },
-    workload,
-    rounds: options.rounds,
-    rows,
-    summary: summarizeRounds(rows),
-    naive,
-    genai,
-    ortexWeights,
-    goals: goals(rows, options.rounds),
-    elapsedS: (performance.now() - started) / 1000,
+  ]
+  if (loop !== null) {
+    solo.push({
+      system: 'naive',
+      one: (i) => timed((onToken) => loop.ref.naiveGenerate(loop.model, prompt(i), n, { ignoreEos: true, onToken })),
+    })
+  }
+  if (genai !== null) {
+    solo.push({ system: 'genai-engine', one: (i) => genai.request('engine', i) })
+    solo.push({ system: 'genai-generator', one: (i) => genai.request('generator', i) })
+  }
+  return solo
+}
+
+/** Concurrency `c` (above 1): ortex, the naive loop, then onnxruntime-genai's two systems. */
+async function runBatched({ w, engine, loop, genai }: Systems, c: number, round: number, log: RoundLog): Promise<void> {
+  log.configuration(round, 'ortex', c)
+  log.add(await runOrtex(engine, w, c, round).catch((e: Error) => errorRow('ortex', c, round, e)))
+  if (loop !== null) {
+    log.configuration(round, 'naive loop (onnxruntime-node)', c)
+    log.add(await runNaive(loop.ref, loop.model, w, c, round).catch((e: Error) => errorRow('naive', c, round, e)))
+  }
+  if (genai !== null) {
+    log.configuration(round, 'onnxruntime-genai (Python): Engine, then Generator', c)
+    for (const [mode, system] of [['engine', 'genai-engine'], ['generator', 'genai-generator']] as const) {
+      const requests = w.requestsByConcurrency[c]!
+      log.add(
+        await genai
+          .closedLoop(mode, c, requests)
+          .then((summary): Row => ({ system, concurrency: c, round, ...summary }))
+          .catch((e: Error) => errorRow(system, c, round, e)),
+      )
+    }
+  }
+}
+
+function machineOf(loadAverageStart: number[]): ThroughputReport['machine'] {
+  return {
+    cpus: os.cpus().length,
+    cpuModel: os.cpus()[0]?.model ?? 'unknown',
+    loadAverageStart,
+    loadAverageEnd: os.loadavg(),
+    node: process.version,
   }
 }
 

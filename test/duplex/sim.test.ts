@@ -15,7 +15,7 @@ import { describe, expect, it } from 'vitest'
 import { type BackendName, ortex, selectedBackends } from '../helpers/backends'
 import { macrotask } from '../helpers/util'
 import { Prng } from '../sim/prng'
-import { checkGrammar, type Mod, type Session } from './helpers'
+import { checkGrammar, type Engine, type Manager, type Mod, type Session } from './helpers'
 
 const single = process.env.DUPLEX_SEED !== undefined ? Number(process.env.DUPLEX_SEED) : undefined
 const count = Number(process.env.DUPLEX_SEEDS ?? 150)
@@ -71,46 +71,252 @@ interface Summary {
   closed: number
 }
 
-async function runSeed(mod: Mod, seed: number): Promise<Summary> {
-  const rng = new Prng(seed)
-  const trace: string[] = []
-  const fail = (reason: string): never => {
-    throw new SimFailure(seed, reason, trace.slice(-60))
-  }
-  let clock = 0
-  const engine = mod.Engine.simulated({
-    seed,
-    maxLength: rng.pick([128, 256, 512]),
-    blockSize: rng.pick([4, 16]),
-    maxScheduledTokens: rng.pick([16, 64, 512]),
-    eosProbability: rng.pick([0, 0.05]),
-    faults: { retryableRate: rng.pick([0, 0.05]), seed },
-  })
-  const manager = new mod.DuplexSessionManager(engine, {
-    now: () => clock,
-    eventBufferCapacity: rng.pick([2, 8, 1024]),
-    maxSessions: rng.int(2, 6),
-    idleTtlMs: rng.pick([null, 2_000, 10_000]),
-    disconnectGraceMs: rng.int(100, 2_000),
-    completedAppendLimit: rng.int(1, 8),
-  })
-  const buffer = engine.createEventBuffer(rng.pick([1, 4, 64]))
-  const all: Tracked[] = []
-  const live = () => all.filter((t) => t.session.state !== 'closed')
-  let cancels = 0
-  let expired = 0
-  let closed = 0
-  let opIds = 0
+const WEIGHTS = {
+  open: 4,
+  append: 20,
+  retry: 3,
+  respond: 3,
+  cancel: 5,
+  detach: 3,
+  resume: 3,
+  close: 2,
+  heartbeat: 2,
+  tick: 6,
+  expire: 4,
+  run: 24,
+  overlap: 6,
+}
+type Action = keyof typeof WEIGHTS
+/** What an overlap may do while its run is in flight: any action but another run. */
+const { run: _run, overlap: _overlap, ...NESTED } = WEIGHTS
 
-  const track = (session: Session): Tracked => {
+const WORDS = ['hello', 'there', 'what', 'is', 'the', 'weather', 'like', 'today', 'tell', 'me', 'more']
+
+async function runSeed(mod: Mod, seed: number): Promise<Summary> {
+  const sim = new DuplexSim(mod, seed)
+  for (let step = 0; step < STEPS; step++) await sim.step()
+  await sim.windDown()
+  const summary = sim.checkEnd()
+  await sim.engine.close()
+  return summary
+}
+
+/**
+ * One seed's sessions: the workload (the engine and manager it configures, the random actions),
+ * the tracking of every session's stream, and the checks. Every random draw happens in a fixed
+ * order, so a seed replays the same way.
+ */
+class DuplexSim {
+  readonly engine: Engine
+  private readonly rng: Prng
+  private readonly trace: string[] = []
+  /** Virtual time in ms: the manager's `now`, moved only by 'tick'. */
+  private clockMs = 0
+  private readonly manager: Manager
+  private readonly buffer: ReturnType<Engine['createEventBuffer']>
+  /** How many events a reader takes per turn at most: 1 and 3 are slow readers. */
+  private readonly readerPace: number
+  private readonly all: Tracked[] = []
+  private cancels = 0
+  private expired = 0
+  private opIds = 0
+
+  constructor(
+    private readonly mod: Mod,
+    private readonly seed: number,
+  ) {
+    this.rng = new Prng(seed)
+    this.engine = this.createEngine()
+    this.manager = this.createManager()
+    this.buffer = this.engine.createEventBuffer(this.rng.pick([1, 4, 64]))
+    this.readerPace = this.rng.pick([1, 3, 1_000])
+  }
+
+  // ---- the workload ------------------------------------------------------------------------
+
+  private createEngine(): Engine {
+    const rng = this.rng
+    return this.mod.Engine.simulated({
+      seed: this.seed,
+      maxLength: rng.pick([128, 256, 512]),
+      blockSize: rng.pick([4, 16]),
+      maxScheduledTokens: rng.pick([16, 64, 512]),
+      eosProbability: rng.pick([0, 0.05]),
+      faults: { retryableRate: rng.pick([0, 0.05]), seed: this.seed },
+    })
+  }
+
+  private createManager(): Manager {
+    const rng = this.rng
+    return new this.mod.DuplexSessionManager(this.engine, {
+      now: () => this.clockMs,
+      eventBufferCapacity: rng.pick([2, 8, 1024]),
+      maxSessions: rng.int(2, 6),
+      idleTtlMs: rng.pick([null, 2_000, 10_000]),
+      disconnectGraceMs: rng.int(100, 2_000),
+      completedAppendLimit: rng.int(1, 8),
+    })
+  }
+
+  /** One random action, the invariants after it, then a turn for every reader. */
+  async step(): Promise<void> {
+    const action = this.rng.weighted(WEIGHTS) as Action
+    if (action === 'overlap') await this.overlap()
+    else this.perform(action)
+    try {
+      this.engine.checkInvariants()
+      this.manager.checkInvariants()
+    } catch (error: any) {
+      this.fail(`invariant broken after ${action}: ${error?.message ?? error}`)
+    }
+    await macrotask()
+    for (const t of this.all) await this.read(t, this.rng.int(0, this.readerPace))
+  }
+
+  /**
+   * An action while a transaction is away (native: on the thread pool): the facade starts the
+   * run a few microtasks after run(), and its commit comes back as a later macrotask, so the
+   * nested action always meets the step in flight.
+   */
+  private async overlap(): Promise<void> {
+    const run = this.engine.run(this.buffer)
+    for (let i = 0; i < 4; i++) await Promise.resolve()
+    const nested = this.rng.weighted(NESTED) as Action
+    this.trace.push(`overlap: a run in flight during ${nested}`)
+    this.perform(nested)
+    await run
+  }
+
+  /** One action, synchronously (an engine run included), on a random live session. */
+  private perform(action: Action): void {
+    const sessions = this.live()
+    const target = sessions.length > 0 ? this.rng.pick(sessions) : null
+    switch (action) {
+      case 'open':
+        return this.open()
+      case 'tick':
+        return this.tick()
+      case 'expire':
+        return this.expire()
+      case 'run':
+        return this.runEngine()
+    }
+    if (target === null) return
+    switch (action) {
+      case 'append':
+      case 'retry':
+        return this.append(target, action === 'retry')
+      case 'respond':
+        return this.respond(target)
+      case 'cancel':
+        return this.cancel(target)
+      case 'detach':
+        return this.attempt(`detach ${short(target)}`, () => target.session.detach())
+      case 'resume':
+        return this.resume(target)
+      case 'close':
+        return this.attempt(`close ${short(target)}`, () => void target.session.close('sim_close'))
+      case 'heartbeat':
+        return this.attempt(`heartbeat ${short(target)}`, () => target.session.heartbeat())
+    }
+  }
+
+  private open(): void {
+    this.attempt('open', () => {
+      const session = this.manager.open({
+        respond: this.rng.chance(0.7) ? 'on-final' : 'manual',
+        turn: { maxGeneratedTokens: this.rng.int(1, 24) },
+      })
+      this.track(session)
+    })
+  }
+
+  /** An append; a retry reuses one of the session's operation ids. Some carry a stale fence. */
+  private append(target: Tracked, retry: boolean): void {
+    const rng = this.rng
+    const final = rng.chance(0.3)
+    const opId = retry && target.operations.length > 0 ? rng.pick(target.operations) : rng.chance(0.3) ? `op${++this.opIds}` : undefined
+    const fence = rng.chance(0.2) ? target.lastFence : rng.chance(0.1) ? { ...target.lastFence, epoch: Math.max(0, target.lastFence.epoch - 1) } : undefined
+    const input = rng.chance(0.2) ? rng.tokens(rng.int(1, 6), 3, 400) : this.text()
+    this.attempt(`append ${short(target)} final=${final} op=${opId ?? '-'}`, () => {
+      target.session.append(input, { final, operationId: opId, fence })
+      if (opId !== undefined && !target.operations.includes(opId)) target.operations.push(opId)
+    })
+    this.checkFence(target, 'append')
+  }
+
+  private text(): string {
+    let out = ''
+    for (let i = this.rng.int(1, 4); i > 0; i--) out += `${this.rng.pick(WORDS)} `
+    return out
+  }
+
+  private respond(target: Tracked): void {
+    this.attempt(`respond ${short(target)}`, () => void target.session.respond({ maxGeneratedTokens: this.rng.int(1, 12) }))
+    this.checkFence(target, 'respond')
+  }
+
+  /** A barge-in (some with the fence last seen, some truncating what was said). */
+  private cancel(target: Tracked): void {
+    const old = this.rng.chance(0.2)
+    this.attempt(`cancel ${short(target)}${old ? ' (old fence)' : ''}`, () => {
+      const before = target.session.fence.epoch
+      const fence = target.session.cancel(old ? target.lastFence : undefined)
+      if (fence.epoch > before) {
+        this.cancels++
+        target.cancelMarks.push({ at: streamPosition(target), epoch: fence.epoch })
+      }
+      if (this.rng.chance(0.3)) target.session.truncate(this.rng.int(0, 8))
+    })
+    this.checkFence(target, 'cancel')
+  }
+
+  /** A resume, some with the wrong lease generation. */
+  private resume(target: Tracked): void {
+    this.attempt(`resume ${short(target)}`, () => {
+      const generation = target.session.leaseGeneration + (this.rng.chance(0.2) ? 1 : 0)
+      const next = target.session.resume(generation)
+      if (next !== generation + 1) this.fail(`resume(${generation}) returned ${next}`)
+    })
+  }
+
+  private tick(): void {
+    this.clockMs += this.rng.int(1, 1_500)
+    this.trace.push(`tick -> ${this.clockMs}`)
+  }
+
+  private expire(): void {
+    this.attempt('collectExpired', () => {
+      const ended = this.manager.collectExpired()
+      this.expired += ended.length
+      for (const expiry of ended) this.trace.push(`  expired ${expiry.sessionId.slice(0, 6)} ${expiry.reason}`)
+    })
+  }
+
+  private runEngine(): void {
+    for (let i = this.rng.int(1, 4); i > 0; i--) {
+      if (!this.engine.hasPendingWork()) break
+      this.engine.runSync(this.buffer)
+    }
+    this.trace.push(`run (steps ${this.engine.stats().steps})`)
+  }
+
+  // ---- the sessions' streams ---------------------------------------------------------------
+
+  private live(): Tracked[] {
+    return this.all.filter((t) => t.session.state !== 'closed')
+  }
+
+  private track(session: Session): Tracked {
     const iterator = session.events()[Symbol.asyncIterator]()
     const tracked: Tracked = { session, events: [], pending: null, finished: false, iterator, cancelMarks: [], lastFence: session.fence, operations: [] }
-    all.push(tracked)
+    this.all.push(tracked)
     return tracked
   }
+
   /** Reads up to `max` events of `t` that are available now (or arrive within a macrotask). An
    *  event is recorded in the same microtask it is taken from the queue. */
-  const read = async (t: Tracked, max: number) => {
+  private async read(t: Tracked, max: number): Promise<void> {
     for (let i = 0; i < max && !t.finished; i++) {
       t.pending ??= t.iterator.next().then((next) => {
         t.pending = null
@@ -121,211 +327,106 @@ async function runSeed(mod: Mod, seed: number): Promise<Summary> {
       if (!progressed) return
     }
   }
-  const readerPace = rng.pick([1, 3, 1_000])
-  const streamPosition = (t: Tracked) => t.events.length + (t.session as any)._eventQueue.size
 
-  const checkFence = (t: Tracked, action: string) => {
+  /**
+   * Wind down: close what is left, drain the engine, let every stream end. close() must not
+   * need a reader: its promise is awaited only after the streams were read to their end.
+   */
+  async windDown(): Promise<void> {
+    const closing = this.live().map((t) => t.session.close('shutdown'))
+    for (let i = 0; i < 10_000 && this.engine.hasPendingWork(); i++) {
+      this.engine.runSync(this.buffer)
+      if (i % 16 === 0) await macrotask()
+    }
+    for (const t of this.all) {
+      for (let i = 0; i < 2_000 && !t.finished; i++) await this.read(t, 1_000)
+      if (!t.finished) this.fail(`the events of ${short(t)} never ended`)
+    }
+    await Promise.all(closing)
+  }
+
+  // ---- the checks --------------------------------------------------------------------------
+
+  /** Every error an action meets is one it may meet. */
+  private attempt(what: string, fn: () => void): void {
+    try {
+      fn()
+      this.trace.push(`${what}: ok`)
+    } catch (error: any) {
+      const code = error?.code
+      this.trace.push(`${what}: ${code ?? error}`)
+      if (!(error instanceof this.mod.OrtexError) || !EXPECTED.has(code)) this.fail(`${what} threw ${code ?? ''} ${error?.message ?? error}`)
+    }
+  }
+
+  /** Only a cancel moves the epoch, forward; within an epoch the fence never goes back. */
+  private checkFence(t: Tracked, action: string): void {
     if (t.session.state === 'closed') return
     const before = t.lastFence
     const after = t.session.fence
-    if (after.epoch !== before.epoch && action !== 'cancel') fail(`${action} changed the epoch of ${t.session.id}`)
-    if (after.epoch < before.epoch) fail(`the epoch of ${t.session.id} went back`)
+    if (after.epoch !== before.epoch && action !== 'cancel') this.fail(`${action} changed the epoch of ${t.session.id}`)
+    if (after.epoch < before.epoch) this.fail(`the epoch of ${t.session.id} went back`)
     if (after.epoch === before.epoch && (after.turnId < before.turnId || after.responseSeq < before.responseSeq)) {
-      fail(`${action} moved the fence of ${t.session.id} back within an epoch`)
+      this.fail(`${action} moved the fence of ${t.session.id} back within an epoch`)
     }
     t.lastFence = after
   }
 
-  const attempt = (what: string, fn: () => void) => {
-    try {
-      fn()
-      trace.push(`${what}: ok`)
-    } catch (error: any) {
-      const code = error?.code
-      trace.push(`${what}: ${code ?? error}`)
-      if (!(error instanceof mod.OrtexError) || !EXPECTED.has(code)) fail(`${what} threw ${code ?? ''} ${error?.message ?? error}`)
+  /** Once everything is closed: nothing is held, every stream is well formed and ended once. */
+  checkEnd(): Summary {
+    this.checkReleased()
+    let closed = 0
+    for (const t of this.all) {
+      if (this.checkStream(t) === 'session.closed') closed++
+    }
+    const events = this.all.flatMap((t) => t.events)
+    return {
+      events: events.length,
+      deltas: events.filter((e) => e.type === 'response.delta').length,
+      responses: events.filter((e) => e.type === 'response.done').length,
+      cancels: this.cancels,
+      expired: this.expired,
+      closed,
     }
   }
 
-  const text = () => {
-    const words = ['hello', 'there', 'what', 'is', 'the', 'weather', 'like', 'today', 'tell', 'me', 'more']
-    let out = ''
-    for (let i = rng.int(1, 4); i > 0; i--) out += `${rng.pick(words)} `
-    return out
+  private checkReleased(): void {
+    this.engine.checkInvariants()
+    const stats = this.engine.stats()
+    if (stats.activeRequests !== 0) this.fail(`${stats.activeRequests} requests still open`)
+    if (stats.freeBlocks !== stats.totalBlocks) this.fail(`KV leaked: ${stats.totalBlocks - stats.freeBlocks} blocks held`)
+    if (this.manager.size !== 0) this.fail(`${this.manager.size} sessions hold a slot`)
   }
 
-  const WEIGHTS = {
-    open: 4,
-    append: 20,
-    retry: 3,
-    respond: 3,
-    cancel: 5,
-    detach: 3,
-    resume: 3,
-    close: 2,
-    heartbeat: 2,
-    tick: 6,
-    expire: 4,
-    run: 24,
-    overlap: 6,
-  }
-  type Action = keyof typeof WEIGHTS
-  const { run: _run, overlap: _overlap, ...NESTED } = WEIGHTS
-
-  /** One action, synchronously (an engine run included). */
-  const perform = (action: Action): void => {
-    const sessions = live()
-    const target = sessions.length > 0 ? rng.pick(sessions) : null
-    switch (action) {
-      case 'open':
-        attempt('open', () => {
-          const session = manager.open({
-            respond: rng.chance(0.7) ? 'on-final' : 'manual',
-            turn: { maxGeneratedTokens: rng.int(1, 24) },
-          })
-          track(session)
-        })
-        break
-      case 'append':
-      case 'retry': {
-        if (target === null) break
-        const final = rng.chance(0.3)
-        const opId = action === 'retry' && target.operations.length > 0 ? rng.pick(target.operations) : rng.chance(0.3) ? `op${++opIds}` : undefined
-        const fence = rng.chance(0.2) ? target.lastFence : rng.chance(0.1) ? { ...target.lastFence, epoch: Math.max(0, target.lastFence.epoch - 1) } : undefined
-        const input = rng.chance(0.2) ? rng.tokens(rng.int(1, 6), 3, 400) : text()
-        attempt(`append ${target.session.id.slice(0, 6)} final=${final} op=${opId ?? '-'}`, () => {
-          target.session.append(input, { final, operationId: opId, fence })
-          if (opId !== undefined && !target.operations.includes(opId)) target.operations.push(opId)
-        })
-        checkFence(target, 'append')
-        break
-      }
-      case 'respond':
-        if (target === null) break
-        attempt(`respond ${target.session.id.slice(0, 6)}`, () => void target.session.respond({ maxGeneratedTokens: rng.int(1, 12) }))
-        checkFence(target, 'respond')
-        break
-      case 'cancel': {
-        if (target === null) break
-        const old = rng.chance(0.2)
-        attempt(`cancel ${target.session.id.slice(0, 6)}${old ? ' (old fence)' : ''}`, () => {
-          const before = target.session.fence.epoch
-          const fence = target.session.cancel(old ? target.lastFence : undefined)
-          if (fence.epoch > before) {
-            cancels++
-            target.cancelMarks.push({ at: streamPosition(target), epoch: fence.epoch })
-          }
-          if (rng.chance(0.3)) target.session.truncate(rng.int(0, 8))
-        })
-        checkFence(target, 'cancel')
-        break
-      }
-      case 'detach':
-        if (target === null) break
-        attempt(`detach ${target.session.id.slice(0, 6)}`, () => target.session.detach())
-        break
-      case 'resume':
-        if (target === null) break
-        attempt(`resume ${target.session.id.slice(0, 6)}`, () => {
-          const generation = target.session.leaseGeneration + (rng.chance(0.2) ? 1 : 0)
-          const next = target.session.resume(generation)
-          if (next !== generation + 1) fail(`resume(${generation}) returned ${next}`)
-        })
-        break
-      case 'close':
-        if (target === null) break
-        attempt(`close ${target.session.id.slice(0, 6)}`, () => void target.session.close('sim_close'))
-        break
-      case 'heartbeat':
-        if (target === null) break
-        attempt(`heartbeat ${target.session.id.slice(0, 6)}`, () => target.session.heartbeat())
-        break
-      case 'tick':
-        clock += rng.int(1, 1_500)
-        trace.push(`tick -> ${clock}`)
-        break
-      case 'expire':
-        attempt('collectExpired', () => {
-          const ended = manager.collectExpired()
-          expired += ended.length
-          for (const expiry of ended) trace.push(`  expired ${expiry.sessionId.slice(0, 6)} ${expiry.reason}`)
-        })
-        break
-      case 'run':
-        for (let i = rng.int(1, 4); i > 0; i--) {
-          if (!engine.hasPendingWork()) break
-          engine.runSync(buffer)
-        }
-        trace.push(`run (steps ${engine.stats().steps})`)
-        break
-    }
-  }
-
-  for (let step = 0; step < STEPS; step++) {
-    const action = rng.weighted(WEIGHTS) as Action
-    if (action === 'overlap') {
-      // An action while a transaction is away (native: on the thread pool): the facade starts
-      // the run a few microtasks after run(), and its commit comes back as a later macrotask, so
-      // the nested action always meets the step in flight.
-      const run = engine.run(buffer)
-      for (let i = 0; i < 4; i++) await Promise.resolve()
-      const nested = rng.weighted(NESTED) as Action
-      trace.push(`overlap: a run in flight during ${nested}`)
-      perform(nested)
-      await run
-    } else {
-      perform(action)
-    }
-    try {
-      engine.checkInvariants()
-      manager.checkInvariants()
-    } catch (error: any) {
-      fail(`invariant broken after ${action}: ${error?.message ?? error}`)
-    }
-    await macrotask()
-    for (const t of all) await read(t, rng.int(0, readerPace))
-  }
-
-  // Wind down: close what is left, drain the engine, let every stream end. close() must not need
-  // a reader: its promise is awaited only after the streams were read to their end.
-  const closing = live().map((t) => t.session.close('shutdown'))
-  for (let i = 0; i < 10_000 && engine.hasPendingWork(); i++) {
-    engine.runSync(buffer)
-    if (i % 16 === 0) await macrotask()
-  }
-  for (const t of all) {
-    for (let i = 0; i < 2_000 && !t.finished; i++) await read(t, 1_000)
-    if (!t.finished) fail(`the events of ${t.session.id.slice(0, 6)} never ended`)
-  }
-  await Promise.all(closing)
-  engine.checkInvariants()
-  const stats = engine.stats()
-  if (stats.activeRequests !== 0) fail(`${stats.activeRequests} requests still open`)
-  if (stats.freeBlocks !== stats.totalBlocks) fail(`KV leaked: ${stats.totalBlocks - stats.freeBlocks} blocks held`)
-  if (manager.size !== 0) fail(`${manager.size} sessions hold a slot`)
-
-  let events = 0
-  let deltas = 0
-  let responses = 0
-  for (const t of all) {
-    events += t.events.length
-    deltas += t.events.filter((e) => e.type === 'response.delta').length
-    responses += t.events.filter((e) => e.type === 'response.done').length
+  /** The stream's grammar, its one terminal event (returned), and no delta after its cancel. */
+  private checkStream(t: Tracked): string {
     try {
       checkGrammar(t.events)
     } catch (error: any) {
-      fail(`session ${t.session.id.slice(0, 6)}: ${error.message}`)
+      this.fail(`session ${short(t)}: ${error.message}`)
     }
     const terminals = t.events.filter((e) => e.type === 'session.closed' || e.type === 'session.expired')
-    if (terminals.length !== 1) fail(`session ${t.session.id.slice(0, 6)} ended ${terminals.length} times`)
-    if (terminals[0].type === 'session.closed') closed++
+    if (terminals.length !== 1) this.fail(`session ${short(t)} ended ${terminals.length} times`)
     for (const mark of t.cancelMarks) {
       const late = t.events.slice(mark.at).find((e) => e.type === 'response.delta' && e.fence.epoch < mark.epoch)
-      if (late !== undefined) fail(`session ${t.session.id.slice(0, 6)}: a delta of epoch ${late.fence.epoch} after the cancel to ${mark.epoch}`)
+      if (late !== undefined) this.fail(`session ${short(t)}: a delta of epoch ${late.fence.epoch} after the cancel to ${mark.epoch}`)
     }
+    return terminals[0].type
   }
-  await engine.close()
-  return { events, deltas, responses, cancels, expired, closed }
+
+  private fail(reason: string): never {
+    throw new SimFailure(this.seed, reason, this.trace.slice(-60))
+  }
+}
+
+/** A session's name in the trace. */
+function short(t: Tracked): string {
+  return t.session.id.slice(0, 6)
+}
+
+/** Where the next event of `t` will stand in its stream (read or still queued). */
+function streamPosition(t: Tracked): number {
+  return t.events.length + (t.session as any)._eventQueue.size
 }
 
 describe.each(selectedBackends())('duplex simulation (%s)', (backend: BackendName) => {

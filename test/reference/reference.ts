@@ -191,21 +191,49 @@ export interface BatchRowResult {
  * past + j ('gqa': GroupQueryAttention writes each row at its own past length).
  */
 export async function forwardBatch(model: ReferenceModel, rows: BatchRow[]): Promise<BatchRowResult[]> {
-  const c = model.config
+  const shape = batchShape(model, rows)
+  const feeds = { ...inputFeeds(model.config, rows, shape), ...pastFeeds(model.config, rows, shape) }
+  const result = await model.run(feeds)
+  const out = rows.map((r, b) => rowResult(model, result, r, b, shape))
+  for (const t of Object.values(result)) t.dispose()
+  return out
+}
+
+/** B rows, P = longest past, S = most new tokens, T = P + S (the attention mask's width). */
+interface BatchShape {
+  B: number
+  P: number
+  S: number
+  T: number
+}
+
+function batchShape(model: ReferenceModel, rows: BatchRow[]): BatchShape {
   const B = rows.length
   if (B === 0) throw new Error('forwardBatch needs at least one row')
   const P = Math.max(...rows.map((r) => r.cache.length))
   const S = Math.max(...rows.map((r) => r.tokens.length))
-  const T = P + S
-  const { numKvHeads: KH, headSize: D, vocabSize: V } = c
   if (model.attention === 'gqa' && S > 1 && P > 0 && B > 1) {
     throw new Error('GroupQueryAttention: rows with past context and more than one new token must run as batch 1')
   }
+  if (rows.some((r) => r.tokens.length === 0)) throw new Error('every row needs at least one new token')
+  return { B, P, S, T: P + S }
+}
+
+/**
+ * input_ids [B, S] right-padded with pad_token_id; attention_mask [B, T], 1 on the row's past
+ * and on its n new tokens:
+ *
+ *   row b:  1 ... 1   0 ... 0 | 1 ... 1   0 ... 0
+ *           its past  padding | its new   padding
+ *           |<------- P ----->|<------- S ------>|
+ *
+ * position_ids [B, S] = past + j (only for models that take them).
+ */
+function inputFeeds(c: ModelConfig, rows: BatchRow[], { B, P, S, T }: BatchShape): Record<string, Tensor> {
   const ids = new Array<number>(B * S).fill(c.padTokenId)
   const mask = new Array<number>(B * T).fill(0)
   const pos = new Array<number>(B * S).fill(0)
   rows.forEach((r, b) => {
-    if (r.tokens.length === 0) throw new Error('every row needs at least one new token')
     for (let i = 0; i < r.cache.length; i++) mask[b * T + i] = 1
     r.tokens.forEach((t, j) => {
       ids[b * S + j] = t
@@ -218,6 +246,13 @@ export async function forwardBatch(model: ReferenceModel, rows: BatchRow[]): Pro
     [c.attentionMask]: i64(mask, [B, T]),
   }
   if (c.positionIds) feeds[c.positionIds] = i64(pos, [B, S])
+  return feeds
+}
+
+/** Every layer's past keys and values [B, KH, P, D], each row's cache right-padded with zeros. */
+function pastFeeds(c: ModelConfig, rows: BatchRow[], { B, P }: BatchShape): Record<string, Tensor> {
+  const { numKvHeads: KH, headSize: D } = c
+  const feeds: Record<string, Tensor> = {}
   for (let l = 0; l < c.numLayers; l++) {
     for (const [template, pick] of [
       [c.pastKeyNames, (r: BatchRow) => r.cache.keys[l]!],
@@ -234,32 +269,45 @@ export async function forwardBatch(model: ReferenceModel, rows: BatchRow[]): Pro
       feeds[layerName(template, l)] = new ort.Tensor('float32', data, [B, KH, P, D])
     }
   }
-  const result = await model.run(feeds)
+  return feeds
+}
+
+/** Row b's logits per new token, and its cache extended with the new keys and values. */
+function rowResult(model: ReferenceModel, result: Record<string, Tensor>, r: BatchRow, b: number, { P, S }: BatchShape): BatchRowResult {
+  const c = model.config
+  const V = c.vocabSize
+  const n = r.tokens.length
+  const past = r.cache.length
+  // Where the new keys and values stand in present: 'mha' appends them to the padded past
+  // (present = [past ; new]), 'gqa' (GroupQueryAttention) writes each row at its own past length.
+  const at = model.attention === 'mha' ? P : past
+  const extend = (old: Float32Array, present: Tensor) => extendCache(c, old, present, { b, past, n, at })
   const logits = result[c.logits]!.data as Float32Array
-  const out: BatchRowResult[] = rows.map((r, b) => {
-    const n = r.tokens.length
-    const past = r.cache.length
-    const at = model.attention === 'mha' ? P : past
-    const extend = (old: Float32Array, presentTensor: Tensor): Float32Array => {
-      const present = presentTensor.data as Float32Array
-      const width = presentTensor.dims[2]! // P + S for both forms
-      const next = new Float32Array(KH * (past + n) * D)
-      for (let h = 0; h < KH; h++) {
-        next.set(old.subarray(h * past * D, (h + 1) * past * D), h * (past + n) * D)
-        const from = ((b * KH + h) * width + at) * D
-        next.set(present.subarray(from, from + n * D), (h * (past + n) + past) * D)
-      }
-      return next
-    }
-    return {
-      logits: Array.from({ length: n }, (_, j) => logits.slice((b * S + j) * V, (b * S + j + 1) * V)),
-      cache: {
-        length: past + n,
-        keys: r.cache.keys.map((k, l) => extend(k, result[layerName(c.presentKeyNames, l)]!)),
-        values: r.cache.values.map((v, l) => extend(v, result[layerName(c.presentValueNames, l)]!)),
-      },
-    }
-  })
-  for (const t of Object.values(result)) t.dispose()
-  return out
+  return {
+    logits: Array.from({ length: n }, (_, j) => logits.slice((b * S + j) * V, (b * S + j + 1) * V)),
+    cache: {
+      length: past + n,
+      keys: r.cache.keys.map((k, l) => extend(k, result[layerName(c.presentKeyNames, l)]!)),
+      values: r.cache.values.map((v, l) => extend(v, result[layerName(c.presentValueNames, l)]!)),
+    },
+  }
+}
+
+/** One layer's cache of row b (`past` tokens) followed by its `n` new entries from present at `at`. */
+function extendCache(
+  c: ModelConfig,
+  old: Float32Array,
+  presentTensor: Tensor,
+  { b, past, n, at }: { b: number; past: number; n: number; at: number },
+): Float32Array {
+  const { numKvHeads: KH, headSize: D } = c
+  const present = presentTensor.data as Float32Array
+  const width = presentTensor.dims[2]! // P + S for both forms
+  const next = new Float32Array(KH * (past + n) * D)
+  for (let h = 0; h < KH; h++) {
+    next.set(old.subarray(h * past * D, (h + 1) * past * D), h * (past + n) * D)
+    const from = ((b * KH + h) * width + at) * D
+    next.set(present.subarray(from, from + n * D), (h * (past + n) + past) * D)
+  }
+  return next
 }

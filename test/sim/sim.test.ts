@@ -5,8 +5,9 @@
 //   SIM_SEED=123 npx vitest run test/sim         replays seed 123 (longer trace on failure)
 //   SIM_BACKEND=wasm ...                         one backend only
 //
-// A failure names its seed, its backend and the command that replays it, followed by the tail
-// of the trace (actions, runs and events) that led to it.
+// Each seed has a faults phase and a liveness phase (driver.ts). A failure names its seed, its
+// backend and the command that replays it, followed by the tail of the trace (actions, runs and
+// events) that led to it.
 import { describe, expect, it } from 'vitest'
 import { ortex, selectedBackends } from '../helpers/backends'
 import { runSimSeed, SimFailure, type SimSummary } from './driver'

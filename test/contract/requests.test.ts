@@ -1,0 +1,136 @@
+// Requests and their turns: the request states, turn ids per request (a refused beginTurn
+// consumes none), TURN_ACTIVE and EVENTS_PENDING; continuations and prefill reuse the context
+// and count only their own input.
+// Part of the public contract (docs/api.md), run unchanged on both backends (setup.ts).
+import { describe, expect, it } from 'vitest'
+import { FLAGS, drain, eventsOf, expectCode, finishesOf, step, tokensOf } from '../helpers/util'
+import { describeContract } from './setup'
+
+describeContract(({ mod, make, referenceTokens }) => {
+  describe('requests and turn ids', () => {
+    it('walks the request states created -> queued -> active -> turn-complete -> closed', () => {
+      const engine = make()
+      const buffer = engine.createEventBuffer(8)
+      const request = engine.createRequest()
+      expect(request.state).toBe('created')
+      expect(request.tokenCount).toBe(0)
+      request.beginTurn('abc', { maxGeneratedTokens: 3 })
+      expect(request.state).toBe('queued')
+      expect(request.tokenCount).toBe(3)
+      step(engine, buffer)
+      expect(request.state).toBe('active')
+      drain(engine, buffer)
+      expect(request.state).toBe('turn-complete')
+      expect(request.tokenCount).toBe(6)
+      request.close()
+      expect(request.state).toBe('closed')
+    })
+
+    it('numbers turns from 1 per request; a refused beginTurn consumes no id', () => {
+      const engine = make()
+      const buffer = engine.createEventBuffer(8)
+      const a = engine.createRequest()
+      const b = engine.createRequest()
+      expect(a.id).not.toBe(b.id)
+      const t1 = a.beginTurn('one', { maxGeneratedTokens: 2 })
+      expect(t1.id).toBe(1)
+      expect(t1.request).toBe(a)
+      expectCode(mod, () => a.beginTurn('again'), 'TURN_ACTIVE')
+      expect(b.beginTurn('other', { maxGeneratedTokens: 1 }).id).toBe(1)
+      drain(engine, buffer)
+      expectCode(mod, () => a.beginTurn([]), 'INVALID_ARGUMENT')
+      expectCode(mod, () => a.beginTurn('x', { temperature: -1 }), 'INVALID_ARGUMENT')
+      expectCode(mod, () => a.beginTurn(new Array(3000).fill(70)), 'INVALID_ARGUMENT')
+      const t2 = a.beginTurn('two', { maxGeneratedTokens: 2 })
+      expect(t2.id).toBe(2)
+      drain(engine, buffer)
+      expect(a.beginTurn('three', { maxGeneratedTokens: 1 }).id).toBe(3)
+      drain(engine, buffer)
+    })
+
+    it('throws TURN_ACTIVE while a turn is queued or running, for beginTurn and prefill', () => {
+      const engine = make()
+      const buffer = engine.createEventBuffer(8)
+      const request = engine.createRequest()
+      request.beginTurn('abc', { maxGeneratedTokens: 5 })
+      expectCode(mod, () => request.beginTurn('more'), 'TURN_ACTIVE')
+      expectCode(mod, () => request.prefill('more'), 'TURN_ACTIVE')
+      step(engine, buffer)
+      expect(request.state).toBe('active')
+      expectCode(mod, () => request.beginTurn('more'), 'TURN_ACTIVE')
+      expectCode(mod, () => request.prefill('more'), 'TURN_ACTIVE')
+      const events = drain(engine, buffer)
+      expect(tokensOf(events, request).length).toBe(4)
+      expect(request.beginTurn('more', { maxGeneratedTokens: 1 }).id).toBe(2)
+    })
+
+    it('throws EVENTS_PENDING while the finish event is retained (capacity-1 buffer)', () => {
+      const engine = make()
+      const buffer = engine.createEventBuffer(1)
+      const a = engine.createRequest()
+      const b = engine.createRequest()
+      a.beginTurn('aa', { maxGeneratedTokens: 1 })
+      b.beginTurn('bb', { maxGeneratedTokens: 1 })
+      const first = step(engine, buffer)
+      expect(first).toHaveLength(1)
+      expect(first[0].flags).toBe(FLAGS.Token | FLAGS.TurnFinished)
+      const delivered = first[0].request
+      const retained = delivered === a ? b : a
+      expect([a, b]).toContain(delivered)
+      expect(engine.stats().retainedEvents).toBe(1)
+      expect(retained.state).toBe('turn-complete')
+      expectCode(mod, () => retained.beginTurn('next', { maxGeneratedTokens: 1 }), 'EVENTS_PENDING')
+      expect(delivered!.beginTurn('next', { maxGeneratedTokens: 1 }).id).toBe(2)
+      const steps = engine.stats().steps
+      const second = step(engine, buffer)
+      expect(second).toHaveLength(1)
+      expect(second[0].request).toBe(retained)
+      expect(second[0].flags & FLAGS.TurnFinished).toBeTruthy()
+      expect(engine.stats().steps).toBe(steps)
+      expect(retained.beginTurn('next', { maxGeneratedTokens: 1 }).id).toBe(2)
+      drain(engine, buffer)
+    })
+  })
+
+  describe('continuations and prefill', () => {
+    it('a continuation counts only its new input as promptTokens and reuses the context', () => {
+      const engine = make({ seed: 11 })
+      const buffer = engine.createEventBuffer(16)
+      const request = engine.createRequest()
+      request.beginTurn('first turn', { maxGeneratedTokens: 4 })
+      const e1 = drain(engine, buffer)
+      const gen1 = tokensOf(e1, request)
+      expect(finishesOf(e1, request)[0].usage).toEqual({ promptTokens: 10, generatedTokens: 4, cachedPromptTokens: 0 })
+      expect(request.tokenCount).toBe(14)
+      const t2 = request.beginTurn('second', { maxGeneratedTokens: 5 })
+      expect(t2.id).toBe(2)
+      expect(request.tokenCount).toBe(20)
+      const e2 = drain(engine, buffer)
+      const finish = finishesOf(e2, request)
+      expect(finish).toHaveLength(1)
+      expect(finish[0].turnId).toBe(2)
+      expect(finish[0].usage).toEqual({ promptTokens: 6, generatedTokens: 5, cachedPromptTokens: 0 })
+      expect(request.tokenCount).toBe(25)
+      const context = [...engine.tokenize('first turn'), ...gen1, ...engine.tokenize('second')]
+      expect(tokensOf(e2, request)).toEqual(referenceTokens(context, 5, { seed: 11 }))
+    })
+
+    it('prefill adds context without a turn; the next turn counts only its own input', () => {
+      const engine = make({ seed: 12 })
+      const buffer = engine.createEventBuffer(16)
+      const request = engine.createRequest()
+      request.prefill('system: be brief. ')
+      expect(request.tokenCount).toBe(18)
+      expect(engine.hasPendingWork()).toBe(true)
+      const prefillEvents = drain(engine, buffer)
+      expect(eventsOf(prefillEvents, request)).toEqual([])
+      expect(engine.stats().promptTokens).toBe(18)
+      const turn = request.beginTurn('hi', { maxGeneratedTokens: 4 })
+      expect(turn.id).toBe(1)
+      const events = drain(engine, buffer)
+      expect(finishesOf(events, request)[0].usage).toEqual({ promptTokens: 2, generatedTokens: 4, cachedPromptTokens: 0 })
+      expect(request.tokenCount).toBe(24)
+      expect(tokensOf(events, request)).toEqual(referenceTokens('system: be brief. hi', 4, { seed: 12 }))
+    })
+  })
+})

@@ -8,6 +8,10 @@
 //!   cargo run --release -p ortex-core --example trace_digest -- 400 | diff before.txt -
 //! ```
 //!
+//! To compare across a change that adds event words, hash only the words both sides have:
+//! `TRACE_EVENT_WORDS=10 cargo run ...` hashes each event's first 10 words (the stride before
+//! the stop kind and index were added).
+//!
 //! The workload covers what the scheduler and the KV accounting decide: arrivals, continuations,
 //! prefills, truncations, cancels, closes and abandoned requests, greedy and sampled turns with
 //! limits and stop sequences, chunked prefill under a token budget, KV pressure (preemption),
@@ -42,7 +46,8 @@ fn options_for(seed: u64, rng: &mut Rng) -> String {
 fn turn_options(rng: &mut Rng, vocab: u32) -> TurnOptions {
     let mut json = format!(r#"{{"maxGeneratedTokens":{}"#, rng.below(10));
     if rng.below(2) == 0 {
-        json += &format!(r#","temperature":{},"topK":{},"topP":0.9"#, [0.5, 1.0, 1.5][rng.below(3) as usize], rng.below(5));
+        json +=
+            &format!(r#","temperature":{},"topK":{},"topP":0.9"#, [0.5, 1.0, 1.5][rng.below(3) as usize], rng.below(5));
     }
     if rng.below(4) == 0 {
         json += &format!(r#","stopTokenIds":[[{}]]"#, rng.below(u64::from(vocab.min(12))));
@@ -56,6 +61,7 @@ fn turn_options(rng: &mut Rng, vocab: u32) -> TurnOptions {
 
 struct Trace {
     digest: u64,
+    event_words: usize,
 }
 
 impl Trace {
@@ -131,8 +137,10 @@ fn run(engine: &mut Engine, rng: &mut Rng, trace: &mut Trace) -> bool {
     trace.result(&result);
     let Ok(count) = result else { return false };
     trace.add(count as u64);
-    for &word in &words[..count * EVENT_STRIDE_WORDS] {
-        trace.add(u64::from(word as u32));
+    for event in words[..count * EVENT_STRIDE_WORDS].chunks(EVENT_STRIDE_WORDS) {
+        for &word in &event[..trace.event_words] {
+            trace.add(u64::from(word as u32));
+        }
     }
     let stats = engine.stats();
     for value in [
@@ -153,7 +161,7 @@ fn run(engine: &mut Engine, rng: &mut Rng, trace: &mut Trace) -> bool {
 fn digest_of(seed: u64) -> u64 {
     let mut rng = Rng::new(seed);
     let options: SimOptions = ortex_ops::sim_options_from_json(&options_for(seed, &mut rng)).expect("options parse");
-    let mut trace = Trace { digest: seed };
+    let mut trace = Trace { digest: seed, event_words: event_words_hashed() };
     let mut engine = match Engine::simulated(&options) {
         Ok(engine) => engine,
         Err(error) => return hash2(seed, error.code as u64),
@@ -178,6 +186,13 @@ fn digest_of(seed: u64) -> u64 {
     }
     trace.add(u64::from(engine.stats().free_blocks));
     trace.digest
+}
+
+/// How many leading words of each event the digest covers (all unless `TRACE_EVENT_WORDS` says).
+fn event_words_hashed() -> usize {
+    std::env::var("TRACE_EVENT_WORDS").map_or(EVENT_STRIDE_WORDS, |n| {
+        n.parse::<usize>().expect("TRACE_EVENT_WORDS is a number").min(EVENT_STRIDE_WORDS)
+    })
 }
 
 fn main() {

@@ -281,7 +281,9 @@ impl Engine {
     pub fn stop_turn(&mut self, id: RequestId, turn: TurnId, stop_index: u32) -> Result<bool> {
         self.check_open()?;
         if stop_index as usize >= MAX_STOP_ENTRIES {
-            return Err(OrtexError::invalid(format!("a stop string index is below {MAX_STOP_ENTRIES}, got {stop_index}")));
+            return Err(OrtexError::invalid(format!(
+                "a stop string index is below {MAX_STOP_ENTRIES}, got {stop_index}"
+            )));
         }
         let request = self.open_request(id)?;
         if request.running_turn().map(|t| t.id) != Some(turn) {

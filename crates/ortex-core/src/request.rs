@@ -37,8 +37,13 @@ pub enum RequestState {
 
 impl RequestState {
     /// Every state, indexed by its code.
-    pub const ALL: [RequestState; 5] =
-        [RequestState::Created, RequestState::Queued, RequestState::Active, RequestState::TurnComplete, RequestState::Closed];
+    pub const ALL: [RequestState; 5] = [
+        RequestState::Created,
+        RequestState::Queued,
+        RequestState::Active,
+        RequestState::TurnComplete,
+        RequestState::Closed,
+    ];
 
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -172,7 +177,11 @@ impl Request {
 
     /// Starts a turn over input already appended to `tokens`.
     pub fn transition_to_queued(&mut self, options: ResolvedTurnOptions, prompt_tokens: u32, rng: Rng) -> TurnId {
-        assert!(!self.is_closed() && self.running_turn().is_none(), "request {} begins a turn while one runs", self.id.0);
+        assert!(
+            !self.is_closed() && self.running_turn().is_none(),
+            "request {} begins a turn while one runs",
+            self.id.0
+        );
         self.last_turn_id += 1;
         let id = TurnId(self.last_turn_id);
         self.turn = TurnSlot::Running(Turn { id, options, prompt_tokens, generated_tokens: 0, rng });

@@ -77,8 +77,7 @@ impl Scheduler {
         order.extend(self.prefills.iter().map(|&(_, p)| p).filter(|&p| Some(p) != first && starved(p)));
         let aged = order.len();
         order.extend(self.decodes.iter().copied().filter(|&p| Some(p) != first));
-        let rest: Vec<usize> =
-            self.prefills.iter().map(|&(_, p)| p).filter(|p| !order[..aged].contains(p)).collect();
+        let rest: Vec<usize> = self.prefills.iter().map(|&(_, p)| p).filter(|p| !order[..aged].contains(p)).collect();
         order.extend(rest);
         order
     }

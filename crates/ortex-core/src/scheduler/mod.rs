@@ -104,7 +104,12 @@ impl Scheduler {
     }
 
     /// Plans one step into `plan` (cleared first) and reserves its blocks in `reservation`.
-    pub fn plan(&mut self, input: &mut PlanInput<'_>, plan: &mut StepPlan, reservation: &mut StepReservation) -> PlanReport {
+    pub fn plan(
+        &mut self,
+        input: &mut PlanInput<'_>,
+        plan: &mut StepPlan,
+        reservation: &mut StepReservation,
+    ) -> PlanReport {
         plan.clear();
         let mut report = PlanReport::default();
         if input.config.batching == BatchingMode::Static {

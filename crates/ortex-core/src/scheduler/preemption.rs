@@ -13,7 +13,12 @@ use crate::options::BatchingMode;
 impl Scheduler {
     /// Frees KV until `target`'s next token fits. Returns whether anything was freed; closed rows
     /// of a static batch whose blocks it gave back go to `released`.
-    pub(super) fn preempt_for(&mut self, target: RequestId, input: &mut PlanInput<'_>, released: &mut Vec<RequestId>) -> bool {
+    pub(super) fn preempt_for(
+        &mut self,
+        target: RequestId,
+        input: &mut PlanInput<'_>,
+        released: &mut Vec<RequestId>,
+    ) -> bool {
         let mut preempted_any = self.static_batch.release_closed_rows(input, released);
         for id in self.victims(target, input) {
             if self.fits_next_token(target, input) {

@@ -22,7 +22,12 @@ impl StaticBatch {
 
     /// Recycles the batch once no row has work left (giving back its closed rows' blocks, into
     /// `released`), then forms the next one from the waiting requests in arrival order.
-    pub(super) fn refresh(&mut self, input: &mut PlanInput<'_>, waiting: &BTreeMap<RequestId, Waiting>, released: &mut Vec<RequestId>) {
+    pub(super) fn refresh(
+        &mut self,
+        input: &mut PlanInput<'_>,
+        waiting: &BTreeMap<RequestId, Waiting>,
+        released: &mut Vec<RequestId>,
+    ) {
         let Some(recycled) = self.recycle_if_done(input.requests, input.kv) else { return };
         released.extend(recycled);
         let arrival = |id: RequestId| waiting.get(&id).map_or(0, |w| w.arrival);
@@ -35,7 +40,11 @@ impl StaticBatch {
 
     /// Empties the batch when no row has work left; returns its closed rows, whose blocks it gave
     /// back (None while the batch is busy).
-    pub(super) fn recycle_if_done(&mut self, requests: &RequestTable, kv: &mut dyn KvManager) -> Option<Vec<RequestId>> {
+    pub(super) fn recycle_if_done(
+        &mut self,
+        requests: &RequestTable,
+        kv: &mut dyn KvManager,
+    ) -> Option<Vec<RequestId>> {
         if self.members.iter().any(|id| requests.get(id).is_some_and(|r| r.needs_compute())) {
             return None;
         }

@@ -413,7 +413,10 @@ mod tests {
         // The limit counts characters: 256 two-byte characters (512 bytes) are allowed.
         let accented = "é".repeat(MAX_OPERATION_ID_CHARS);
         lease.begin_operation(1_000, &accented).unwrap();
-        assert!(!longer_than(&accented, MAX_OPERATION_ID_CHARS) && longer_than(&format!("{accented}é"), MAX_OPERATION_ID_CHARS));
+        assert!(
+            !longer_than(&accented, MAX_OPERATION_ID_CHARS)
+                && longer_than(&format!("{accented}é"), MAX_OPERATION_ID_CHARS)
+        );
     }
 
     #[test]

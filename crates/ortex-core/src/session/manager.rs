@@ -16,8 +16,8 @@ use std::collections::{BTreeMap, VecDeque};
 
 use super::append::DEFAULT_COMPLETED_APPEND_LIMIT;
 use super::fence::{validate_fence, Fence};
-use super::lease::{Lease, LeaseConfig, LeaseGeneration};
 use super::lease::longer_than;
+use super::lease::{Lease, LeaseConfig, LeaseGeneration};
 use super::state::Session;
 use crate::error::{ErrorCode, OrtexError, Result};
 

@@ -7,7 +7,7 @@
 //! exactly as it would with a real model.
 
 use crate::error::{OrtexError, Result};
-use crate::executor::{ExecError, Executor, KvGeometry, LogitsLayout, ModelInfo, StepOutput, StepPlan};
+use crate::executor::{ExecError, Executor, KvGeometry, LogitsLayout, ModelInfo, PlanRow, StepOutput, StepPlan};
 use crate::options::{SimFaults, SimOptions};
 use crate::rng::{hash2, mix64, unit_f64};
 
@@ -141,6 +141,36 @@ impl SimExecutor {
     }
 
     /// A slot never written reads as 0, as it did when every slot was allocated up front.
+    /// Writes the contexts of one row's tokens into its KV slots and returns the last one.
+    /// Walks the row's positions as (block index in the row's table, offset in the block),
+    /// starting at the position before the row: one division per row, not per token.
+    fn write_row(&mut self, plan: &StepPlan, row: &PlanRow) -> u64 {
+        let block_size = self.geometry.block_size;
+        let blocks = plan.row_blocks(row);
+        let (mut block, mut offset, mut context) = if row.start_position == 0 {
+            (0, 0, self.model.empty_context())
+        } else {
+            let previous = row.start_position - 1;
+            let (block, offset) = (previous / block_size - row.first_block, previous % block_size);
+            let context = self.slot((blocks[block as usize].0 * block_size + offset) as usize);
+            if offset + 1 == block_size {
+                (block + 1, 0, context)
+            } else {
+                (block, offset + 1, context)
+            }
+        };
+        for (i, &token) in plan.row_tokens(row).iter().enumerate() {
+            context = self.model.extend(context, token, row.start_position + i as u32);
+            *self.slot_mut((blocks[block as usize].0 * block_size + offset) as usize) = context;
+            offset += 1;
+            if offset == block_size {
+                block += 1;
+                offset = 0;
+            }
+        }
+        context
+    }
+
     fn slot(&self, index: usize) -> u64 {
         self.slots.get(index).copied().unwrap_or(0)
     }
@@ -193,7 +223,8 @@ impl Executor for SimExecutor {
     }
 
     fn execute(&mut self, plan: &StepPlan, out: &mut StepOutput) -> Result<(), ExecError> {
-        let cost_us = self.token_cost_us.saturating_mul(u64::from(plan.total_tokens())).saturating_add(self.step_cost_us);
+        let cost_us =
+            self.token_cost_us.saturating_mul(u64::from(plan.total_tokens())).saturating_add(self.step_cost_us);
         // Saturates where JavaScript numbers stop being exact, so the clock never wraps around.
         self.virtual_time_us = self.virtual_time_us.saturating_add(cost_us).min(MAX_VIRTUAL_TIME_US);
         if let Some(fault) = self.injected_fault(plan.step) {
@@ -204,32 +235,8 @@ impl Executor for SimExecutor {
         out.width = SIM_CANDIDATES;
         out.ids.reserve(plan.rows.len() * SIM_CANDIDATES);
         out.logits.reserve(plan.rows.len() * SIM_CANDIDATES);
-        let block_size = self.geometry.block_size;
         for row in &plan.rows {
-            let blocks = plan.row_blocks(row);
-            // Walk the row's positions as (block index in the row's table, offset in the block),
-            // starting at the position before the row: one division per row, not per token.
-            let (mut block, mut offset, mut context) = if row.start_position == 0 {
-                (0, 0, self.model.empty_context())
-            } else {
-                let previous = row.start_position - 1;
-                let (block, offset) = (previous / block_size - row.first_block, previous % block_size);
-                let context = self.slot((blocks[block as usize].0 * block_size + offset) as usize);
-                if offset + 1 == block_size {
-                    (block + 1, 0, context)
-                } else {
-                    (block, offset + 1, context)
-                }
-            };
-            for (i, &token) in plan.row_tokens(row).iter().enumerate() {
-                context = self.model.extend(context, token, row.start_position + i as u32);
-                *self.slot_mut((blocks[block as usize].0 * block_size + offset) as usize) = context;
-                offset += 1;
-                if offset == block_size {
-                    block += 1;
-                    offset = 0;
-                }
-            }
+            let context = self.write_row(plan, row);
             if row.sample {
                 self.model.candidates(context, &mut out.ids, &mut out.logits);
             }

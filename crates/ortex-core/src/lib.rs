@@ -7,6 +7,11 @@
 //! The life of a token: [`engine::Engine::run`] asks the [`scheduler`] to plan one step
 //! (`plan`), hands the plan to an [`executor::Executor`] (`execute`), then applies the output and
 //! publishes events (`commit`).
+//!
+//! One owner per piece of state: the [`engine::Engine`] owns the requests (and is the only code
+//! that removes one), [`kv::manager`] owns the block pool and every block table (admit, reserve a
+//! step, commit or roll it back, free, truncate), the [`scheduler`] owns its waiting order and
+//! starvation counts, [`events`] owns the retained events, and [`session`] the duplex rules.
 
 pub mod engine;
 pub mod error;

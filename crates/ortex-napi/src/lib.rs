@@ -475,7 +475,12 @@ impl CoreSessions {
     }
 
     #[napi]
-    pub fn begin_operation(&mut self, session_id: String, now_ms: f64, operation_id: String) -> napi::Result<(), String> {
+    pub fn begin_operation(
+        &mut self,
+        session_id: String,
+        now_ms: f64,
+        operation_id: String,
+    ) -> napi::Result<(), String> {
         self.call(|sessions| sessions.begin_operation(&session_id, now_ms, &operation_id))
     }
 
@@ -490,7 +495,12 @@ impl CoreSessions {
     }
 
     #[napi]
-    pub fn begin_close(&mut self, session_id: String, fence: Option<Value>, reason: String) -> napi::Result<bool, String> {
+    pub fn begin_close(
+        &mut self,
+        session_id: String,
+        fence: Option<Value>,
+        reason: String,
+    ) -> napi::Result<bool, String> {
         self.call(|sessions| {
             let fence = fence.map(|f| input("fence", f)).transpose()?;
             sessions.begin_close(&session_id, fence, &reason)

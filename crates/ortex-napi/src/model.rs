@@ -1,4 +1,4 @@
-//! ONNX model folders: `CoreEngine.load`. Native only, so it lives here and not in ops.rs (which
+//! ONNX model folders: `CoreEngine.load`. Native only, so it lives here and not in ortex-ops (which
 //! the WebAssembly build compiles too, and which must not reach ONNX Runtime or tokenizers).
 //!
 //! Loading reads the config and the tokenizer, opens ONNX Runtime and builds the session: tens of
@@ -23,7 +23,11 @@ use crate::{coded_js, ops, unhealthy_after_panic, CoreEngine, OffThread};
 /// Builds the engine: `options` are the engine's plus how ONNX Runtime runs the model;
 /// `library` is the ONNX Runtime library to use when neither ORTEX_ORT_DYLIB nor ORT_DYLIB_PATH
 /// names one.
-pub fn load_impl(model_dir: &str, options: ModelOptionsInput, library: Option<&str>) -> Result<ortex_ort::LoadedEngine> {
+pub fn load_impl(
+    model_dir: &str,
+    options: ModelOptionsInput,
+    library: Option<&str>,
+) -> Result<ortex_ort::LoadedEngine> {
     let options = LoadOptions {
         engine: options.engine(),
         execution_provider: options.execution_provider.map(|provider| match provider {
@@ -56,9 +60,10 @@ impl Task for LoadTask {
 
     /// On the libuv thread pool.
     fn compute(&mut self) -> napi::Result<Self::Output> {
-        let loaded =
-            catch_unwind(AssertUnwindSafe(|| load_impl(&self.model_dir, self.options.clone(), self.library.as_deref())))
-                .unwrap_or_else(|payload| Err(unhealthy_after_panic(&ops::panic_message(payload.as_ref()))));
+        let loaded = catch_unwind(AssertUnwindSafe(|| {
+            load_impl(&self.model_dir, self.options.clone(), self.library.as_deref())
+        }))
+        .unwrap_or_else(|payload| Err(unhealthy_after_panic(&ops::panic_message(payload.as_ref()))));
         Ok(loaded.and_then(|loaded| {
             let steps = StepThread::spawn().map_err(|e| {
                 OrtexError::new(ErrorCode::ModelLoad, format!("cannot start the engine's step thread: {e}"))
@@ -87,7 +92,11 @@ impl CoreEngine {
     /// An engine over an ONNX model folder (genai_config.json, model.onnx, tokenizer.json).
     /// Rejects with INVALID_ARGUMENT for options of the wrong shape, MODEL_LOAD for the folder.
     #[napi(ts_return_type = "Promise<CoreEngine>")]
-    pub fn load(model_dir: String, options: serde_json::Value, ort_library_path: Option<String>) -> napi::Result<AsyncTask<LoadTask>, String> {
+    pub fn load(
+        model_dir: String,
+        options: serde_json::Value,
+        ort_library_path: Option<String>,
+    ) -> napi::Result<AsyncTask<LoadTask>, String> {
         let options = crate::input("engine options", options).map_err(crate::coded)?;
         Ok(AsyncTask::new(LoadTask { model_dir, options, library: ort_library_path }))
     }

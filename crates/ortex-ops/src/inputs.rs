@@ -303,7 +303,13 @@ mod tests {
         assert_eq!(options.engine().max_batch_size, Some(4));
         assert_eq!(options.execution_provider, Some(ExecutionProviderInput::Cuda));
         assert_eq!((options.intra_op_threads, options.intra_op_spinning), (Some(2), Some(true)));
-        for bad in [r#"{"unknown":1}"#, r#"{"executionProvider":"tpu"}"#, r#"{"intraOpThreads":-1}"#, r#"{"intraOpSpinning":1}"#, "nope"] {
+        for bad in [
+            r#"{"unknown":1}"#,
+            r#"{"executionProvider":"tpu"}"#,
+            r#"{"intraOpThreads":-1}"#,
+            r#"{"intraOpSpinning":1}"#,
+            "nope",
+        ] {
             assert!(crate::from_json::<ModelOptionsInput>("engine options", bad).is_err(), "{bad}");
         }
     }

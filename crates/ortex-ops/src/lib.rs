@@ -153,7 +153,8 @@ mod tests {
             let error = sim_options_from_json(bad).err().unwrap_or_else(|| panic!("{bad} was accepted"));
             assert_eq!(error.code, ErrorCode::InvalidArgument, "{bad}");
         }
-        let options = sim_options_from_json(r#"{"seed":9007199254740991,"blockSize":4,"faults":{"fatalSteps":[3]}}"#).unwrap();
+        let options =
+            sim_options_from_json(r#"{"seed":9007199254740991,"blockSize":4,"faults":{"fatalSteps":[3]}}"#).unwrap();
         assert_eq!(options.seed, Some((1 << 53) - 1));
         assert_eq!(options.engine.block_size, Some(4));
         assert_eq!(options.faults.unwrap().fatal_steps, vec![3]);

@@ -96,8 +96,12 @@ impl Sessions {
         input_digest: f64,
         fence: Option<FenceInput>,
     ) -> Result<AppendPlanView> {
-        let request =
-            AppendRequest { fence: fence_of(fence)?, is_final, operation_id, input_digest: exact_u64("inputDigest", input_digest)? };
+        let request = AppendRequest {
+            fence: fence_of(fence)?,
+            is_final,
+            operation_id,
+            input_digest: exact_u64("inputDigest", input_digest)?,
+        };
         if self.reservations.len() >= MAX_PENDING_RESERVATIONS {
             return Err(OrtexError::new(ErrorCode::CapacityExhausted, "too many append reservations are held"));
         }
@@ -284,7 +288,10 @@ mod tests {
         assert_eq!(sessions.resume("s", 4.0, 0.0).unwrap().lease_generation, 1.0);
         sessions.detach("s", 5.0).unwrap();
         let expired = sessions.collect_expired(15.0).unwrap();
-        assert_eq!((expired[0].reason, expired[0].submitted_request_ids.clone()), ("disconnect_grace_expired", vec![4]));
+        assert_eq!(
+            (expired[0].reason, expired[0].submitted_request_ids.clone()),
+            ("disconnect_grace_expired", vec![4])
+        );
         assert_eq!(sessions.num_sessions(), 1, "the slot is held until the close is final");
         assert_eq!(sessions.finalize_close("s").unwrap(), vec![4]);
         assert_eq!(sessions.num_sessions(), 0);

@@ -90,7 +90,8 @@ pub fn load_engine(dir: &Path, options: &LoadOptions, library: Option<&Path>) ->
     };
     let model = Model::load(dir, settings, library)?;
     let stats = model.executor.stats();
-    let kv_bytes_per_token = 2 * u64::from(model.executor.config().num_hidden_layers) * model.executor.config().kv_width() as u64 * 4;
+    let kv_bytes_per_token =
+        2 * u64::from(model.executor.config().num_hidden_layers) * model.executor.config().kv_width() as u64 * 4;
     let engine = Engine::new(&options.engine, Box::new(model.executor), Box::new(model.codec), 0)?;
     let kv_tokens = u64::from(engine.config().num_blocks) * u64::from(engine.config().block_size);
     let memory_bytes = folder_bytes(dir) + kv_tokens * kv_bytes_per_token;

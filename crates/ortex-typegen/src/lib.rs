@@ -57,19 +57,29 @@ fn constant(name: &str, doc: &str, value: &serde_json::Value) -> String {
 fn constants() -> String {
     let layout = serde_json::to_value(event_layout()).expect("the layout serializes");
     let object = |pairs: &serde_json::Value| -> serde_json::Value {
-        let map = pairs.as_array().expect("pairs").iter().map(|pair| {
-            (pair[0].as_str().expect("a name").to_owned(), pair[1].clone())
-        });
+        let map = pairs
+            .as_array()
+            .expect("pairs")
+            .iter()
+            .map(|pair| (pair[0].as_str().expect("a name").to_owned(), pair[1].clone()));
         serde_json::Value::Object(map.collect())
     };
     [
-        constant("LIMITS", "Limits and defaults, defined once in ortex-core.", &serde_json::to_value(LIMITS).expect("limits")),
+        constant(
+            "LIMITS",
+            "Limits and defaults, defined once in ortex-core.",
+            &serde_json::to_value(LIMITS).expect("limits"),
+        ),
         constant("EVENT_STRIDE", "32-bit words per event record.", &layout["strideWords"]),
         constant("EVENT_WORDS", "Word offsets within one event record.", &object(&layout["words"])),
         constant("EVENT_FLAGS", "Flag bits of an event.", &object(&layout["flags"])),
         constant("FINISH_REASONS", "Finish reasons, indexed by the event's finish word.", &layout["finishReasons"]),
         constant("STOP_KINDS", "Stop kinds, indexed by the event's stop-kind word.", &layout["stopKinds"]),
-        constant("EVENT_ERROR_CODES", "Event error codes, indexed by the event's error word.", &layout["eventErrorCodes"]),
+        constant(
+            "EVENT_ERROR_CODES",
+            "Event error codes, indexed by the event's error word.",
+            &layout["eventErrorCodes"],
+        ),
         constant("ERROR_CODES", "Every OrtexError code.", &layout["errorCodes"]),
         constant("RETRYABLE_ERROR_CODES", "The codes of errors a caller may retry.", &layout["retryableErrorCodes"]),
         constant("REQUEST_STATES", "Request states, indexed by their code.", &layout["requestStates"]),

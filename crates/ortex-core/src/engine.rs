@@ -173,7 +173,8 @@ impl Engine {
         }
         let id = RequestId(self.next_request_id);
         self.next_request_id += 1;
-        self.requests.insert(id, Request::new(id, max_session_tokens));
+        let kv = self.kv.open(id);
+        self.requests.insert(id, Request::new(id, kv, max_session_tokens));
         Ok(id)
     }
 
@@ -259,7 +260,7 @@ impl Engine {
         }
         let request = self.requests.get_mut(&id).expect("checked");
         request.truncate_to(token_count);
-        self.kv.truncate(id, request.kv_len);
+        self.kv.truncate(request.kv, request.kv_len);
         Ok(())
     }
 
@@ -402,6 +403,9 @@ impl Engine {
         // A closed engine keeps nothing of its model: the executor (its KV storage, a real model's
         // session and threads) goes as soon as the step that carried it returns.
         self.executor = (!self.closed).then_some(executor);
+        // What planning staged may have gone stale while the step ran (a close or a cancel);
+        // what this commit stages is checked as it is made.
+        self.drop_stale_staged();
         match result.expect("a transaction is executed before it is committed") {
             Ok(()) if output.matches(plan.sampled_rows()) => {
                 self.kv.commit(in_flight.reservation);
@@ -420,7 +424,6 @@ impl Engine {
             }
         }
         self.spare = Some((plan, output));
-        self.drop_stale_staged();
         self.release_closed();
         if self.closed {
             self.staged.clear();
@@ -628,9 +631,6 @@ impl Engine {
             .filter(|r| r.is_closed() && !self.computing_in_flight(r.id) && !self.scheduler.pins(r.id))
             .map(|r| r.id)
             .collect();
-        for &id in &releasable {
-            self.kv.free(id);
-        }
         self.remove_released(&releasable);
     }
 
@@ -638,6 +638,7 @@ impl Engine {
     fn remove_released(&mut self, released: &[RequestId]) {
         for &id in released {
             let request = self.requests.remove(&id).expect("a released request is in the table");
+            self.kv.release(request.kv);
             assert!(request.is_closed(), "request {} released while open", id.0);
             self.num_closed -= 1;
             self.scheduler.forget(id);

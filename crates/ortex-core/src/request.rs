@@ -22,6 +22,7 @@
 
 use crate::events::{FinishReason, StopMatch, Usage};
 use crate::ids::{RequestId, TurnId};
+use crate::kv::KvHandle;
 use crate::options::ResolvedTurnOptions;
 use crate::rng::Rng;
 
@@ -97,6 +98,8 @@ pub enum TurnSlot {
 #[derive(Debug, Clone)]
 pub struct Request {
     pub id: RequestId,
+    /// The request's table in the KV manager (only the manager reads what it points at).
+    pub kv: KvHandle,
     pub max_session_tokens: u32,
     pub tokens: Vec<i32>,
     pub kv_len: u32,
@@ -108,9 +111,10 @@ pub struct Request {
 }
 
 impl Request {
-    pub fn new(id: RequestId, max_session_tokens: u32) -> Request {
+    pub fn new(id: RequestId, kv: KvHandle, max_session_tokens: u32) -> Request {
         Request {
             id,
+            kv,
             max_session_tokens,
             tokens: Vec::new(),
             kv_len: 0,

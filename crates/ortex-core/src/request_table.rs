@@ -115,12 +115,14 @@ impl std::ops::Index<&RequestId> for RequestTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv::{KvManager, PagedKv};
 
     #[test]
     fn lookups_survive_removal_and_compaction() {
+        let mut kv = PagedKv::new(1, 1);
         let mut table = RequestTable::default();
         for i in 1..=300 {
-            table.insert(RequestId(i), Request::new(RequestId(i), 10));
+            table.insert(RequestId(i), Request::new(RequestId(i), kv.open(RequestId(i)), 10));
         }
         for i in (1..=300).filter(|i| i % 3 != 0) {
             assert!(table.remove(&RequestId(i)).is_some());
@@ -133,7 +135,7 @@ mod tests {
         assert!(table.values().map(|r| r.id.0).eq((1..=300).filter(|i| i % 3 == 0)));
         assert_eq!(table[&RequestId(150)].id, RequestId(150));
         assert!(table.get(&RequestId(151)).is_none());
-        table.insert(RequestId(301), Request::new(RequestId(301), 10));
+        table.insert(RequestId(301), Request::new(RequestId(301), kv.open(RequestId(301)), 10));
         assert_eq!(table.keys().last(), Some(&RequestId(301)));
     }
 }

@@ -5,7 +5,7 @@
 mod manager;
 mod pool;
 
-pub use manager::{Admission, KvManager, PagedKv, StepReservation};
+pub use manager::{Admission, KvHandle, KvManager, PagedKv, StepReservation};
 pub use pool::{BlockPool, BlockState};
 
 /// Blocks needed to hold `num_tokens` positions.

@@ -25,8 +25,7 @@ impl Scheduler {
             if !request.needs_compute() || !(dynamic || self.static_batch.contains(request.id)) {
                 continue;
             }
-            let target = request.compute_target();
-            if input.kv.admit(request.id, request.kv_len, target, target - request.kv_len) == Admission::Never {
+            if !input.kv.can_ever_hold(request.compute_target()) {
                 report.unserviceable.push(request.id);
             } else if request.is_decoding() {
                 self.decodes.push(position);
@@ -56,9 +55,9 @@ impl Scheduler {
             let request = input.requests.at(position);
             let chunk_cap = if request.is_decoding() { 1 } else { config.prefill_chunk_size };
             let wanted = (request.compute_target() - request.kv_len).min(budget.tokens.min(chunk_cap));
-            match input.kv.admit(request.id, request.kv_len, request.compute_target(), wanted) {
+            match input.kv.admit(request.kv, request.kv_len, request.compute_target(), wanted) {
                 Admission::Fits(count) => {
-                    input.kv.reserve(reservation, request.id, request.kv_len, count);
+                    input.kv.reserve(reservation, request.kv, request.kv_len, count);
                     self.push_row(input, position, count, plan);
                     budget.tokens -= count;
                     budget.rows -= 1;
@@ -86,7 +85,7 @@ impl Scheduler {
         let request = input.requests.at(position);
         let start = request.kv_len;
         let block_size = input.kv.block_size();
-        let table = input.kv.table(request.id);
+        let table = input.kv.table(request.kv);
         let first_block = if self.full_block_tables { 0 } else { start.saturating_sub(1) / block_size };
         plan.rows.push(PlanRow {
             request: request.id,

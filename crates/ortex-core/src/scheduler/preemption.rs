@@ -24,8 +24,9 @@ impl Scheduler {
             if self.fits_next_token(target, input) {
                 break;
             }
-            input.kv.free(id);
-            input.requests.get_mut(&id).expect("victim exists").transition_to_preempted();
+            let victim = input.requests.get_mut(&id).expect("victim exists");
+            input.kv.free(victim.kv);
+            victim.transition_to_preempted();
             self.requeue(id);
             preempted_any = true;
         }
@@ -39,7 +40,7 @@ impl Scheduler {
         let mut victims: Vec<(bool, Reverse<RequestId>)> = input
             .requests
             .values()
-            .filter(|r| r.id != target && !r.is_closed() && !input.kv.table(r.id).is_empty())
+            .filter(|r| r.id != target && !r.is_closed() && !input.kv.table(r.kv).is_empty())
             // Idle requests, younger ones, and (static mode) requests outside the batch, which
             // cannot run before it is recycled anyway.
             .filter(|r| !r.needs_compute() || r.id > target || (is_static && !self.static_batch.contains(r.id)))
@@ -52,7 +53,7 @@ impl Scheduler {
     fn fits_next_token(&self, target: RequestId, input: &PlanInput<'_>) -> bool {
         let request = &input.requests[&target];
         let next = request.kv_len + 1;
-        matches!(input.kv.admit(target, request.kv_len, next, 1), Admission::Fits(_))
+        matches!(input.kv.admit(request.kv, request.kv_len, next, 1), Admission::Fits(_))
     }
 
     /// A preempted request waits again, behind everyone (how long it starved is kept).

@@ -50,8 +50,8 @@ impl StaticBatch {
         }
         let closed: Vec<RequestId> =
             self.members.drain(..).filter(|id| requests.get(id).is_some_and(|r| r.is_closed())).collect();
-        for &id in &closed {
-            kv.free(id);
+        for id in &closed {
+            kv.free(requests[id].kv);
         }
         Some(closed)
     }
@@ -62,8 +62,8 @@ impl StaticBatch {
         let requests = &*input.requests;
         let closed: Vec<RequestId> =
             self.members.iter().copied().filter(|id| requests.get(id).is_some_and(|r| r.is_closed())).collect();
-        for &id in &closed {
-            input.kv.free(id);
+        for id in &closed {
+            input.kv.free(requests[id].kv);
         }
         self.members.retain(|id| !closed.contains(id));
         released.extend_from_slice(&closed);

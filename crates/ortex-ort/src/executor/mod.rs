@@ -106,6 +106,12 @@ impl OrtExecutor {
     /// Wraps an opened session after checking its signature against the config.
     pub fn new(config: ModelConfig, session: Session, provider: ExecutionProvider) -> Result<OrtExecutor> {
         let names = Names::of(&config);
+        if config.sliding_window.is_some() {
+            return Err(load_error(format!(
+                "{}: model.decoder.sliding_window is not implemented yet",
+                config.config_file().display()
+            )));
+        }
         check_signature(&config, &session, &names)?;
         let form = detect_form(&config, &session);
         let past = PastSources {

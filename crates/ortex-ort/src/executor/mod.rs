@@ -26,12 +26,14 @@
 //!   that GroupQueryAttention appends to in place), carried.rs (the previous invocation's
 //!   present taken as the past), gathered.rs (copied from the blocks into new tensors)
 //! - tensor_rows.rs: the copies between one KV tensor and the blocks, row by row
-//! - signature.rs: the tensor names and the checks at load; stats.rs: the counters
+//! - signature.rs: the tensor names, the KV element type and widths, the checks at load;
+//!   probe.rs: the one-token run at load of a float16 or bfloat16 model; stats.rs: the counters
 
 mod carried;
 mod gathered;
 mod grouping;
 mod invocation;
+mod probe;
 mod shared;
 mod signature;
 mod stats;
@@ -44,12 +46,14 @@ use ortex_core::executor::{ExecError, Executor, KvGeometry, LogitsLayout, ModelI
 use ortex_core::{ErrorCode, OrtexError, Result};
 
 use crate::config::ModelConfig;
+use crate::kv_element::KvElement;
 use crate::kv_store::KvStore;
+use crate::layer_attention::AttentionPlan;
 use crate::runtime::ExecutionProvider;
 use gathered::GatheredPast;
 use grouping::{assign_sampled_slots, check_plan, group_rows, Grouping};
 use invocation::{Batch, Invocation, LogitsOut, PastSources, TokenInputs};
-use signature::{check_signature, detect_form, Names};
+use signature::{check_signature, detect_form, KvSpec, Names};
 use stats::now;
 pub use stats::{Counter, ExecutorStats, StatsSnapshot, Unit};
 
@@ -77,6 +81,8 @@ pub struct OrtExecutor {
     form: AttentionForm,
     session: Session,
     names: Names,
+    spec: KvSpec,
+    plan: AttentionPlan,
     kv: Option<KvStore>,
     /// The buffers below are reused from step to step.
     grouping: Grouping,
@@ -103,28 +109,34 @@ fn env_flag(name: &str) -> bool {
 }
 
 impl OrtExecutor {
-    /// Wraps an opened session after checking its signature against the config.
-    pub fn new(config: ModelConfig, session: Session, provider: ExecutionProvider) -> Result<OrtExecutor> {
+    /// Wraps an opened session after checking its signature against the config; a model whose
+    /// KV is not float32 also runs one token on the CPU first (probe.rs), so that a graph ONNX
+    /// Runtime's kernels cannot run fails here, saying so, rather than at every turn.
+    pub fn new(
+        config: ModelConfig,
+        mut session: Session,
+        provider: ExecutionProvider,
+        plan: AttentionPlan,
+    ) -> Result<OrtExecutor> {
         let names = Names::of(&config);
-        if config.sliding_window.is_some() {
-            return Err(load_error(format!(
-                "{}: model.decoder.sliding_window is not implemented yet",
-                config.config_file().display()
-            )));
-        }
-        check_signature(&config, &session, &names)?;
+        let spec = check_signature(&config, &session, &names, &plan)?;
         let form = detect_form(&config, &session);
+        if provider == ExecutionProvider::Cpu && (spec.element != KvElement::F32 || spec.logits != KvElement::F32) {
+            probe::run_one_token(&config, &mut session, &names, &spec, &plan)?;
+        }
         let past = PastSources {
             gathered: GatheredPast::new(names.past.len()),
             carry: None,
             carry_enabled: env_flag("ORTEX_CARRY_PRESENT"),
-            shared: shared::shared_past_for(&config, form, provider, &session)?,
+            shared: shared::shared_past_for(&config, form, provider, &session, &spec)?,
         };
         Ok(OrtExecutor {
             config,
             form,
             session,
             names,
+            spec,
+            plan,
             kv: None,
             grouping: Grouping::default(),
             tokens: TokenInputs::default(),
@@ -141,6 +153,21 @@ impl OrtExecutor {
         self.form
     }
 
+    /// The KV element type (the KV store keeps keys and values in it).
+    pub fn kv_element(&self) -> KvElement {
+        self.spec.element
+    }
+
+    /// Bytes of the KV of one position (all layers, keys and values) in the KV store.
+    pub fn kv_bytes_per_position(&self) -> u64 {
+        self.spec.bytes_per_position(&self.config)
+    }
+
+    /// Each layer's attention, as the session runs it.
+    pub fn attention_plan(&self) -> &AttentionPlan {
+        &self.plan
+    }
+
     /// The counters; the handle stays valid after the executor moves into an engine.
     pub fn stats(&self) -> Arc<ExecutorStats> {
         Arc::clone(&self.stats)
@@ -153,6 +180,7 @@ impl OrtExecutor {
             config: &self.config,
             form: self.form,
             names: &self.names,
+            spec: &self.spec,
             batch: Batch::new(plan, rows, &self.config),
             session: &mut self.session,
             kv: self.kv.as_mut().expect("execute checked"),
@@ -160,6 +188,7 @@ impl OrtExecutor {
             past: &mut self.past,
             logits: LogitsOut {
                 vocab: self.config.vocab_size as usize,
+                element: self.spec.logits,
                 sampled_slot: &self.grouping.sampled_slot,
                 out,
             },
@@ -185,6 +214,7 @@ impl Executor for OrtExecutor {
             c.num_hidden_layers as usize,
             c.num_key_value_heads as usize,
             c.head_size as usize,
+            self.spec.element,
         )?);
         self.past.forget();
         Ok(())

@@ -216,6 +216,9 @@ impl Executor for OrtExecutor {
             c.head_size as usize,
             self.spec.element,
         )?);
+        let store_bytes = self.kv.as_ref().map_or(0, KvStore::bytes);
+        self.stats.set(Counter::KvStoreBytes, store_bytes as u64);
+        self.stats.set(Counter::KvPositionBytes, self.kv_bytes_per_position());
         self.past.forget();
         Ok(())
     }
@@ -230,7 +233,7 @@ impl Executor for OrtExecutor {
         out.layout = LogitsLayout::Dense;
         out.width = vocab;
         out.logits.resize(sampled * vocab, 0.0);
-        group_rows(plan, self.form, &mut self.grouping);
+        group_rows(plan, self.form, self.spec.widest_window() > 0, &mut self.grouping);
         for group in 0..self.grouping.len() {
             let result = self.invoke(plan, group, out);
             if result.is_err() {

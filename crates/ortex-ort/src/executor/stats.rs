@@ -91,6 +91,11 @@ counters! {
     /// Memory ONNX Runtime allocated while the session was built, packed into 2 MiB-aligned
     /// chunks (weight_chunks.rs; freed blocks included).
     WeightChunkBytes: "weightChunk", Bytes;
+    /// The paged KV store's arenas, all layers, keys and values (set when the pool is attached).
+    KvStoreBytes: "kvStore", Bytes;
+    /// The KV of one token position in the store: all layers, keys and values, in the model's
+    /// element type (a float16 model's is half a float32 twin's).
+    KvPositionBytes: "kvPosition", Bytes;
 }
 
 impl Counter {

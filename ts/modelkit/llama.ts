@@ -152,6 +152,13 @@ export interface LlamaGraphOptions {
   kv?: KvType
   /** gqa only; default none. */
   window?: GraphWindow
+  /**
+   * mha only. `'square'`: the causal mask is an S x S triangle expanded over the whole key range,
+   * as onnxruntime-genai's builder makes it for its MultiHeadAttention folders (CPU float16): it
+   * holds for a prompt without past or a single new token, and a chunk after a past fails inside
+   * the graph (Expand: "invalid expand shape"). Default `'full'`.
+   */
+  causalMask?: 'full' | 'square'
 }
 
 /** The layers a window applies to: every other layer from 0 for a windowed cache, else all. */
@@ -164,7 +171,7 @@ export function windowedLayers(numLayers: number, window: GraphWindow | undefine
 interface GraphContext {
   g: GraphBuilder
   d: LlamaDims
-  options: Required<Omit<LlamaGraphOptions, 'window'>> & Pick<LlamaGraphOptions, 'window'>
+  options: Required<Omit<LlamaGraphOptions, 'window' | 'causalMask'>> & Pick<LlamaGraphOptions, 'window' | 'causalMask'>
   /** The element type of past, present and logits. */
   kvType: typeof DataType.FLOAT | typeof DataType.FLOAT16
   /** The initializer of a weight, added to the graph on first use. */
@@ -201,6 +208,7 @@ export function buildLlamaGraph(
     ...given,
   }
   if (options.window && options.attention !== 'gqa') throw new Error('a sliding window needs the gqa attention form')
+  if (options.causalMask === 'square' && options.attention !== 'mha') throw new Error('a square causal mask needs the mha form')
   const g = new GraphBuilder(`ortex-llama-${options.attention}`)
   const added = new Set<string>()
   const w = (name: string): string => {
@@ -254,7 +262,7 @@ function declareInputsOutputs({ g, d, options, kvType }: GraphContext): void {
 }
 
 /** mha: the causal-and-padding mask grouped per KV head, and the rotary tables at position_ids. */
-function mhaMaskAndRotary({ g, d }: GraphContext, shared: SharedInputs): NonNullable<SharedInputs['mha']> {
+function mhaMaskAndRotary({ g, d, options }: GraphContext, shared: SharedInputs): NonNullable<SharedInputs['mha']> {
   const nRep = d.numHeads / d.numKvHeads
   const b = '/model/attn_mask_reformat'
   // P = past length (from layer 0's past key), S = new tokens, T = attention_mask width (= P + S).
@@ -269,7 +277,10 @@ function mhaMaskAndRotary({ g, d }: GraphContext, shared: SharedInputs): NonNull
   const qIdx = g.op('Range', [P, PS, g.int64([1], [])], undefined, { name: `${b}/query_index` })
   const qCol = g.op('Unsqueeze', [qIdx, g.int64([1])], undefined, { name: `${b}/query_index_col` })
   const kIdx = g.op('Range', [g.int64([0], []), T, g.int64([1], [])], undefined, { name: `${b}/key_index` })
-  const causal = g.op('LessOrEqual', [kIdx, qCol], undefined, { name: `${b}/causal` }) // [S, T]
+  const causal =
+    options.causalMask === 'square'
+      ? squareCausal(g, Sn, T, qCol, b)
+      : g.op('LessOrEqual', [kIdx, qCol], undefined, { name: `${b}/causal` }) // [S, T]
   const pad = g.op('Cast', [ATTENTION_MASK], { to: I(DataType.BOOL) }, { name: `${b}/mask_bool` })
   const pad4 = g.op('Unsqueeze', [pad, g.int64([1, 2])], undefined, { name: `${b}/mask_4d` }) // [B,1,1,T]
   const both = g.op('And', [causal, pad4], undefined, { name: `${b}/causal_and_mask` }) // [B,1,S,T]
@@ -282,6 +293,18 @@ function mhaMaskAndRotary({ g, d }: GraphContext, shared: SharedInputs): NonNull
   const cos = g.op('Unsqueeze', [cosG, g.int64([1])], undefined, { name: `${rb}/cos` })
   const sin = g.op('Unsqueeze', [sinG, g.int64([1])], undefined, { name: `${rb}/sin` })
   return { mask, cos, sin }
+}
+
+/** The builder's causal mask: the S x S triangle, expanded to [S, T] (valid only when T = S or
+ *  S = 1; otherwise Expand fails, as in the builder's graphs). */
+function squareCausal(g: GraphBuilder, Sn: string, T: string, qCol: string, b: string): string {
+  const sIdx = g.op('Range', [g.int64([0], []), Sn, g.int64([1], [])], undefined, { name: `${b}/square/key_index` })
+  const qRel = g.op('Sub', [qCol, g.op('ReduceMin', [qCol], { keepdims: I(1) }, { name: `${b}/square/first_query` })], undefined, {
+    name: `${b}/square/query_index`,
+  })
+  const triangle = g.op('LessOrEqual', [sIdx, qRel], undefined, { name: `${b}/square/triangle` }) // [S, S]
+  const shape = g.op('Concat', [g.op('Unsqueeze', [Sn, g.int64([0])], undefined, { name: `${b}/square/rows` }), g.op('Unsqueeze', [T, g.int64([0])], undefined, { name: `${b}/square/cols` })], { axis: I(0) }, { name: `${b}/square/shape` })
+  return g.op('Expand', [triangle, shape], undefined, { name: `${b}/square/causal` }) // [S, T]
 }
 
 /** gqa: seqlens_k and total_sequence_length from attention_mask, as the builder computes them;

@@ -75,6 +75,9 @@ export interface MakeModelOptions {
   /** past, present and logits; default fp32 (weights and arithmetic stay float32). */
   kv?: KvType
   window?: WindowOption
+  /** mha only: `'square'` builds the causal mask as the builder's MultiHeadAttention folders do
+   *  (a chunk after a past fails inside the graph; see llama.ts). Default `'full'`. */
+  causalMask?: 'full' | 'square'
   onProgress?: (done: number, total: number, label: string) => void
 }
 
@@ -96,6 +99,8 @@ export interface ModelSummary {
 export async function makeModel(options: MakeModelOptions): Promise<ModelSummary> {
   const started = Date.now()
   const { size, attention, seed, kv, window } = checkOptions(options)
+  const causalMask = options.causalMask ?? 'full'
+  if (causalMask === 'square' && attention !== 'mha') throw new Error('a square causal mask needs the mha attention form')
   const outDir = resolve(options.outDir)
   const dims = SIZES[size]
   await mkdir(outDir, { recursive: true })
@@ -108,7 +113,7 @@ export async function makeModel(options: MakeModelOptions): Promise<ModelSummary
   const graphWindow = window && { size: window.size, form: window.form === 'config' ? ('none' as const) : window.form }
   await writeModelFile(
     outDir,
-    buildLlamaGraph(dims, { attention, kv, ...(graphWindow ? { window: graphWindow } : {}) }, layout.tensors),
+    buildLlamaGraph(dims, { attention, kv, causalMask, ...(graphWindow ? { window: graphWindow } : {}) }, layout.tensors),
     { name: 'ortex make-model', version: String(GENERATOR_VERSION) },
     {
       'ortex.attention': attention,
@@ -119,6 +124,7 @@ export async function makeModel(options: MakeModelOptions): Promise<ModelSummary
       // Only the variants carry these, so that the default folders' bytes stay as they were.
       ...(kv === 'fp32' ? {} : { 'ortex.kv': kv }),
       ...(window ? { 'ortex.window': `${window.form} ${window.size}` } : {}),
+      ...(causalMask === 'full' ? {} : { 'ortex.causal_mask': causalMask }),
     },
   )
   const slidingWindow = window && {

@@ -253,7 +253,10 @@ const FIELDS: &[(&str, Field)] = &[
     ("model.decoder.run_options", Field::Harmless),
     ("model.decoder.sliding_window", Field::Object),
     ("model.decoder.pipeline", Field::Refused("a pipeline of several decoder sessions is not implemented")),
-    ("model.decoder.layer_types", Field::Refused("per-layer types (convolution or recurrent layers) are not implemented")),
+    (
+        "model.decoder.layer_types",
+        Field::Refused("per-layer types (convolution or recurrent layers) are not implemented"),
+    ),
     ("model.decoder.conv_cache_size", Field::Refused("convolution layers are not implemented")),
     ("model.decoder.state_groups", Field::Refused("recurrent or paged state groups are not implemented")),
     ("model.decoder.state_update_capacity", Field::Refused("recurrent state updates are not implemented")),
@@ -296,7 +299,7 @@ const FIELDS: &[(&str, Field)] = &[
 /// onnxruntime-genai and transformers): the graph computes everything for these, so none needs
 /// anything done outside it.
 pub const MODEL_TYPES: &[&str] =
-    &["llama", "mistral", "qwen2", "qwen3", "phi3", "phi", "gemma", "gemma2", "granite", "olmo", "olmo2", "smollm3"];
+    &["llama", "mistral", "qwen2", "qwen3", "phi3", "phi", "gemma", "gemma2", "granite", "olmo", "smollm3", "nemotron"];
 
 fn field(path: &str) -> Option<Field> {
     FIELDS.iter().find(|(p, _)| *p == path).map(|&(_, f)| f)
@@ -314,7 +317,10 @@ fn check_fields(r: &Reader<'_>, prefix: &str, object: &Value) -> Result<()> {
             Some(Field::Read | Field::Harmless) => {}
             Some(Field::Object) => check_fields(r, &path, value)?,
             Some(Field::Refused(reason)) => {
-                return Err(load_error(r.file, format!("{path}: {reason}; ortex refuses the model rather than run it wrong")))
+                return Err(load_error(
+                    r.file,
+                    format!("{path}: {reason}; ortex refuses the model rather than run it wrong"),
+                ))
             }
             None => {
                 return Err(load_error(
@@ -470,7 +476,9 @@ fn read_sliding_window(r: &Reader<'_>, num_layers: u32) -> Result<Option<Sliding
                 Ok(layer)
             })
             .collect::<Result<Vec<u32>>>()?,
-        Some(other) => return Err(load_error(r.file, format!("{layers_path} must be an array of layer indices, got {other}"))),
+        Some(other) => {
+            return Err(load_error(r.file, format!("{layers_path} must be an array of layer indices, got {other}")))
+        }
     };
     Ok(Some(SlidingWindow { window_size, layers }))
 }

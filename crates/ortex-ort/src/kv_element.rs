@@ -38,6 +38,10 @@ impl KvElement {
         }
     }
 
+    pub fn is_f32(self) -> bool {
+        self == KvElement::F32
+    }
+
     /// Bytes of one element.
     pub const fn bytes(self) -> usize {
         match self {

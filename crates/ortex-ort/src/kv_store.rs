@@ -205,7 +205,15 @@ mod tests {
 
     /// Source tensor `[heads, len, d]` whose entries encode (head, position, x), positions
     /// starting at `first`.
-    fn source(element: KvElement, layer: usize, kind: KvKind, heads: usize, len: usize, d: usize, first: usize) -> Vec<u8> {
+    fn source(
+        element: KvElement,
+        layer: usize,
+        kind: KvKind,
+        heads: usize,
+        len: usize,
+        d: usize,
+        first: usize,
+    ) -> Vec<u8> {
         let mut out = Vec::new();
         for h in 0..heads {
             for j in 0..len {
@@ -251,7 +259,11 @@ mod tests {
                         for j in 0..len {
                             for x in 0..d {
                                 let at = ((h * dst_len + j) * d + x) * e;
-                                assert_eq!(dst[at..at + e], value(element, layer, kind, h, j, x), "{layer} {kind:?} {h} {j}");
+                                assert_eq!(
+                                    dst[at..at + e],
+                                    value(element, layer, kind, h, j, x),
+                                    "{layer} {kind:?} {h} {j}"
+                                );
                             }
                         }
                         let pad = (h * dst_len + len) * d * e;

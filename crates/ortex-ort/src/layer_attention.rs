@@ -79,10 +79,9 @@ impl AttentionPlan {
         let mut plan = AttentionPlan { layers: Vec::new(), nodes_to_window: Vec::new(), window_to_set: 0 };
         for layer in 0..config.num_hidden_layers as usize {
             let past_key = TensorNames::layer(&config.names.past_key, layer);
-            let found = nodes
-                .iter()
-                .enumerate()
-                .find_map(|(i, node)| Some((i, node, AttentionOp::of(node)?)).filter(|(_, n, _)| n.inputs.contains(&past_key)));
+            let found = nodes.iter().enumerate().find_map(|(i, node)| {
+                Some((i, node, AttentionOp::of(node)?)).filter(|(_, n, _)| n.inputs.contains(&past_key))
+            });
             let wanted = config.window_of(layer);
             let attention = match found {
                 Some((index, node, AttentionOp::GroupQuery)) => {
@@ -103,7 +102,11 @@ impl AttentionPlan {
                         _ => {}
                     }
                     let window = wanted.or(graph_window.map(|w| w as u32));
-                    LayerAttention { op: AttentionOp::GroupQuery, window, window_cache: window_cache && window.is_some() }
+                    LayerAttention {
+                        op: AttentionOp::GroupQuery,
+                        window,
+                        window_cache: window_cache && window.is_some(),
+                    }
                 }
                 found => {
                     let op = found.map_or(AttentionOp::Plain, |(_, _, op)| op);
@@ -196,7 +199,10 @@ mod tests {
             node("GroupQueryAttention", 1, &[("local_window_size", -1)]),
         ];
         let plan = AttentionPlan::new(&config(window(16, &[0])), &nodes).unwrap();
-        assert_eq!(plan.layers[0], LayerAttention { op: AttentionOp::GroupQuery, window: Some(16), window_cache: true });
+        assert_eq!(
+            plan.layers[0],
+            LayerAttention { op: AttentionOp::GroupQuery, window: Some(16), window_cache: true }
+        );
         assert_eq!(plan.layers[1].window, None);
         assert_eq!((plan.window_cache_width(0), plan.window_cache_width(1)), (16, 0));
         assert!(plan.nodes_to_window.is_empty());

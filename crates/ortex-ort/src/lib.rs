@@ -33,8 +33,8 @@ use ortex_core::{Engine, ErrorCode, OrtexError, Result};
 use serde::Deserialize;
 
 pub use config::ModelConfig;
-pub use layer_attention::AttentionPlan;
 pub use executor::{AttentionForm, Counter, ExecutorStats, OrtExecutor, StatsSnapshot, Unit};
+pub use layer_attention::AttentionPlan;
 pub use runtime::{ExecutionProvider, SessionSettings};
 pub use tokenizer::TokenizerCodec;
 

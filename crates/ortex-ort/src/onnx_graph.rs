@@ -244,7 +244,9 @@ fn set_in_node(node: &[u8], attribute: &str, value: i64) -> Result<Vec<u8>> {
     for field in fields(node)? {
         let is_it = field.number == 5 && field.wire == LEN && {
             let attr = &node[field.value.clone()];
-            fields(attr)?.iter().any(|f| f.number == 1 && f.wire == LEN && attr[f.value.clone()] == *attribute.as_bytes())
+            fields(attr)?
+                .iter()
+                .any(|f| f.number == 1 && f.wire == LEN && attr[f.value.clone()] == *attribute.as_bytes())
         };
         if is_it {
             push_len_field(&mut out, 5, &int_attribute(attribute, value));

@@ -27,7 +27,7 @@
 //!   present taken as the past), gathered.rs (copied from the blocks into new tensors)
 //! - tensor_rows.rs: the copies between one KV tensor and the blocks, row by row
 //! - signature.rs: the tensor names, the KV element type and widths, the checks at load;
-//!   probe.rs: the one-token run at load of a float16 or bfloat16 model; stats.rs: the counters
+//!   probe.rs: the trial run at load of a float16 or bfloat16 model; stats.rs: the counters
 
 mod carried;
 mod gathered;
@@ -42,7 +42,7 @@ mod tensor_rows;
 use std::sync::Arc;
 
 use ort::session::Session;
-use ortex_core::executor::{ExecError, Executor, KvGeometry, LogitsLayout, ModelInfo, StepOutput, StepPlan};
+use ortex_core::executor::{ExecError, Executor, KvGeometry, LogitsLayout, ModelInfo, PlanRow, StepOutput, StepPlan};
 use ortex_core::{ErrorCode, OrtexError, Result};
 
 use crate::config::ModelConfig;
@@ -83,6 +83,11 @@ pub struct OrtExecutor {
     names: Names,
     spec: KvSpec,
     plan: AttentionPlan,
+    /// Whether a row with past and several new tokens runs in one invocation (probe.rs); if not,
+    /// such rows run one position per invocation ([`OrtExecutor::execute_by_positions`]).
+    chunks_with_past: bool,
+    /// The rounds of such a step, reused.
+    rounds: StepPlan,
     kv: Option<KvStore>,
     /// The buffers below are reused from step to step.
     grouping: Grouping,
@@ -109,9 +114,11 @@ fn env_flag(name: &str) -> bool {
 }
 
 impl OrtExecutor {
-    /// Wraps an opened session after checking its signature against the config; a model whose
-    /// KV is not float32 also runs one token on the CPU first (probe.rs), so that a graph ONNX
-    /// Runtime's kernels cannot run fails here, saying so, rather than at every turn.
+    /// Wraps an opened session after checking its signature against the config. A model whose
+    /// KV is not float32, or whose attention is not GroupQueryAttention, first runs a few trial
+    /// positions on the CPU (probe.rs): a graph ONNX Runtime's kernels cannot run fails here,
+    /// saying so, rather than at every turn, and one that cannot run a chunk after a past gets
+    /// such rows one position at a time.
     pub fn new(
         config: ModelConfig,
         mut session: Session,
@@ -121,9 +128,11 @@ impl OrtExecutor {
         let names = Names::of(&config);
         let spec = check_signature(&config, &session, &names, &plan)?;
         let form = detect_form(&config, &session);
-        if provider == ExecutionProvider::Cpu && (spec.element != KvElement::F32 || spec.logits != KvElement::F32) {
-            probe::run_one_token(&config, &mut session, &names, &spec, &plan)?;
-        }
+        let chunks_with_past = if provider == ExecutionProvider::Cpu && probe::needed(&spec, &plan) {
+            probe::run(&config, &mut session, &names, &spec, &plan)?.chunks_with_past
+        } else {
+            true
+        };
         let past = PastSources {
             gathered: GatheredPast::new(names.past.len()),
             carry: None,
@@ -137,6 +146,8 @@ impl OrtExecutor {
             names,
             spec,
             plan,
+            chunks_with_past,
+            rounds: StepPlan::default(),
             kv: None,
             grouping: Grouping::default(),
             tokens: TokenInputs::default(),
@@ -233,6 +244,30 @@ impl Executor for OrtExecutor {
         out.layout = LogitsLayout::Dense;
         out.width = vocab;
         out.logits.resize(sampled * vocab, 0.0);
+        let invocations = if !self.chunks_with_past && plan.rows.iter().any(chunk_with_past) {
+            self.execute_by_positions(plan, out)?
+        } else {
+            self.run_groups(plan, out)?
+        };
+        let stats = &self.stats;
+        stats.add(Counter::Steps, 1);
+        stats.add(Counter::Invocations, invocations as u64);
+        stats.add(Counter::Rows, plan.rows.len() as u64);
+        stats.add(Counter::Tokens, u64::from(plan.total_tokens()));
+        stats.add_since(Counter::ExecuteNs, started);
+        Ok(())
+    }
+}
+
+/// A row with past and several new tokens.
+fn chunk_with_past(row: &PlanRow) -> bool {
+    row.start_position > 0 && row.token_count > 1
+}
+
+impl OrtExecutor {
+    /// Groups `plan`'s rows and runs one invocation per group (`grouping.sampled_slot` says
+    /// where each row's logits go); returns how many ran.
+    fn run_groups(&mut self, plan: &StepPlan, out: &mut StepOutput) -> Result<usize, ExecError> {
         group_rows(plan, self.form, self.spec.widest_window() > 0, &mut self.grouping);
         for group in 0..self.grouping.len() {
             let result = self.invoke(plan, group, out);
@@ -241,12 +276,55 @@ impl Executor for OrtExecutor {
             }
             result?;
         }
-        let stats = &self.stats;
-        stats.add(Counter::Steps, 1);
-        stats.add(Counter::Invocations, self.grouping.len() as u64);
-        stats.add(Counter::Rows, plan.rows.len() as u64);
-        stats.add(Counter::Tokens, u64::from(plan.total_tokens()));
-        stats.add_since(Counter::ExecuteNs, started);
-        Ok(())
+        Ok(self.grouping.len())
+    }
+
+    /// A step of a model that cannot run a chunk after a past, in rounds: round 0 runs the other
+    /// rows and position 0 of each chunk with past; round k, position k of the chunks that long.
+    /// Each chunk's last position takes its row's logits slot.
+    ///
+    /// ```text
+    ///   plan:    A decode | B chunk p..p+3 | C first prompt
+    ///   round 0: A, B@p, C          round 1: B@p+1        round 2: B@p+2 (sampled)
+    /// ```
+    fn execute_by_positions(&mut self, plan: &StepPlan, out: &mut StepOutput) -> Result<usize, ExecError> {
+        let slots = std::mem::take(&mut self.grouping.sampled_slot);
+        let mut rounds = std::mem::take(&mut self.rounds);
+        rounds.clone_from(plan);
+        let longest = plan.rows.iter().filter(|r| chunk_with_past(r)).map(|r| r.token_count).max().unwrap_or(1);
+        let mut invocations = 0;
+        let mut result = Ok(());
+        for k in 0..longest {
+            rounds.rows.clear();
+            self.grouping.sampled_slot.clear();
+            for (row, &slot) in plan.rows.iter().zip(&slots) {
+                let sub = if chunk_with_past(row) {
+                    (k < row.token_count).then(|| PlanRow {
+                        start_position: row.start_position + k,
+                        token_start: row.token_start + k,
+                        token_count: 1,
+                        sample: row.sample && k + 1 == row.token_count,
+                        ..*row
+                    })
+                } else {
+                    (k == 0).then_some(*row)
+                };
+                if let Some(sub) = sub {
+                    self.grouping.sampled_slot.push(if sub.sample { slot } else { u32::MAX });
+                    rounds.rows.push(sub);
+                }
+            }
+            match self.run_groups(&rounds, out) {
+                Ok(n) => invocations += n,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        self.stats.add(Counter::PositionRounds, u64::from(longest));
+        self.rounds = rounds;
+        self.grouping.sampled_slot = slots;
+        result.map(|()| invocations)
     }
 }

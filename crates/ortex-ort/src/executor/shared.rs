@@ -138,7 +138,8 @@ fn scatter_buffers(
         if written != Some(tensor.data_ptr().cast::<u8>()) {
             return Err(fatal(format!("ONNX Runtime did not write {name} into the buffer bound to it")));
         }
-        let (_, data) = kv_element::value_bytes(outputs.get(name).expect("checked"), element).map_err(ort_error(name))?;
+        let (_, data) =
+            kv_element::value_bytes(outputs.get(name).expect("checked"), element).map_err(ort_error(name))?;
         TensorRows::of(index, width, batch).scatter(kv, AttentionForm::Gqa, data);
     }
     Ok(())

@@ -78,6 +78,9 @@ counters! {
     /// Decode invocations that took their past from the previous step's present or shared
     /// buffers (no gather).
     Carried: "carried", Count;
+    /// Rounds of steps run one position per invocation (a model that cannot run a chunk after
+    /// a past: probe.rs).
+    PositionRounds: "positionRounds", Count;
     /// Building the inputs: ids, mask, positions and the past tensors gathered from the blocks.
     GatherNs: "gather", Nanoseconds;
     /// Inside `Session::run`.

@@ -37,6 +37,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from check_genai import genai_generate
 from genai_venv import ROOT, ensure_venv
 
 VENV = Path.home() / ".cache" / "ortex" / "venv-builder"
@@ -66,7 +67,7 @@ ARCHITECTURES: dict[str, tuple[str, dict]] = {
     "granite": ("granite", {}),
     "olmo": ("olmo", {"num_key_value_heads": 4}),
     "smollm3": ("smollm3", {}),
-    "nemotron": ("nemotron", {}),
+    "nemotron": ("nemotron", {"hidden_size": 128, "head_dim": 32, "intermediate_size": 256}),  # partial rotary, as phi2
 }
 PRECISIONS = ["fp32", "int4", "fp16"]
 
@@ -150,18 +151,7 @@ def genai_tokens(folder: Path, ps: list[list[int]], new: int) -> list[list[int]]
 
     try:
         model = og.Model(str(folder))
-        out = []
-        for p in ps:
-            params = og.GeneratorParams(model)
-            params.set_search_options(max_length=len(p) + new, do_sample=False)
-            gen = og.Generator(model, params)
-            gen.append_tokens(p)
-            tokens: list[int] = []
-            while len(tokens) < new and not gen.is_done():
-                gen.generate_next_token()
-                tokens.append(int(gen.get_next_tokens()[0]))
-            out.append(tokens)
-        return out
+        return [genai_generate(og, model, p, new, eos=set()) for p in ps]
     except Exception as e:  # noqa: BLE001 - reported in the table
         return "onnxruntime-genai failed: " + " ".join(str(e).split())[:400]
 

@@ -6,12 +6,11 @@
 // runs the same prompts alone, concurrently (batched decodes of rows with different past
 // lengths), with chunked prefill and continuation turns, well past the window.
 
-import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
-import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { Engine, OrtexError } from 'ortex'
-import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { Engine } from 'ortex'
+import { describe, expect, it } from 'vitest'
 import { makeModel, type MakeModelOptions } from '../../ts/modelkit/make-model'
+import { copyWithConfig, expectModelLoad, tinyPrompt, useTinyModels } from '../helpers/tiny-models'
 import { ReferenceModel, argmax, emptyCache, forwardBatch, naiveGenerate } from '../reference/reference'
 
 type NativeEngine = Awaited<ReturnType<typeof Engine.load>>
@@ -36,32 +35,15 @@ type Variant = keyof typeof VARIANTS
  *  the window in the graph. */
 const ORACLE: Partial<Record<Variant, Variant>> = { 'gqa window config': 'gqa window graph' }
 
-let root: string
-const dirs = {} as Record<Variant, string>
-const references = {} as Record<Variant, ReferenceModel>
-
-beforeAll(async () => {
-  root = mkdtempSync(join(tmpdir(), 'ortex-variants-'))
-  for (const [name, options] of Object.entries(VARIANTS) as [Variant, (typeof VARIANTS)[Variant]][]) {
-    dirs[name] = join(root, name.replaceAll(' ', '-'))
-    await makeModel({ outDir: dirs[name], size: 'tiny', seed: 11, ...options })
-    references[name] = await ReferenceModel.load(dirs[name])
-  }
-})
-
-afterAll(async () => {
-  for (const model of Object.values(references)) await model.release()
-  if (root) rmSync(root, { recursive: true, force: true })
-})
-
-/** Deterministic prompts (token ids 3..511 of the tiny vocabulary). */
-function prompt(length: number, salt: number): number[] {
-  let x = (salt * 40503 + 977) >>> 0
-  return Array.from({ length }, () => {
-    x = (Math.imul(x ^ (x >>> 13), 1597334677) + 0x6d2b79f5) >>> 0
-    return 3 + (x % 509)
-  })
-}
+const models = useTinyModels(
+  'variants',
+  Object.fromEntries(Object.entries(VARIANTS).map(([name, options]) => [name, { seed: 11, ...options }])) as Record<
+    Variant,
+    Omit<MakeModelOptions, 'outDir' | 'size'>
+  >,
+)
+const { dirs, references } = models
+const prompt = tinyPrompt
 
 // Prompt lengths around and past the window; 40 new tokens each take every row past it.
 const LENGTHS = [1, 5, 9, 17, 26, 41]
@@ -164,7 +146,7 @@ describe('a window wider than the first shared buffers', () => {
   // Shared decode buffers start 192 positions wide (crates/ortex-ort/src/shared_past.rs); a
   // windowed cache must get at least its window there too, and rows must go past it.
   it('a 200-position windowed cache: concurrent rows past the window equal the plain loop', async () => {
-    const dir = join(root, 'window-200')
+    const dir = join(models.root(), 'window-200')
     await makeModel({ outDir: dir, size: 'tiny', seed: 11, attention: 'gqa', window: { size: 200, form: 'cache' } })
     const model = await ReferenceModel.load(dir)
     const prompts = [prompt(9, 1), prompt(41, 2)]
@@ -238,27 +220,9 @@ describe('the reference loop on a windowed cache', () => {
 })
 
 describe('Engine.load refuses what it does not implement, naming it', () => {
-  const refused = async (dir: string, ...named: string[]) => {
-    const error = (await Engine.load(dir).then(
-      async (engine) => {
-        await engine.close()
-        throw new Error('the folder loaded')
-      },
-      (e: unknown) => e,
-    )) as OrtexError
-    expect(error).toBeInstanceOf(OrtexError)
-    expect(error.code).toBe('MODEL_LOAD')
-    for (const name of named) expect(error.message).toContain(name)
-  }
-  const variant = (from: Variant, name: string, edit: (config: any) => void) => {
-    const dir = join(root, name)
-    cpSync(dirs[from], dir, { recursive: true })
-    const file = join(dir, 'genai_config.json')
-    const config = JSON.parse(readFileSync(file, 'utf8'))
-    edit(config)
-    writeFileSync(file, JSON.stringify(config))
-    return dir
-  }
+  const refused = (dir: string, ...named: string[]) => expectModelLoad(dir, {}, ...named)
+  const variant = (from: Variant, name: string, edit: (config: any) => void) =>
+    copyWithConfig(dirs[from], join(models.root(), name), edit)
 
   it('a config field that would change what the model computes', async () => {
     await refused(variant('gqa fp32', 'softcap', (c) => (c.model.decoder.final_logit_softcapping = 30)), 'final_logit_softcapping')

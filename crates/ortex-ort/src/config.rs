@@ -483,6 +483,40 @@ fn read_sliding_window(r: &Reader<'_>, num_layers: u32) -> Result<Option<Sliding
     Ok(Some(SlidingWindow { window_size, layers }))
 }
 
+impl ModelConfig {
+    /// The tiny model's config (2 layers, 4 heads, 2 KV heads of 16), for other modules' tests.
+    #[cfg(test)]
+    pub(crate) fn for_tests(sliding_window: Option<SlidingWindow>) -> ModelConfig {
+        let names = TensorNames {
+            input_ids: "input_ids".into(),
+            attention_mask: "attention_mask".into(),
+            position_ids: None,
+            past_key: "past_key_values.%d.key".into(),
+            past_value: "past_key_values.%d.value".into(),
+            logits: "logits".into(),
+            present_key: "present.%d.key".into(),
+            present_value: "present.%d.value".into(),
+        };
+        ModelConfig {
+            dir: "m".into(),
+            model_file: "m/model.onnx".into(),
+            vocab_size: 512,
+            context_length: 2048,
+            bos_token_id: None,
+            eos_token_ids: vec![2],
+            pad_token_id: 0,
+            head_size: 16,
+            hidden_size: 64,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            num_hidden_layers: 2,
+            names,
+            model_type: "llama".into(),
+            sliding_window,
+        }
+    }
+}
+
 /// `model.eos_token_id`: a number or an array of numbers (onnxruntime-genai accepts both).
 fn read_eos(r: &Reader<'_>, vocab_size: u32) -> Result<Vec<i32>> {
     const PATH: &str = "model.eos_token_id";

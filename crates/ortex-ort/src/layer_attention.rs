@@ -79,9 +79,15 @@ impl AttentionPlan {
         let mut plan = AttentionPlan { layers: Vec::new(), nodes_to_window: Vec::new(), window_to_set: 0 };
         for layer in 0..config.num_hidden_layers as usize {
             let past_key = TensorNames::layer(&config.names.past_key, layer);
-            let found = nodes.iter().enumerate().find_map(|(i, node)| {
-                Some((i, node, AttentionOp::of(node)?)).filter(|(_, n, _)| n.inputs.contains(&past_key))
-            });
+            // The attention node that takes the layer's past; else (the builder's float16
+            // MultiHeadAttention, fed the past concatenated and repeated) the one named for the
+            // layer.
+            let attention_nodes =
+                || nodes.iter().enumerate().filter_map(|(i, node)| Some((i, node, AttentionOp::of(node)?)));
+            let layer_name = format!("/layers.{layer}/");
+            let found = attention_nodes()
+                .find(|(_, node, _)| node.inputs.contains(&past_key))
+                .or_else(|| attention_nodes().find(|(_, node, _)| node.name.contains(&layer_name)));
             let wanted = config.window_of(layer);
             let attention = match found {
                 Some((index, node, AttentionOp::GroupQuery)) => {
@@ -147,33 +153,7 @@ mod tests {
     use crate::config::SlidingWindow;
 
     fn config(window: Option<SlidingWindow>) -> ModelConfig {
-        let names = TensorNames {
-            input_ids: "input_ids".into(),
-            attention_mask: "attention_mask".into(),
-            position_ids: None,
-            past_key: "past_key_values.%d.key".into(),
-            past_value: "past_key_values.%d.value".into(),
-            logits: "logits".into(),
-            present_key: "present.%d.key".into(),
-            present_value: "present.%d.value".into(),
-        };
-        ModelConfig {
-            dir: "m".into(),
-            model_file: "m/model.onnx".into(),
-            vocab_size: 512,
-            context_length: 2048,
-            bos_token_id: None,
-            eos_token_ids: vec![2],
-            pad_token_id: 0,
-            head_size: 16,
-            hidden_size: 64,
-            num_attention_heads: 4,
-            num_key_value_heads: 2,
-            num_hidden_layers: 2,
-            names,
-            model_type: "llama".into(),
-            sliding_window: window,
-        }
+        ModelConfig::for_tests(window)
     }
 
     fn node(op_type: &str, layer: usize, ints: &[(&str, i64)]) -> Node {
@@ -233,6 +213,14 @@ mod tests {
         let mha = [node("MultiHeadAttention", 0, &[]), node("MultiHeadAttention", 1, &[])];
         let error = AttentionPlan::new(&config(window(8, &[])), &mha).unwrap_err();
         assert!(error.contains("MultiHeadAttention, which has no window"), "{error}");
+        // The builder's float16 MultiHeadAttention takes the past concatenated and repeated: found
+        // by its name.
+        let mut repeated = mha.clone();
+        for n in &mut repeated {
+            n.inputs.retain(|i| !i.starts_with("past_key_values"));
+        }
+        let plan = AttentionPlan::new(&config(None), &repeated).unwrap();
+        assert!(plan.layers.iter().all(|l| l.op == AttentionOp::MultiHead));
         let error = AttentionPlan::new(&config(window(8, &[1])), &[]).unwrap_err();
         assert!(error.contains("layer 1") && error.contains("plain ONNX operators"), "{error}");
         let plan = AttentionPlan::new(&config(None), &mha).unwrap();

@@ -23,7 +23,7 @@ use super::invocation::Inputs;
 use super::load_error;
 use super::signature::{KvSpec, Names};
 use crate::config::ModelConfig;
-use crate::kv_element::KvBuffer;
+use crate::kv_element::{KvBuffer, KvElement};
 use crate::layer_attention::{AttentionOp, AttentionPlan};
 
 /// What the trial runs found.
@@ -53,22 +53,26 @@ struct Runner<'a> {
     plan: &'a AttentionPlan,
 }
 
+/// Why a trial run failed, as `Engine.load` says it: ONNX Runtime's message `what`, and what it
+/// means for the builder's float16 MultiHeadAttention folders with grouped KV heads.
+fn kernel_failure(config: &ModelConfig, element: KvElement, plan: &AttentionPlan, what: &str) -> String {
+    let element = element.name();
+    let mut message =
+        format!("{}: ONNX Runtime's CPU kernels cannot run this {element} graph ({what})", config.model_file.display());
+    if plan.uses(AttentionOp::MultiHead) && config.num_key_value_heads < config.num_attention_heads {
+        message.push_str(&format!(
+            "; its MultiHeadAttention layers have grouped KV heads (num_key_value_heads {} < num_attention_heads \
+             {}), which ONNX Runtime's CPU kernels do not run in {element} (onnxruntime-genai fails the same \
+             way); use this model's float32 or int4 folder on the CPU",
+            config.num_key_value_heads, config.num_attention_heads
+        ));
+    }
+    message
+}
+
 impl Runner<'_> {
     fn error(&self, what: &str) -> OrtexError {
-        let (config, element) = (self.config, self.spec.element.name());
-        let mut message = format!(
-            "{}: ONNX Runtime's CPU kernels cannot run this {element} graph ({what})",
-            config.model_file.display()
-        );
-        if self.plan.uses(AttentionOp::MultiHead) && config.num_key_value_heads < config.num_attention_heads {
-            message.push_str(&format!(
-                "; its MultiHeadAttention layers have grouped KV heads (num_key_value_heads {} < num_attention_heads \
-                 {}), which ONNX Runtime's CPU kernels do not run in {element} (onnxruntime-genai fails the same \
-                 way); use this model's float32 or int4 folder on the CPU",
-                config.num_key_value_heads, config.num_attention_heads
-            ));
-        }
-        load_error(message)
+        load_error(kernel_failure(self.config, self.spec.element, self.plan, what))
     }
 
     /// Runs pad tokens at `trial`'s positions; the presents, or ONNX Runtime's message.
@@ -145,4 +149,42 @@ pub(super) fn run(
     };
     runner.run(session, Trial { past: Some(past), past_len, new: 1 }, false).map_err(|what| runner.error(&what))?;
     Ok(Probe { chunks_with_past: chunk.is_ok() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layer_attention::LayerAttention;
+
+    fn plan(op: AttentionOp) -> AttentionPlan {
+        let layer = LayerAttention { op, window: None, window_cache: false };
+        AttentionPlan { layers: vec![layer.clone(), layer], nodes_to_window: vec![], window_to_set: 0 }
+    }
+
+    #[test]
+    fn a_kernel_failure_names_the_graph_and_the_grouped_heads() {
+        let config = ModelConfig::for_tests(None);
+        let message = kernel_failure(&config, KvElement::F16, &plan(AttentionOp::MultiHead), "Shape mismatch");
+        assert!(
+            message.starts_with("m/model.onnx: ONNX Runtime's CPU kernels cannot run this float16 graph"),
+            "{message}"
+        );
+        assert!(message.contains("(Shape mismatch)"), "{message}");
+        assert!(message.contains("grouped KV heads (num_key_value_heads 2 < num_attention_heads 4)"), "{message}");
+        // Not MultiHeadAttention, or no grouped heads: ONNX Runtime's message alone.
+        let plain = kernel_failure(&config, KvElement::Bf16, &plan(AttentionOp::Plain), "no kernel");
+        assert!(plain.contains("bfloat16 graph (no kernel)") && !plain.contains("grouped"), "{plain}");
+        let mut ungrouped = config.clone();
+        ungrouped.num_key_value_heads = 4;
+        assert!(!kernel_failure(&ungrouped, KvElement::F16, &plan(AttentionOp::MultiHead), "x").contains("grouped"));
+    }
+
+    #[test]
+    fn trial_runs_for_half_precision_or_attention_other_than_gqa() {
+        let spec = |element| KvSpec { element, logits: element, min_width: vec![0; 4] };
+        assert!(!needed(&spec(KvElement::F32), &plan(AttentionOp::GroupQuery)));
+        assert!(needed(&spec(KvElement::F16), &plan(AttentionOp::GroupQuery)));
+        assert!(needed(&spec(KvElement::F32), &plan(AttentionOp::MultiHead)));
+        assert!(needed(&spec(KvElement::F32), &plan(AttentionOp::Plain)));
+    }
 }

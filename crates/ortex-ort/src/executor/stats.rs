@@ -78,9 +78,6 @@ counters! {
     /// Decode invocations that took their past from the previous step's present or shared
     /// buffers (no gather).
     Carried: "carried", Count;
-    /// Rounds of steps run one position per invocation (a model that cannot run a chunk after
-    /// a past: probe.rs).
-    PositionRounds: "positionRounds", Count;
     /// Building the inputs: ids, mask, positions and the past tensors gathered from the blocks.
     GatherNs: "gather", Nanoseconds;
     /// Inside `Session::run`.
@@ -99,6 +96,9 @@ counters! {
     /// The KV of one token position in the store: all layers, keys and values, in the model's
     /// element type (a float16 model's is half a float32 twin's).
     KvPositionBytes: "kvPosition", Bytes;
+    /// Rounds of steps run one position per invocation (a model that cannot run a chunk after
+    /// a past: probe.rs).
+    PositionRounds: "positionRounds", Count;
 }
 
 impl Counter {
@@ -193,6 +193,9 @@ mod tests {
             ("executeUs", 9),
             ("hugePageBytes", 10999),
             ("weightChunkBytes", 11999),
+            ("kvStoreBytes", 12999),
+            ("kvPositionBytes", 13999),
+            ("positionRounds", 14999),
         ];
         let expected: Vec<(String, u64)> = expected.iter().map(|&(key, value)| (key.to_string(), value)).collect();
         assert_eq!(report, expected);

@@ -148,6 +148,13 @@ export interface ExecutorStats {
   /** What ONNX Runtime allocated while it built the session, packed into 2 MiB-aligned chunks so
    *  that it can go on huge pages (0 when off). */
   weightChunkBytes: number
+  /** The paged KV store, all layers, keys and values. */
+  kvStoreBytes: number
+  /** What one token position takes in the KV store, in the model's KV element type. */
+  kvPositionBytes: number
+  /** Rounds of steps run one position per model run (a graph that cannot run a prefill chunk
+   *  after a past). */
+  positionRounds: number
 }
 
 /** 'created' | 'queued' | 'active' | 'turn-complete' | 'closed' */

@@ -3,45 +3,21 @@
 // plain single-request loop on onnxruntime-node: no paging, no batching.
 
 import { spawnSync } from 'node:child_process'
-import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
-import { tmpdir } from 'node:os'
+import { cpSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { join, resolve } from 'node:path'
 import { Engine, OrtexError } from 'ortex'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { makeModel } from '../../ts/modelkit/make-model'
-import { ReferenceModel, naiveGenerate } from '../reference/reference'
+import { expectModelLoad, tinyPrompt, useTinyModels } from '../helpers/tiny-models'
+import { naiveGenerate } from '../reference/reference'
 
 const FORMS = ['mha', 'gqa'] as const
 type Form = (typeof FORMS)[number]
 type NativeEngine = Awaited<ReturnType<typeof Engine.load>>
 type Turn = ReturnType<NativeEngine['generate']>
 
-let root: string
-const dirs = {} as Record<Form, string>
-const references = {} as Record<Form, ReferenceModel>
-
-beforeAll(async () => {
-  root = mkdtempSync(join(tmpdir(), 'ortex-engine-'))
-  for (const form of FORMS) {
-    dirs[form] = join(root, form)
-    await makeModel({ outDir: dirs[form], size: 'tiny', attention: form, seed: 7 })
-    references[form] = await ReferenceModel.load(dirs[form])
-  }
-})
-
-afterAll(async () => {
-  for (const model of Object.values(references)) await model.release()
-  if (root) rmSync(root, { recursive: true, force: true })
-})
-
-/** Deterministic prompts of mixed lengths (token ids of the tiny vocabulary, 3..511). */
-function prompt(length: number, salt: number): number[] {
-  let x = (salt * 2654435761 + 12345) >>> 0
-  return Array.from({ length }, () => {
-    x = (Math.imul(x ^ (x >>> 15), 2246822519) + 0x9e3779b9) >>> 0
-    return 3 + (x % 509)
-  })
-}
+const models = useTinyModels('engine', { mha: { attention: 'mha', seed: 7 }, gqa: { attention: 'gqa', seed: 7 } })
+const { dirs, references } = models
+const prompt = tinyPrompt
 
 const LENGTHS = [1, 3, 7, 12, 20, 33, 5, 41]
 const ARRIVAL_STEPS = [0, 0, 1, 2, 4, 5, 7, 9]
@@ -302,23 +278,11 @@ describe('text on a real tokenizer', () => {
 })
 
 describe('Engine.load errors', () => {
-  const modelLoad = async (dir: string, options: object, ...named: string[]) => {
-    const error = (await Engine.load(dir, options as never).then(
-      (engine) => {
-        void engine.close()
-        throw new Error('the folder loaded')
-      },
-      (e: unknown) => e,
-    )) as OrtexError
-    expect(error).toBeInstanceOf(OrtexError)
-    expect(error.code).toBe('MODEL_LOAD')
-    for (const name of named) expect(error.message).toContain(name)
-    return error
-  }
+  const modelLoad = expectModelLoad
 
   /** A copy of the gqa folder, changed by `edit`. */
   const variant = (name: string, edit: (dir: string) => void): string => {
-    const dir = join(root, name)
+    const dir = join(models.root(), name)
     cpSync(dirs.gqa, dir, { recursive: true })
     edit(dir)
     return dir
@@ -332,7 +296,7 @@ describe('Engine.load errors', () => {
   }
 
   it('a missing folder', async () => {
-    await modelLoad(join(root, 'no-such-model'), {}, 'no-such-model')
+    await modelLoad(join(models.root(), 'no-such-model'), {}, 'no-such-model')
   })
 
   it('a folder without model.onnx', async () => {
@@ -388,7 +352,7 @@ describe('the ortex command line on model folders', () => {
     spawnSync(process.execPath, [cli, ...args], { encoding: 'utf8', env: { ...process.env, ...env }, timeout: 60_000 })
 
   it('make-model writes a folder that generate streams from', () => {
-    const dir = join(root, 'cli-made')
+    const dir = join(models.root(), 'cli-made')
     const made = ortex(['make-model', '--out', dir, '--size', 'tiny', '--attention', 'mha', '--seed', '7'])
     expect(made.status, made.stderr).toBe(0)
     expect(made.stdout).toContain('tiny mha seed 7')
@@ -399,7 +363,7 @@ describe('the ortex command line on model folders', () => {
   })
 
   it('make-model refuses bad flags with a one-line reason', () => {
-    const bad = ortex(['make-model', '--out', join(root, 'x'), '--size', 'huge'])
+    const bad = ortex(['make-model', '--out', join(models.root(), 'x'), '--size', 'huge'])
     expect(bad.status).toBe(2)
     expect(bad.stderr.trim().split('\n')).toHaveLength(1)
     expect(ortex(['make-model']).status).toBe(2)

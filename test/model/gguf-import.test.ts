@@ -334,7 +334,7 @@ describe('imported folders', () => {
   async function folderLogits(dir: string, tokens: number[]): Promise<Float32Array[]> {
     const model = await ReferenceModel.load(dir)
     try {
-      const [row] = await forwardBatch(model, [{ cache: emptyCache(model.config), tokens }])
+      const [row] = await forwardBatch(model, [{ cache: emptyCache(model), tokens }])
       return row!.logits
     } finally {
       await model.release()

@@ -60,7 +60,7 @@ function expectSameCache(x: KvCache, y: KvCache): void {
 
 /** Prefills one row alone (batch 1, empty past). */
 async function prefill(model: ReferenceModel, tokens: number[]) {
-  const [r] = await forwardBatch(model, [{ cache: emptyCache(model.config), tokens }])
+  const [r] = await forwardBatch(model, [{ cache: emptyCache(model), tokens }])
   return r!
 }
 
@@ -147,7 +147,7 @@ describe.each(FORMS)('%s form', (form) => {
     const a = await prefill(model, PROMPTS[0]!)
     const rows = [
       { cache: a.cache, tokens: [42] },
-      { cache: emptyCache(model.config), tokens: [9] },
+      { cache: emptyCache(model), tokens: [9] },
     ]
     const batched = await forwardBatch(model, rows)
     for (let i = 0; i < rows.length; i++) {
@@ -162,7 +162,7 @@ describe.each(FORMS)('%s form', (form) => {
     const prompts = [PROMPTS[0]!, PROMPTS[1]!, PROMPTS[2]!]
     const batched = await forwardBatch(
       model,
-      prompts.map((tokens) => ({ cache: emptyCache(model.config), tokens })),
+      prompts.map((tokens) => ({ cache: emptyCache(model), tokens })),
     )
     for (let i = 0; i < prompts.length; i++) {
       const single = await prefill(model, prompts[i]!)

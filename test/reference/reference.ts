@@ -7,11 +7,48 @@
 // - forwardBatch: one model invocation over several rows with different past lengths, built with
 //   the padding contract of docs/model-format.md (the one the engine's executor implements). The
 //   tests use it to prove that batched rows equal each row alone.
+// KV tensors are float32 or float16 (kept as their bits, Uint16Array), as the model declares;
+// logits come back as Float32Array either way. A GroupQueryAttention layer with a windowed cache
+// (sliding_window_cache = 1) gets a past exactly as wide as its window, as onnxruntime-genai gives
+// it (the kernel then evicts in place): not the executor's way (docs/model-format.md), so the two
+// check each other.
 
 import ort from 'onnxruntime-node'
 import type { InferenceSession, Tensor } from 'onnxruntime-node'
+import onnxProto from 'onnx-proto'
+import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { layerName, readModelConfig, type ModelConfig } from '../../ts/modelkit/genai-config'
+import { F16_TO_F32 } from '../../ts/modelkit/gguf/dequantize'
+
+/** A KV tensor's elements: float32 values or float16 bits. */
+export type KvData = Float32Array | Uint16Array
+export type KvType = 'float32' | 'float16'
+
+/** Per layer, the sequence width of a windowed cache's past (sliding_window_cache = 1), read
+ *  from the graph; 0 for an ordinary layer. */
+function windowCacheWidths(modelFile: string, config: ModelConfig): number[] {
+  const model = onnxProto.onnx.ModelProto.decode(readFileSync(modelFile))
+  const widths = new Array<number>(config.numLayers).fill(0)
+  for (const node of model.graph?.node ?? []) {
+    if (node.opType !== 'GroupQueryAttention') continue
+    const int = (name: string) => Number(node.attribute?.find((a) => a.name === name)?.i ?? 0)
+    const layer = Array.from({ length: config.numLayers }, (_, l) => l).find((l) =>
+      node.input?.includes(layerName(config.pastKeyNames, l)),
+    )
+    if (layer !== undefined && int('sliding_window_cache') === 1) widths[layer] = int('local_window_size')
+  }
+  return widths
+}
+
+/** float32 logits from a float32 or float16 tensor. */
+export function floatData(t: Tensor): Float32Array {
+  if (t.type === 'float32') return t.data as Float32Array
+  const bits = t.data as Uint16Array
+  const out = new Float32Array(bits.length)
+  for (let i = 0; i < bits.length; i++) out[i] = F16_TO_F32[bits[i]!]!
+  return out
+}
 
 export interface ReferenceLoadOptions {
   /** ONNX Runtime intra-op threads; default 1. */
@@ -27,6 +64,10 @@ export class ReferenceModel {
     readonly session: InferenceSession,
     /** 'gqa' when the model takes no position_ids (GroupQueryAttention, rotary inside), else 'mha'. */
     readonly attention: 'mha' | 'gqa',
+    /** The element type of past and present. */
+    readonly kvType: KvType,
+    /** Per layer: a windowed cache's past width, 0 for an ordinary layer. */
+    readonly windowCaches: number[],
   ) {}
 
   static async load(modelDir: string, options: ReferenceLoadOptions = {}): Promise<ReferenceModel> {
@@ -44,17 +85,30 @@ export class ReferenceModel {
         },
       },
     })
-    return new ReferenceModel(config, session, config.positionIds ? 'mha' : 'gqa')
+    const past = session.inputMetadata.find((m) => m.name === layerName(config.pastKeyNames, 0))
+    const kvType = past?.isTensor && past.type === 'float16' ? 'float16' : 'float32'
+    const windowCaches = windowCacheWidths(join(modelDir, config.filename), config)
+    return new ReferenceModel(config, session, config.positionIds ? 'mha' : 'gqa', kvType, windowCaches)
   }
 
-  /** Past tensors of length 0 for a batch. */
+  /** `n` zero KV elements of the model's type. */
+  kvZeros(n: number): KvData {
+    return this.kvType === 'float16' ? new Uint16Array(n) : new Float32Array(n)
+  }
+
+  kvTensor(data: KvData, dims: number[]): Tensor {
+    return new ort.Tensor(this.kvType, data, dims)
+  }
+
+  /** Past tensors for a batch with nothing in them: of length 0, or a windowed cache's width. */
   emptyPast(batch: number): Record<string, Tensor> {
     const c = this.config
     const feeds: Record<string, Tensor> = {}
     for (let l = 0; l < c.numLayers; l++) {
-      const dims = [batch, c.numKvHeads, 0, c.headSize]
-      feeds[layerName(c.pastKeyNames, l)] = new ort.Tensor('float32', new Float32Array(0), dims)
-      feeds[layerName(c.pastValueNames, l)] = new ort.Tensor('float32', new Float32Array(0), dims)
+      const dims = [batch, c.numKvHeads, this.windowCaches[l]!, c.headSize]
+      const n = dims.reduce((a, b) => a * b, 1)
+      feeds[layerName(c.pastKeyNames, l)] = this.kvTensor(this.kvZeros(n), dims)
+      feeds[layerName(c.pastValueNames, l)] = this.kvTensor(this.kvZeros(n), dims)
     }
     return feeds
   }
@@ -119,7 +173,7 @@ export async function naiveGenerate(
     feeds[c.attentionMask] = i64(new Array(pastLen + S).fill(1), [1, pastLen + S])
     if (c.positionIds) feeds[c.positionIds] = i64(Array.from({ length: S }, (_, j) => pastLen + j), [1, S])
     const result = await model.run(feeds)
-    const logits = result[c.logits]!.data as Float32Array
+    const logits = floatData(result[c.logits]!)
     const V = c.vocabSize
     const token = pick(logits.subarray((S - 1) * V, S * V))
     for (const t of Object.values(past)) t.dispose()
@@ -154,18 +208,20 @@ export async function referenceGenerate(
   }
 }
 
-/** One sequence's KV cache, per layer [num_kv_heads, length, head_size] (contiguous). */
+/** One sequence's KV cache, per layer [num_kv_heads, length, head_size] (contiguous), in the
+ *  model's KV type. */
 export interface KvCache {
   length: number
-  keys: Float32Array[]
-  values: Float32Array[]
+  keys: KvData[]
+  values: KvData[]
 }
 
-export function emptyCache(config: ModelConfig): KvCache {
+export function emptyCache(model: ReferenceModel): KvCache {
+  const layers = model.config.numLayers
   return {
     length: 0,
-    keys: Array.from({ length: config.numLayers }, () => new Float32Array(0)),
-    values: Array.from({ length: config.numLayers }, () => new Float32Array(0)),
+    keys: Array.from({ length: layers }, () => model.kvZeros(0)),
+    values: Array.from({ length: layers }, () => model.kvZeros(0)),
   }
 }
 
@@ -188,11 +244,12 @@ export interface BatchRowResult {
  * right-padded to S with pad_token_id; attention_mask [B, P + S] = 1 on the row's past
  * [0, past) and on its new tokens [P, P + n), 0 elsewhere; position_ids = past + j.
  * New keys/values are read back from present at P + j ('mha': present = [past ; new]) or at
- * past + j ('gqa': GroupQueryAttention writes each row at its own past length).
+ * past + j ('gqa': GroupQueryAttention writes each row at its own past length). A windowed cache's
+ * past is max(window, P + S) wide (so the kernel evicts nothing and the layout is the same).
  */
 export async function forwardBatch(model: ReferenceModel, rows: BatchRow[]): Promise<BatchRowResult[]> {
   const shape = batchShape(model, rows)
-  const feeds = { ...inputFeeds(model.config, rows, shape), ...pastFeeds(model.config, rows, shape) }
+  const feeds = { ...inputFeeds(model.config, rows, shape), ...pastFeeds(model, rows, shape) }
   const result = await model.run(feeds)
   const out = rows.map((r, b) => rowResult(model, result, r, b, shape))
   for (const t of Object.values(result)) t.dispose()
@@ -214,6 +271,9 @@ function batchShape(model: ReferenceModel, rows: BatchRow[]): BatchShape {
   const S = Math.max(...rows.map((r) => r.tokens.length))
   if (model.attention === 'gqa' && S > 1 && P > 0 && B > 1) {
     throw new Error('GroupQueryAttention: rows with past context and more than one new token must run as batch 1')
+  }
+  if (model.windowCaches.some((w) => w > 0) && S > 1 && B > 1) {
+    throw new Error('GroupQueryAttention with a windowed cache: rows with more than one new token must run as batch 1')
   }
   if (rows.some((r) => r.tokens.length === 0)) throw new Error('every row needs at least one new token')
   return { B, P, S, T: P + S }
@@ -249,24 +309,27 @@ function inputFeeds(c: ModelConfig, rows: BatchRow[], { B, P, S, T }: BatchShape
   return feeds
 }
 
-/** Every layer's past keys and values [B, KH, P, D], each row's cache right-padded with zeros. */
-function pastFeeds(c: ModelConfig, rows: BatchRow[], { B, P }: BatchShape): Record<string, Tensor> {
+/** Every layer's past keys and values [B, KH, width, D], each row's cache right-padded with
+ *  zeros; width is P, or max(window, T) for a windowed cache. */
+function pastFeeds(model: ReferenceModel, rows: BatchRow[], { B, P, T }: BatchShape): Record<string, Tensor> {
+  const c = model.config
   const { numKvHeads: KH, headSize: D } = c
   const feeds: Record<string, Tensor> = {}
   for (let l = 0; l < c.numLayers; l++) {
+    const width = model.windowCaches[l]! > 0 ? Math.max(model.windowCaches[l]!, T) : P
     for (const [template, pick] of [
       [c.pastKeyNames, (r: BatchRow) => r.cache.keys[l]!],
       [c.pastValueNames, (r: BatchRow) => r.cache.values[l]!],
     ] as const) {
-      const data = new Float32Array(B * KH * P * D)
+      const data = model.kvZeros(B * KH * width * D)
       rows.forEach((r, b) => {
         const src = pick(r)
         const len = r.cache.length
         for (let h = 0; h < KH; h++) {
-          data.set(src.subarray(h * len * D, (h + 1) * len * D), ((b * KH + h) * P) * D)
+          data.set(src.subarray(h * len * D, (h + 1) * len * D) as never, ((b * KH + h) * width) * D)
         }
       })
-      feeds[layerName(template, l)] = new ort.Tensor('float32', data, [B, KH, P, D])
+      feeds[layerName(template, l)] = model.kvTensor(data, [B, KH, width, D])
     }
   }
   return feeds
@@ -281,8 +344,8 @@ function rowResult(model: ReferenceModel, result: Record<string, Tensor>, r: Bat
   // Where the new keys and values stand in present: 'mha' appends them to the padded past
   // (present = [past ; new]), 'gqa' (GroupQueryAttention) writes each row at its own past length.
   const at = model.attention === 'mha' ? P : past
-  const extend = (old: Float32Array, present: Tensor) => extendCache(c, old, present, { b, past, n, at })
-  const logits = result[c.logits]!.data as Float32Array
+  const extend = (old: KvData, present: Tensor) => extendCache(model, old, present, { b, past, n, at })
+  const logits = floatData(result[c.logits]!)
   return {
     logits: Array.from({ length: n }, (_, j) => logits.slice((b * S + j) * V, (b * S + j + 1) * V)),
     cache: {
@@ -295,19 +358,19 @@ function rowResult(model: ReferenceModel, result: Record<string, Tensor>, r: Bat
 
 /** One layer's cache of row b (`past` tokens) followed by its `n` new entries from present at `at`. */
 function extendCache(
-  c: ModelConfig,
-  old: Float32Array,
+  model: ReferenceModel,
+  old: KvData,
   presentTensor: Tensor,
   { b, past, n, at }: { b: number; past: number; n: number; at: number },
-): Float32Array {
-  const { numKvHeads: KH, headSize: D } = c
-  const present = presentTensor.data as Float32Array
-  const width = presentTensor.dims[2]! // P + S for both forms
-  const next = new Float32Array(KH * (past + n) * D)
+): KvData {
+  const { numKvHeads: KH, headSize: D } = model.config
+  const present = presentTensor.data as KvData
+  const width = presentTensor.dims[2]! // P + S for both forms; a windowed cache's width
+  const next = model.kvZeros(KH * (past + n) * D)
   for (let h = 0; h < KH; h++) {
-    next.set(old.subarray(h * past * D, (h + 1) * past * D), h * (past + n) * D)
+    next.set(old.subarray(h * past * D, (h + 1) * past * D) as never, h * (past + n) * D)
     const from = ((b * KH + h) * width + at) * D
-    next.set(present.subarray(from, from + n * D), (h * (past + n) + past) * D)
+    next.set(present.subarray(from, from + n * D) as never, (h * (past + n) + past) * D)
   }
   return next
 }

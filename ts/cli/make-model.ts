@@ -7,6 +7,7 @@ import { parseArgs } from 'node:util'
 import { UsageError, choiceFlag, integerFlag, progressBar } from './args'
 
 export const MAKE_MODEL_HELP = `Usage: ortex make-model --out DIR [--size tiny|bench] [--attention mha|gqa] [--seed N]
+                        [--kv fp32|fp16] [--window N [--window-form cache|config|graph]]
 
 Writes a deterministic random-weight Llama-style model folder (genai_config.json, model.onnx,
 model.onnx.data, tokenizer.json) that ortex and onnxruntime-genai load. The same size, attention
@@ -19,6 +20,12 @@ Options:
   --attention NAME     'gqa' (default: com.microsoft.GroupQueryAttention, as onnxruntime-genai's
                        builder emits for CPU) or 'mha' (plain ONNX operators)
   --seed N             the weights' seed, an integer in [0, 4294967295] (default 0)
+  --kv TYPE            past, present and logits in 'fp32' (default) or 'fp16' (weights stay float32)
+  --window N           a sliding window of N positions (gqa only)
+  --window-form FORM   'cache' (default: the even layers' GroupQueryAttention has a windowed
+                       cache, as the builder makes Gemma-2), 'config' (only genai_config.json has
+                       the window, as the builder makes Mistral) or 'graph' (every layer's
+                       GroupQueryAttention has it over a plain cache)
   -h, --help           show this help
 `
 
@@ -32,6 +39,9 @@ export async function runMakeModelCommand(argv: string[]): Promise<void> {
       size: { type: 'string' },
       attention: { type: 'string' },
       seed: { type: 'string' },
+      kv: { type: 'string' },
+      window: { type: 'string' },
+      'window-form': { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
   })
@@ -43,16 +53,30 @@ export async function runMakeModelCommand(argv: string[]): Promise<void> {
   const size = choiceFlag('size', values.size, ['tiny', 'bench'] as const)
   const attention = choiceFlag('attention', values.attention, ['mha', 'gqa'] as const)
   const seed = integerFlag('seed', values.seed, undefined, 0, 0xffffffff)
+  const kv = choiceFlag('kv', values.kv, ['fp32', 'fp16'] as const)
+  const windowForm = choiceFlag('window-form', values['window-form'], ['cache', 'config', 'graph'] as const)
+  if (values['window-form'] !== undefined && values.window === undefined) throw new UsageError('--window-form needs --window N')
+  const windowSize = integerFlag('window', values.window, undefined, 1, 1 << 20)
+  const window = windowSize === undefined ? undefined : { size: windowSize, form: windowForm ?? 'cache' }
   const { makeModel } = await import('../modelkit/make-model')
   const bar = progressBar('weights')
   let summary
   try {
-    summary = await makeModel({ outDir: values.out, size, attention, seed, onProgress: (done, total) => bar.update(done, total) })
+    summary = await makeModel({
+      outDir: values.out,
+      size,
+      attention,
+      seed,
+      ...(kv ? { kv } : {}),
+      ...(window ? { window } : {}),
+      onProgress: (done, total) => bar.update(done, total),
+    })
   } finally {
     bar.end()
   }
   process.stdout.write(
-    `${summary.outDir}: ${summary.size} ${summary.attention} seed ${summary.seed}, ` +
+    `${summary.outDir}: ${summary.size} ${summary.attention} seed ${summary.seed}` +
+      `${summary.kv === 'fp32' ? '' : ` kv ${summary.kv}`}${summary.window ? ` window ${summary.window.form} ${summary.window.size}` : ''}, ` +
       `${summary.parameters.toLocaleString('en-US')} parameters, ${(summary.totalBytes / 1e6).toFixed(2)} MB ` +
       `in ${(summary.elapsedMs / 1000).toFixed(1)} s\n`,
   )

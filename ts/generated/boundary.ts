@@ -96,6 +96,9 @@ export interface ExecutorStatsView {
   executeUs: number
   hugePageBytes: number
   weightChunkBytes: number
+  kvStoreBytes: number
+  kvPositionBytes: number
+  positionRounds: number
 }
 
 /**

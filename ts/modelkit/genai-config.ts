@@ -17,6 +17,9 @@ export interface GenaiConfigOptions {
   padTokenId: number
   /** model.type; default "llama". */
   modelType?: string
+  /** model.decoder.sliding_window, as the builder writes it: the window and its layers (none
+   *  listed: every layer). */
+  slidingWindow?: { windowSize: number; layers: number[] }
 }
 
 export function genaiConfig(o: GenaiConfigOptions): object {
@@ -43,6 +46,17 @@ export function genaiConfig(o: GenaiConfigOptions): object {
         num_attention_heads: d.numHeads,
         num_hidden_layers: d.numLayers,
         num_key_value_heads: d.numKvHeads,
+        ...(o.slidingWindow
+          ? {
+              sliding_window: {
+                window_size: o.slidingWindow.windowSize,
+                slide_key_value_cache: false,
+                slide_inputs: false,
+                layers: o.slidingWindow.layers,
+                cache_slack: 0,
+              },
+            }
+          : {}),
       },
       eos_token_id: o.eosTokenId,
       pad_token_id: o.padTokenId,
@@ -95,6 +109,8 @@ export interface ModelConfig {
   presentValueNames: string
   maxLength: number
   pastPresentShareBuffer: boolean
+  /** model.decoder.sliding_window: the window and its layers (empty: every layer). */
+  slidingWindow?: { windowSize: number; layers: number[] }
 }
 
 export function readModelConfig(dir: string): ModelConfig {
@@ -142,6 +158,14 @@ export function readModelConfig(dir: string): ModelConfig {
     presentValueNames: outputs.present_value_names ?? 'present.%d.value',
     maxLength: j?.search?.max_length ?? m.context_length,
     pastPresentShareBuffer: j?.search?.past_present_share_buffer === true,
+    ...(dec?.sliding_window
+      ? {
+          slidingWindow: {
+            windowSize: int(dec.sliding_window.window_size, 'model.decoder.sliding_window.window_size'),
+            layers: (dec.sliding_window.layers ?? []) as number[],
+          },
+        }
+      : {}),
   }
 }
 

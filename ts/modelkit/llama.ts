@@ -10,7 +10,11 @@
 //        total_sequence_length computed from attention_mask, no position_ids input, as
 //        onnxruntime-genai's model builder emits for CPU.
 // Options cover what imported models need (ts/modelkit/gguf/): q/k/v biases (qwen2), an lm_head
-// tied to the token embedding, and linear layers stored as com.microsoft.MatMulNBits 4-bit blocks.
+// tied to the token embedding, and linear layers stored as com.microsoft.MatMulNBits 4-bit blocks;
+// and the forms the executor must handle (docs/model-format.md, "Variants"): float16 past, present
+// and logits (the weights and the arithmetic stay float32, casts at the edges), and sliding
+// windows in GroupQueryAttention (a windowed cache as Gemma-2 folders have, or a window over a
+// plain cache).
 // The defaults are the random model of `ortex make-model`, whose bytes must not change.
 // See docs/model-format.md for the input/output contract.
 
@@ -120,6 +124,22 @@ export type LinearStorage =
    */
   | { kind: 'int4'; accuracyLevel: number }
 
+/** The element type of past, present and logits. */
+export type KvType = 'fp32' | 'fp16'
+
+/**
+ * A sliding window in the gqa form: every query attends to itself and the `size - 1` positions
+ * before it. `cache`: the even layers' GroupQueryAttention has `local_window_size = size` and
+ * `sliding_window_cache = 1` (its past is a buffer of a capacity of its own, named
+ * `past_sliding_length`), as onnxruntime-genai's builder makes Gemma-2; `graph`: every layer has
+ * `local_window_size = size` over a plain cache; `none`: the graph has no window (genai_config
+ * carries it, as the builder makes Mistral).
+ */
+export interface GraphWindow {
+  size: number
+  form: 'cache' | 'graph' | 'none'
+}
+
 export interface LlamaGraphOptions {
   attention: AttentionForm
   /** q, k and v projections add `<proj>.bias` (qwen2). Default false. */
@@ -128,13 +148,32 @@ export interface LlamaGraphOptions {
   tiedEmbeddings?: boolean
   /** Default fp32. */
   linear?: LinearStorage
+  /** Past, present and logits; default fp32. */
+  kv?: KvType
+  /** gqa only; default none. */
+  window?: GraphWindow
+  /**
+   * mha only. `'square'`: the causal mask is an S x S triangle expanded over the whole key range,
+   * as onnxruntime-genai's builder makes it for its MultiHeadAttention folders (CPU float16): it
+   * holds for a prompt without past or a single new token, and a chunk after a past fails inside
+   * the graph (Expand: "invalid expand shape"). Default `'full'`.
+   */
+  causalMask?: 'full' | 'square'
+}
+
+/** The layers a window applies to: every other layer from 0 for a windowed cache, else all. */
+export function windowedLayers(numLayers: number, window: GraphWindow | undefined): number[] {
+  if (!window || window.form === 'none') return []
+  return Array.from({ length: numLayers }, (_, l) => l).filter((l) => window.form === 'graph' || l % 2 === 0)
 }
 
 /** What every part of the graph needs: the builder, the model's sizes, the options, the weights. */
 interface GraphContext {
   g: GraphBuilder
   d: LlamaDims
-  options: Required<LlamaGraphOptions>
+  options: Required<Omit<LlamaGraphOptions, 'window' | 'causalMask'>> & Pick<LlamaGraphOptions, 'window' | 'causalMask'>
+  /** The element type of past, present and logits. */
+  kvType: typeof DataType.FLOAT | typeof DataType.FLOAT16
   /** The initializer of a weight, added to the graph on first use. */
   w: (name: string) => string
   has: (name: string) => boolean
@@ -149,7 +188,7 @@ interface SharedInputs {
   cosCache: string
   sinCache: string
   mha?: { mask: string; cos: string; sin: string }
-  gqa?: { seqlensK: string; totalSeqLen: string }
+  gqa?: { seqlensK: string; totalSeqLen: string; cosCache: string; sinCache: string }
 }
 
 /** Builds the decoder graph; `weights` maps each weight name to its place in the data file. */
@@ -161,12 +200,15 @@ export function buildLlamaGraph(
   if (d.numHeads % d.numKvHeads !== 0) throw new Error('num_heads must be a multiple of num_kv_heads')
   if (d.headSize % 2 !== 0) throw new Error('head_size must be even (rotary embedding)')
   const given = typeof attentionOrOptions === 'string' ? { attention: attentionOrOptions } : attentionOrOptions
-  const options: Required<LlamaGraphOptions> = {
+  const options: GraphContext['options'] = {
     attentionBias: false,
     tiedEmbeddings: false,
     linear: { kind: 'fp32' },
+    kv: 'fp32',
     ...given,
   }
+  if (options.window && options.attention !== 'gqa') throw new Error('a sliding window needs the gqa attention form')
+  if (options.causalMask === 'square' && options.attention !== 'mha') throw new Error('a square causal mask needs the mha form')
   const g = new GraphBuilder(`ortex-llama-${options.attention}`)
   const added = new Set<string>()
   const w = (name: string): string => {
@@ -180,6 +222,7 @@ export function buildLlamaGraph(
     g,
     d,
     options,
+    kvType: options.kv === 'fp16' ? DataType.FLOAT16 : DataType.FLOAT,
     w,
     has: (name) => weights.has(name),
     weightDims: (name) => weights.get(name)?.dims ?? [],
@@ -189,7 +232,7 @@ export function buildLlamaGraph(
   declareInputsOutputs(ctx)
   const shared: SharedInputs = { cosCache: w('cos_cache'), sinCache: w('sin_cache') }
   if (options.attention === 'mha') shared.mha = mhaMaskAndRotary(ctx, shared)
-  else shared.gqa = gqaSequenceLengths(ctx)
+  else shared.gqa = gqaSequenceLengths(ctx, shared)
 
   let x = g.op('Gather', [w('model.embed_tokens.weight'), INPUT_IDS], { axis: I(0) }, { name: '/model/embed_tokens/Gather' })
   for (let l = 0; l < d.numLayers; l++) x = decoderLayer(ctx, shared, x, l)
@@ -198,24 +241,28 @@ export function buildLlamaGraph(
   return g
 }
 
-function declareInputsOutputs({ g, d, options }: GraphContext): void {
+function declareInputsOutputs({ g, d, options, kvType }: GraphContext): void {
   const D = d.headSize
   g.input(INPUT_IDS, DataType.INT64, ['batch_size', 'sequence_length'])
   g.input(ATTENTION_MASK, DataType.INT64, ['batch_size', 'total_sequence_length'])
   if (options.attention === 'mha') g.input(POSITION_IDS, DataType.INT64, ['batch_size', 'sequence_length'])
+  // A windowed cache's past is a buffer of its own capacity (the builder names it so).
+  const cached = new Set(options.window?.form === 'cache' ? windowedLayers(d.numLayers, options.window) : [])
+  const past = (l: number) => (cached.has(l) ? 'past_sliding_length' : 'past_sequence_length')
+  const present = (l: number) => (cached.has(l) ? 'present_sliding_length' : 'total_sequence_length')
   for (let l = 0; l < d.numLayers; l++) {
-    g.input(pastKeyName(l), DataType.FLOAT, ['batch_size', d.numKvHeads, 'past_sequence_length', D])
-    g.input(pastValueName(l), DataType.FLOAT, ['batch_size', d.numKvHeads, 'past_sequence_length', D])
+    g.input(pastKeyName(l), kvType, ['batch_size', d.numKvHeads, past(l), D])
+    g.input(pastValueName(l), kvType, ['batch_size', d.numKvHeads, past(l), D])
   }
-  g.output(LOGITS, DataType.FLOAT, ['batch_size', 'sequence_length', d.vocabSize])
+  g.output(LOGITS, kvType, ['batch_size', 'sequence_length', d.vocabSize])
   for (let l = 0; l < d.numLayers; l++) {
-    g.output(presentKeyName(l), DataType.FLOAT, ['batch_size', d.numKvHeads, 'total_sequence_length', D])
-    g.output(presentValueName(l), DataType.FLOAT, ['batch_size', d.numKvHeads, 'total_sequence_length', D])
+    g.output(presentKeyName(l), kvType, ['batch_size', d.numKvHeads, present(l), D])
+    g.output(presentValueName(l), kvType, ['batch_size', d.numKvHeads, present(l), D])
   }
 }
 
 /** mha: the causal-and-padding mask grouped per KV head, and the rotary tables at position_ids. */
-function mhaMaskAndRotary({ g, d }: GraphContext, shared: SharedInputs): NonNullable<SharedInputs['mha']> {
+function mhaMaskAndRotary({ g, d, options }: GraphContext, shared: SharedInputs): NonNullable<SharedInputs['mha']> {
   const nRep = d.numHeads / d.numKvHeads
   const b = '/model/attn_mask_reformat'
   // P = past length (from layer 0's past key), S = new tokens, T = attention_mask width (= P + S).
@@ -230,7 +277,10 @@ function mhaMaskAndRotary({ g, d }: GraphContext, shared: SharedInputs): NonNull
   const qIdx = g.op('Range', [P, PS, g.int64([1], [])], undefined, { name: `${b}/query_index` })
   const qCol = g.op('Unsqueeze', [qIdx, g.int64([1])], undefined, { name: `${b}/query_index_col` })
   const kIdx = g.op('Range', [g.int64([0], []), T, g.int64([1], [])], undefined, { name: `${b}/key_index` })
-  const causal = g.op('LessOrEqual', [kIdx, qCol], undefined, { name: `${b}/causal` }) // [S, T]
+  const causal =
+    options.causalMask === 'square'
+      ? squareCausal(g, Sn, T, qCol, b)
+      : g.op('LessOrEqual', [kIdx, qCol], undefined, { name: `${b}/causal` }) // [S, T]
   const pad = g.op('Cast', [ATTENTION_MASK], { to: I(DataType.BOOL) }, { name: `${b}/mask_bool` })
   const pad4 = g.op('Unsqueeze', [pad, g.int64([1, 2])], undefined, { name: `${b}/mask_4d` }) // [B,1,1,T]
   const both = g.op('And', [causal, pad4], undefined, { name: `${b}/causal_and_mask` }) // [B,1,S,T]
@@ -245,8 +295,21 @@ function mhaMaskAndRotary({ g, d }: GraphContext, shared: SharedInputs): NonNull
   return { mask, cos, sin }
 }
 
-/** gqa: seqlens_k and total_sequence_length from attention_mask, as the builder computes them. */
-function gqaSequenceLengths({ g }: GraphContext): NonNullable<SharedInputs['gqa']> {
+/** The builder's causal mask: the S x S triangle, expanded to [S, T] (valid only when T = S or
+ *  S = 1; otherwise Expand fails, as in the builder's graphs). */
+function squareCausal(g: GraphBuilder, Sn: string, T: string, qCol: string, b: string): string {
+  const sIdx = g.op('Range', [g.int64([0], []), Sn, g.int64([1], [])], undefined, { name: `${b}/square/key_index` })
+  const qRel = g.op('Sub', [qCol, g.op('ReduceMin', [qCol], { keepdims: I(1) }, { name: `${b}/square/first_query` })], undefined, {
+    name: `${b}/square/query_index`,
+  })
+  const triangle = g.op('LessOrEqual', [sIdx, qRel], undefined, { name: `${b}/square/triangle` }) // [S, S]
+  const shape = g.op('Concat', [g.op('Unsqueeze', [Sn, g.int64([0])], undefined, { name: `${b}/square/rows` }), g.op('Unsqueeze', [T, g.int64([0])], undefined, { name: `${b}/square/cols` })], { axis: I(0) }, { name: `${b}/square/shape` })
+  return g.op('Expand', [triangle, shape], undefined, { name: `${b}/square/causal` }) // [S, T]
+}
+
+/** gqa: seqlens_k and total_sequence_length from attention_mask, as the builder computes them;
+ *  the rotary tables in the KV type (GroupQueryAttention takes every float input in one type). */
+function gqaSequenceLengths({ g, kvType }: GraphContext, shared: SharedInputs): NonNullable<SharedInputs['gqa']> {
   const b = '/model/attn_mask_reformat/attn_mask_subgraph'
   const sum = g.op('ReduceSum', [ATTENTION_MASK, g.int64([1])], { keepdims: I(0) }, { name: `${b}/ReduceSum` })
   const sub = g.op('Sub', [sum, g.int64([1], [])], undefined, { name: `${b}/Sub` })
@@ -254,7 +317,11 @@ function gqaSequenceLengths({ g }: GraphContext): NonNullable<SharedInputs['gqa'
   const shape = g.op('Shape', [ATTENTION_MASK], undefined, { name: `${b}/Shape` })
   const total = g.op('Gather', [shape, g.int64([1], [])], { axis: I(0) }, { name: `${b}/Gather` })
   const totalSeqLen = g.op('Cast', [total], { to: I(DataType.INT32) }, { name: `${b}/Gather/Cast` })
-  return { seqlensK, totalSeqLen }
+  if (kvType === DataType.FLOAT) return { seqlensK, totalSeqLen, cosCache: shared.cosCache, sinCache: shared.sinCache }
+  const to = { to: I(kvType) }
+  const cosCache = g.op('Cast', [shared.cosCache], to, { name: '/model/rotary/cos_cache/Cast' })
+  const sinCache = g.op('Cast', [shared.sinCache], to, { name: '/model/rotary/sin_cache/Cast' })
+  return { seqlensK, totalSeqLen, cosCache, sinCache }
 }
 
 function decoderLayer(ctx: GraphContext, shared: SharedInputs, x: string, l: number): string {
@@ -290,28 +357,34 @@ function attention(ctx: GraphContext, shared: SharedInputs, h: string, l: number
   return ctx.options.attention === 'gqa' ? gqaCore(ctx, shared, q, k, v, l) : mhaCore(ctx, shared, q, k, v, l)
 }
 
-function gqaCore({ g, d }: GraphContext, shared: SharedInputs, q: string, k: string, v: string, l: number): string {
+function gqaCore(ctx: GraphContext, shared: SharedInputs, q: string, k: string, v: string, l: number): string {
+  const { g, d, kvType, options } = ctx
   const base = `/model/layers.${l}/attn`
-  const { seqlensK, totalSeqLen } = shared.gqa!
-  const [ctx] = g.node(
+  const { seqlensK, totalSeqLen, cosCache, sinCache } = shared.gqa!
+  const half = kvType !== DataType.FLOAT
+  const toKv = (x: string, tag: string) => (half ? g.op('Cast', [x], { to: I(kvType) }, { name: `${base}/${tag}/Cast` }) : x)
+  const windowed = windowedLayers(d.numLayers, options.window).includes(l)
+  const attrs: Record<string, ReturnType<typeof I>> = {
+    num_heads: I(d.numHeads),
+    kv_num_heads: I(d.numKvHeads),
+    scale: F(1 / Math.sqrt(d.headSize)),
+    local_window_size: I(windowed ? options.window!.size : -1),
+    softcap: F(0),
+    do_rotary: I(1),
+    rotary_interleaved: I(0),
+  }
+  if (windowed && options.window!.form === 'cache') attrs.sliding_window_cache = I(1)
+  const [out] = g.node(
     'GroupQueryAttention',
-    [q, k, v, pastKeyName(l), pastValueName(l), seqlensK, totalSeqLen, shared.cosCache, shared.sinCache],
+    [toKv(q, 'q'), toKv(k, 'k'), toKv(v, 'v'), pastKeyName(l), pastValueName(l), seqlensK, totalSeqLen, cosCache, sinCache],
     {
       name: `${base}/GroupQueryAttention`,
       domain: 'com.microsoft',
       outputs: [`${base}/GroupQueryAttention/output_0`, presentKeyName(l), presentValueName(l)],
-      attrs: {
-        num_heads: I(d.numHeads),
-        kv_num_heads: I(d.numKvHeads),
-        scale: F(1 / Math.sqrt(d.headSize)),
-        local_window_size: I(-1),
-        softcap: F(0),
-        do_rotary: I(1),
-        rotary_interleaved: I(0),
-      },
+      attrs,
     },
   ) as [string]
-  return ctx
+  return half ? g.op('Cast', [out], { to: I(DataType.FLOAT) }, { name: `${base}/GroupQueryAttention/Cast` }) : out
 }
 
 function mhaCore(ctx: GraphContext, shared: SharedInputs, q: string, k: string, v: string, l: number): string {
@@ -326,8 +399,13 @@ function mhaCore(ctx: GraphContext, shared: SharedInputs, q: string, k: string, 
   const qr = rotary(ctx, shared, heads(q, d.numHeads, 'q'), `${a}/q_rotary`)
   const kr = rotary(ctx, shared, heads(k, d.numKvHeads, 'k'), `${a}/k_rotary`)
   const vh = heads(v, d.numKvHeads, 'v')
-  const presentK = g.op('Concat', [pastKeyName(l), kr], { axis: I(2) }, { name: `${a}/present_key`, outputs: [presentKeyName(l)] })
-  const presentV = g.op('Concat', [pastValueName(l), vh], { axis: I(2) }, { name: `${a}/present_value`, outputs: [presentValueName(l)] })
+  // float16 KV: the new keys and values are stored rounded, and the attention reads them back.
+  const half = ctx.kvType !== DataType.FLOAT
+  const cast = (x: string, to: number, tag: string) => (half ? g.op('Cast', [x], { to: I(to) }, { name: `${a}/${tag}` }) : x)
+  const storedK = g.op('Concat', [pastKeyName(l), cast(kr, ctx.kvType, 'k_rotary/Cast')], { axis: I(2) }, { name: `${a}/present_key`, outputs: [presentKeyName(l)] })
+  const storedV = g.op('Concat', [pastValueName(l), cast(vh, ctx.kvType, 'v/Cast')], { axis: I(2) }, { name: `${a}/present_value`, outputs: [presentValueName(l)] })
+  const presentK = cast(storedK, DataType.FLOAT, 'present_key/Cast')
+  const presentV = cast(storedV, DataType.FLOAT, 'present_value/Cast')
   // Group query heads by their KV head: [B, H, S, D] -> [B, kv_heads, n_rep * S, D]
   // (query head i uses KV head floor(i / n_rep), as in GroupQueryAttention).
   const qg = g.op('Reshape', [qr, g.int64([0, d.numKvHeads, -1, D])], undefined, { name: `${a}/q_grouped` })
@@ -373,12 +451,16 @@ function mlp(ctx: GraphContext, h: string, l: number): string {
 
 function lmHead(ctx: GraphContext, x: string): void {
   const { g, options, w } = ctx
+  // float16 logits: computed in float32, cast at the end.
+  const half = ctx.kvType !== DataType.FLOAT
+  const out = half ? '/lm_head/output_float' : LOGITS
   if (options.linear.kind === 'fp32' && options.tiedEmbeddings) {
     const t = g.op('Transpose', [w('model.embed_tokens.weight')], { perm: Is([1, 0]) }, { name: '/lm_head/Transpose' })
-    g.op('MatMul', [x, t], undefined, { name: '/lm_head/MatMul', outputs: [LOGITS] })
-    return
+    g.op('MatMul', [x, t], undefined, { name: '/lm_head/MatMul', outputs: [out] })
+  } else {
+    linear(ctx, x, 'lm_head', '/lm_head', false, out)
   }
-  linear(ctx, x, 'lm_head', '/lm_head', false, LOGITS)
+  if (half) g.op('Cast', [out], { to: I(ctx.kvType) }, { name: '/lm_head/Cast', outputs: [LOGITS] })
 }
 
 /** x [.., in] -> [.., out] through the projection `proj` (a weight name prefix), plus its bias. */

@@ -13,6 +13,7 @@ export const DataType = {
   INT32: 6,
   INT64: 7,
   BOOL: 9,
+  FLOAT16: 10,
 } as const
 export type DataTypeCode = (typeof DataType)[keyof typeof DataType]
 

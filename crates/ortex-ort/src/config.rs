@@ -52,6 +52,19 @@ pub struct ModelConfig {
     pub num_key_value_heads: u32,
     pub num_hidden_layers: u32,
     pub names: TensorNames,
+    /// `model.type` (one of [`MODEL_TYPES`]).
+    pub model_type: String,
+    /// `model.decoder.sliding_window`, when the model has one.
+    pub sliding_window: Option<SlidingWindow>,
+}
+
+/// `model.decoder.sliding_window`: each query of the windowed layers attends to itself and the
+/// `window_size - 1` positions before it (Hugging Face's `sliding_window`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlidingWindow {
+    pub window_size: u32,
+    /// The windowed layers; empty: every layer.
+    pub layers: Vec<u32>,
 }
 
 fn load_error(file: &Path, reason: impl std::fmt::Display) -> OrtexError {
@@ -133,77 +146,35 @@ impl ModelConfig {
         ModelConfig::from_json(dir, &file, &root)
     }
 
+    /// The document's fields, checked against [`FIELDS`] first (a field ortex does not implement
+    /// must not be skipped silently), then read part by part.
     fn from_json(dir: &Path, file: &Path, root: &Value) -> Result<ModelConfig> {
-        let r = Reader { file, root };
         if !root.is_object() {
             return Err(load_error(file, "the document must be a JSON object"));
         }
+        let r = Reader { file, root };
         r.object("model")?;
         r.object("model.decoder")?;
-        let vocab_size = r.int("model.vocab_size", 1)?;
-        let context_length = r.int("model.context_length", 2)?;
-        let head_size = r.int("model.decoder.head_size", 1)?;
-        let hidden_size = r.int("model.decoder.hidden_size", 1)?;
-        let num_attention_heads = r.int("model.decoder.num_attention_heads", 1)?;
-        let num_key_value_heads = r.int("model.decoder.num_key_value_heads", 1)?;
-        let num_hidden_layers = r.int("model.decoder.num_hidden_layers", 1)?;
-        if num_attention_heads % num_key_value_heads != 0 {
-            return Err(load_error(
-                file,
-                format!(
-                    "model.decoder.num_attention_heads ({num_attention_heads}) is not a multiple of \
-                     model.decoder.num_key_value_heads ({num_key_value_heads})"
-                ),
-            ));
-        }
-        let in_vocab = |path: &str, id: u32| -> Result<u32> {
-            if id >= vocab_size {
-                return Err(load_error(file, format!("{path} {id} is outside the vocabulary of {vocab_size}")));
-            }
-            Ok(id)
-        };
-        let pad_token_id = in_vocab("model.pad_token_id", r.int("model.pad_token_id", 0)?)?;
-        let bos_token_id = match r.get("model.bos_token_id") {
-            None => None,
-            Some(v) => Some(in_vocab("model.bos_token_id", r.count("model.bos_token_id", v, 0)?)?),
-        };
-        let eos_token_ids = read_eos(&r, vocab_size)?;
-        let filename = r
-            .name("model.decoder.filename", None)?
-            .ok_or_else(|| load_error(file, "model.decoder.filename is missing"))?;
-        let model_file = dir.join(&filename);
-        if Path::new(&filename).is_absolute() || filename.split(['/', '\\']).any(|part| part == "..") {
-            return Err(load_error(
-                file,
-                format!("model.decoder.filename must name a file inside the folder, got {filename:?}"),
-            ));
-        }
-        r.object("model.decoder.inputs")?;
-        r.object("model.decoder.outputs")?;
-        let names = TensorNames {
-            input_ids: r.name("model.decoder.inputs.input_ids", Some("input_ids"))?.expect("defaulted"),
-            attention_mask: r.name("model.decoder.inputs.attention_mask", Some("attention_mask"))?.expect("defaulted"),
-            position_ids: r.name("model.decoder.inputs.position_ids", None)?,
-            past_key: r.layer_template("model.decoder.inputs.past_key_names", "past_key_values.%d.key")?,
-            past_value: r.layer_template("model.decoder.inputs.past_value_names", "past_key_values.%d.value")?,
-            logits: r.name("model.decoder.outputs.logits", Some("logits"))?.expect("defaulted"),
-            present_key: r.layer_template("model.decoder.outputs.present_key_names", "present.%d.key")?,
-            present_value: r.layer_template("model.decoder.outputs.present_value_names", "present.%d.value")?,
-        };
+        check_fields(&r, "", root)?;
+        let dims = read_dims(&r)?;
+        let tokens = read_special_tokens(&r, dims.vocab_size)?;
+        let sliding_window = read_sliding_window(&r, dims.num_hidden_layers)?;
         Ok(ModelConfig {
             dir: dir.to_path_buf(),
-            model_file,
-            vocab_size,
-            context_length,
-            bos_token_id,
-            eos_token_ids,
-            pad_token_id,
-            head_size,
-            hidden_size,
-            num_attention_heads,
-            num_key_value_heads,
-            num_hidden_layers,
-            names,
+            model_file: read_model_file(&r, dir)?,
+            model_type: read_model_type(&r)?,
+            vocab_size: dims.vocab_size,
+            context_length: dims.context_length,
+            bos_token_id: tokens.bos,
+            eos_token_ids: tokens.eos,
+            pad_token_id: tokens.pad,
+            head_size: dims.head_size,
+            hidden_size: dims.hidden_size,
+            num_attention_heads: dims.num_attention_heads,
+            num_key_value_heads: dims.num_key_value_heads,
+            num_hidden_layers: dims.num_hidden_layers,
+            names: read_names(&r)?,
+            sliding_window,
         })
     }
 
@@ -215,9 +186,334 @@ impl ModelConfig {
         self.dir.join(TOKENIZER_FILE)
     }
 
-    /// Floats of one KV head of one position.
+    /// Elements of one KV head of one position.
     pub fn kv_width(&self) -> usize {
         self.num_key_value_heads as usize * self.head_size as usize
+    }
+
+    /// The sliding window of layer `layer`, if genai_config.json gives it one.
+    pub fn window_of(&self, layer: usize) -> Option<u32> {
+        let window = self.sliding_window.as_ref()?;
+        (window.layers.is_empty() || window.layers.contains(&(layer as u32))).then_some(window.window_size)
+    }
+}
+
+/// What ortex does with one field of genai_config.json (docs/model-format.md lists them all).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Field {
+    /// Read and implemented.
+    Read,
+    /// An object whose own fields are checked against the table.
+    Object,
+    /// Accepted and not used: it does not change what the model computes (onnxruntime-genai's
+    /// session, scheduler and search settings; ortex has its own).
+    Harmless,
+    /// Would change what the model computes, and ortex does not implement it: `Engine.load` fails
+    /// naming the field and this reason.
+    Refused(&'static str),
+}
+
+/// Every field ortex knows, by its dotted path. A field not listed fails the load as not
+/// understood (it may change what the model computes). Keep docs/model-format.md in step.
+const FIELDS: &[(&str, Field)] = &[
+    ("model", Field::Object),
+    ("search", Field::Object),
+    ("engine", Field::Harmless),
+    ("speculative", Field::Refused("speculative decoding with a draft model is not implemented")),
+    ("model.type", Field::Read),
+    ("model.vocab_size", Field::Read),
+    ("model.context_length", Field::Read),
+    ("model.bos_token_id", Field::Read),
+    ("model.eos_token_id", Field::Read),
+    ("model.pad_token_id", Field::Read),
+    ("model.bot_token_id", Field::Harmless),
+    ("model.eot_token_id", Field::Harmless),
+    ("model.bor_token_id", Field::Harmless),
+    ("model.eor_token_id", Field::Harmless),
+    ("model.sep_token_id", Field::Harmless),
+    ("model.decoder", Field::Object),
+    ("model.encoder", Field::Refused("encoder-decoder models are not implemented (ortex runs one decoder)")),
+    ("model.decoder_start_token_id", Field::Refused("encoder-decoder models are not implemented")),
+    ("model.vision", Field::Refused("vision parts are not implemented")),
+    ("model.speech", Field::Refused("speech parts are not implemented")),
+    ("model.embedding", Field::Refused("a separate embedding session is not implemented")),
+    ("model.image_token_id", Field::Refused("image inputs are not implemented")),
+    ("model.video_token_id", Field::Refused("video inputs are not implemented")),
+    ("model.vision_start_token_id", Field::Refused("vision inputs are not implemented")),
+    ("model.audio_token_id", Field::Refused("audio inputs are not implemented")),
+    ("model.decoder.filename", Field::Read),
+    ("model.decoder.head_size", Field::Read),
+    ("model.decoder.hidden_size", Field::Read),
+    ("model.decoder.num_attention_heads", Field::Read),
+    ("model.decoder.num_key_value_heads", Field::Read),
+    ("model.decoder.num_hidden_layers", Field::Read),
+    ("model.decoder.inputs", Field::Object),
+    ("model.decoder.outputs", Field::Object),
+    ("model.decoder.session_options", Field::Harmless),
+    ("model.decoder.run_options", Field::Harmless),
+    ("model.decoder.sliding_window", Field::Object),
+    ("model.decoder.pipeline", Field::Refused("a pipeline of several decoder sessions is not implemented")),
+    (
+        "model.decoder.layer_types",
+        Field::Refused("per-layer types (convolution or recurrent layers) are not implemented"),
+    ),
+    ("model.decoder.conv_cache_size", Field::Refused("convolution layers are not implemented")),
+    ("model.decoder.state_groups", Field::Refused("recurrent or paged state groups are not implemented")),
+    ("model.decoder.state_update_capacity", Field::Refused("recurrent state updates are not implemented")),
+    ("model.decoder.adapter_filename", Field::Refused("LoRA adapters are not implemented")),
+    ("model.decoder.shared_initializers", Field::Refused("initializers shared between sessions are not implemented")),
+    ("model.decoder.inputs.input_ids", Field::Read),
+    ("model.decoder.inputs.attention_mask", Field::Read),
+    ("model.decoder.inputs.position_ids", Field::Read),
+    ("model.decoder.inputs.past_key_names", Field::Read),
+    ("model.decoder.inputs.past_value_names", Field::Read),
+    ("model.decoder.outputs.logits", Field::Read),
+    ("model.decoder.outputs.present_key_names", Field::Read),
+    ("model.decoder.outputs.present_value_names", Field::Read),
+    ("model.decoder.sliding_window.window_size", Field::Read),
+    ("model.decoder.sliding_window.layers", Field::Read),
+    ("model.decoder.sliding_window.slide_key_value_cache", Field::Read),
+    ("model.decoder.sliding_window.slide_inputs", Field::Read),
+    ("model.decoder.sliding_window.cache_slack", Field::Harmless),
+    ("model.decoder.sliding_window.pad_value", Field::Harmless),
+    ("model.decoder.sliding_window.alignment", Field::Harmless),
+    ("search.diversity_penalty", Field::Harmless),
+    ("search.do_sample", Field::Harmless),
+    ("search.early_stopping", Field::Harmless),
+    ("search.length_penalty", Field::Harmless),
+    ("search.max_length", Field::Harmless),
+    ("search.min_length", Field::Harmless),
+    ("search.no_repeat_ngram_size", Field::Harmless),
+    ("search.num_beams", Field::Harmless),
+    ("search.num_return_sequences", Field::Harmless),
+    ("search.past_present_share_buffer", Field::Harmless),
+    ("search.repetition_penalty", Field::Harmless),
+    ("search.temperature", Field::Harmless),
+    ("search.top_k", Field::Harmless),
+    ("search.top_p", Field::Harmless),
+    ("search.random_seed", Field::Harmless),
+    ("search.chunk_size", Field::Harmless),
+];
+
+/// `model.type` values ortex has been checked with (bench/model_coverage.py, against
+/// onnxruntime-genai and transformers): the graph computes everything for these, so none needs
+/// anything done outside it.
+pub const MODEL_TYPES: &[&str] =
+    &["llama", "mistral", "qwen2", "qwen3", "phi3", "phi", "gemma", "gemma2", "granite", "olmo", "smollm3", "nemotron"];
+
+fn field(path: &str) -> Option<Field> {
+    FIELDS.iter().find(|(p, _)| *p == path).map(|&(_, f)| f)
+}
+
+/// Every field of the object at `prefix` (and of the objects below it) must be in [`FIELDS`] and
+/// not refused.
+fn check_fields(r: &Reader<'_>, prefix: &str, object: &Value) -> Result<()> {
+    let Some(fields) = object.as_object() else {
+        return Err(load_error(r.file, format!("{prefix} must be an object")));
+    };
+    for (key, value) in fields {
+        let path = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
+        match field(&path) {
+            Some(Field::Read | Field::Harmless) => {}
+            Some(Field::Object) => check_fields(r, &path, value)?,
+            Some(Field::Refused(reason)) => {
+                return Err(load_error(
+                    r.file,
+                    format!("{path}: {reason}; ortex refuses the model rather than run it wrong"),
+                ))
+            }
+            None => {
+                return Err(load_error(
+                    r.file,
+                    format!(
+                        "{path} is not a field ortex understands (it may change what the model computes); \
+                         docs/model-format.md lists the fields ortex reads"
+                    ),
+                ))
+            }
+        }
+    }
+    let custom_ops = "model.decoder.session_options.custom_ops_library";
+    if prefix.is_empty() && r.get(custom_ops).is_some() {
+        return Err(load_error(r.file, format!("{custom_ops}: custom operator libraries are not implemented")));
+    }
+    Ok(())
+}
+
+/// The sizes of the model.
+struct Dims {
+    vocab_size: u32,
+    context_length: u32,
+    head_size: u32,
+    hidden_size: u32,
+    num_attention_heads: u32,
+    num_key_value_heads: u32,
+    num_hidden_layers: u32,
+}
+
+fn read_dims(r: &Reader<'_>) -> Result<Dims> {
+    let dims = Dims {
+        vocab_size: r.int("model.vocab_size", 1)?,
+        context_length: r.int("model.context_length", 2)?,
+        head_size: r.int("model.decoder.head_size", 1)?,
+        hidden_size: r.int("model.decoder.hidden_size", 1)?,
+        num_attention_heads: r.int("model.decoder.num_attention_heads", 1)?,
+        num_key_value_heads: r.int("model.decoder.num_key_value_heads", 1)?,
+        num_hidden_layers: r.int("model.decoder.num_hidden_layers", 1)?,
+    };
+    let (heads, kv_heads) = (dims.num_attention_heads, dims.num_key_value_heads);
+    if heads % kv_heads != 0 {
+        return Err(load_error(
+            r.file,
+            format!(
+                "model.decoder.num_attention_heads ({heads}) is not a multiple of \
+                 model.decoder.num_key_value_heads ({kv_heads})"
+            ),
+        ));
+    }
+    Ok(dims)
+}
+
+struct SpecialTokens {
+    bos: Option<u32>,
+    eos: Vec<i32>,
+    pad: u32,
+}
+
+fn read_special_tokens(r: &Reader<'_>, vocab_size: u32) -> Result<SpecialTokens> {
+    let in_vocab = |path: &str, id: u32| -> Result<u32> {
+        if id >= vocab_size {
+            return Err(load_error(r.file, format!("{path} {id} is outside the vocabulary of {vocab_size}")));
+        }
+        Ok(id)
+    };
+    let pad = in_vocab("model.pad_token_id", r.int("model.pad_token_id", 0)?)?;
+    let bos = match r.get("model.bos_token_id") {
+        None => None,
+        Some(v) => Some(in_vocab("model.bos_token_id", r.count("model.bos_token_id", v, 0)?)?),
+    };
+    Ok(SpecialTokens { bos, eos: read_eos(r, vocab_size)?, pad })
+}
+
+/// `model.decoder.filename`, a file inside the folder.
+fn read_model_file(r: &Reader<'_>, dir: &Path) -> Result<PathBuf> {
+    let filename = r
+        .name("model.decoder.filename", None)?
+        .ok_or_else(|| load_error(r.file, "model.decoder.filename is missing"))?;
+    if Path::new(&filename).is_absolute() || filename.split(['/', '\\']).any(|part| part == "..") {
+        return Err(load_error(
+            r.file,
+            format!("model.decoder.filename must name a file inside the folder, got {filename:?}"),
+        ));
+    }
+    Ok(dir.join(&filename))
+}
+
+/// `model.type`: one of [`MODEL_TYPES`].
+fn read_model_type(r: &Reader<'_>) -> Result<String> {
+    let model_type = r.name("model.type", None)?.ok_or_else(|| load_error(r.file, "model.type is missing"))?;
+    if !MODEL_TYPES.contains(&model_type.as_str()) {
+        return Err(load_error(
+            r.file,
+            format!(
+                "model.type {model_type:?} is not a model type ortex has been checked with ({})",
+                MODEL_TYPES.join(", ")
+            ),
+        ));
+    }
+    Ok(model_type)
+}
+
+fn read_names(r: &Reader<'_>) -> Result<TensorNames> {
+    r.object("model.decoder.inputs")?;
+    r.object("model.decoder.outputs")?;
+    let named = |path: &str, default: &str| -> Result<String> { Ok(r.name(path, Some(default))?.expect("defaulted")) };
+    Ok(TensorNames {
+        input_ids: named("model.decoder.inputs.input_ids", "input_ids")?,
+        attention_mask: named("model.decoder.inputs.attention_mask", "attention_mask")?,
+        position_ids: r.name("model.decoder.inputs.position_ids", None)?,
+        past_key: r.layer_template("model.decoder.inputs.past_key_names", "past_key_values.%d.key")?,
+        past_value: r.layer_template("model.decoder.inputs.past_value_names", "past_key_values.%d.value")?,
+        logits: named("model.decoder.outputs.logits", "logits")?,
+        present_key: r.layer_template("model.decoder.outputs.present_key_names", "present.%d.key")?,
+        present_value: r.layer_template("model.decoder.outputs.present_value_names", "present.%d.value")?,
+    })
+}
+
+/// `model.decoder.sliding_window`: the window size and the layers it applies to (none listed:
+/// every layer, as onnxruntime-genai reads it). Sliding the inputs or the cache along a long
+/// prompt (an older scheme for fixed-size graphs) is refused.
+fn read_sliding_window(r: &Reader<'_>, num_layers: u32) -> Result<Option<SlidingWindow>> {
+    const PATH: &str = "model.decoder.sliding_window";
+    if r.get(PATH).is_none() {
+        return Ok(None);
+    }
+    r.object(PATH)?;
+    for flag in ["slide_key_value_cache", "slide_inputs"] {
+        let path = format!("{PATH}.{flag}");
+        match r.get(&path) {
+            None | Some(Value::Bool(false)) => {}
+            Some(Value::Bool(true)) => {
+                return Err(load_error(
+                    r.file,
+                    format!("{path} is true: sliding the inputs or the KV cache along the prompt is not implemented"),
+                ))
+            }
+            Some(other) => return Err(load_error(r.file, format!("{path} must be true or false, got {other}"))),
+        }
+    }
+    let window_size = r.int(&format!("{PATH}.window_size"), 1)?;
+    let layers_path = format!("{PATH}.layers");
+    let layers = match r.get(&layers_path) {
+        None => Vec::new(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| {
+                let layer = r.count(&layers_path, v, 0)?;
+                if layer >= num_layers {
+                    return Err(load_error(r.file, format!("{layers_path} names layer {layer} of {num_layers}")));
+                }
+                Ok(layer)
+            })
+            .collect::<Result<Vec<u32>>>()?,
+        Some(other) => {
+            return Err(load_error(r.file, format!("{layers_path} must be an array of layer indices, got {other}")))
+        }
+    };
+    Ok(Some(SlidingWindow { window_size, layers }))
+}
+
+impl ModelConfig {
+    /// The tiny model's config (2 layers, 4 heads, 2 KV heads of 16), for other modules' tests.
+    #[cfg(test)]
+    pub(crate) fn for_tests(sliding_window: Option<SlidingWindow>) -> ModelConfig {
+        let names = TensorNames {
+            input_ids: "input_ids".into(),
+            attention_mask: "attention_mask".into(),
+            position_ids: None,
+            past_key: "past_key_values.%d.key".into(),
+            past_value: "past_key_values.%d.value".into(),
+            logits: "logits".into(),
+            present_key: "present.%d.key".into(),
+            present_value: "present.%d.value".into(),
+        };
+        ModelConfig {
+            dir: "m".into(),
+            model_file: "m/model.onnx".into(),
+            vocab_size: 512,
+            context_length: 2048,
+            bos_token_id: None,
+            eos_token_ids: vec![2],
+            pad_token_id: 0,
+            head_size: 16,
+            hidden_size: 64,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            num_hidden_layers: 2,
+            names,
+            model_type: "llama".into(),
+            sliding_window,
+        }
     }
 }
 
@@ -396,6 +692,101 @@ mod tests {
             "must contain %d",
         );
         expect_error(load_json(&edit(|v| v["model"]["eos_token_id"] = json!([]))), "empty array");
+    }
+
+    #[test]
+    fn every_field_a_builder_writes_is_in_the_table() {
+        // What onnxruntime-genai 0.18's builder writes for a CPU decoder (docs/model-format.md).
+        let value = edit(|v| {
+            v["model"]["eot_token_id"] = json!(3);
+            v["search"] = json!({
+                "diversity_penalty": 0.0, "do_sample": false, "early_stopping": true, "length_penalty": 1.0,
+                "max_length": 2048, "min_length": 0, "no_repeat_ngram_size": 0, "num_beams": 1,
+                "num_return_sequences": 1, "past_present_share_buffer": true, "repetition_penalty": 1.0,
+                "temperature": 1.0, "top_k": 50, "top_p": 1.0
+            });
+            v["model"]["decoder"]["session_options"]["intra_op_num_threads"] = json!(2);
+            v["model"]["decoder"]["session_options"]["ep.cuda.fpa_intb_gemm"] = json!("1");
+        });
+        let config = load_json(&value).unwrap();
+        assert_eq!(config.model_type, "llama");
+        assert_eq!(config.sliding_window, None);
+        assert_eq!(config.window_of(0), None);
+    }
+
+    #[test]
+    fn a_field_that_is_not_understood_fails_naming_it() {
+        expect_error(
+            load_json(&edit(|v| v["model"]["decoder"]["final_logit_softcapping"] = json!(30.0))),
+            "model.decoder.final_logit_softcapping is not a field ortex understands",
+        );
+        expect_error(
+            load_json(&edit(|v| v["model"]["rope_scaling"] = json!({"type": "yarn", "factor": 4.0}))),
+            "model.rope_scaling is not a field ortex understands",
+        );
+        expect_error(
+            load_json(&edit(|v| v["model"]["decoder"]["inputs"]["inputs_embeds"] = json!("inputs_embeds"))),
+            "model.decoder.inputs.inputs_embeds is not a field",
+        );
+        expect_error(
+            load_json(&edit(|v| v["model"]["decoder"]["outputs"]["output_cross_qk_names"] = json!("x.%d"))),
+            "model.decoder.outputs.output_cross_qk_names",
+        );
+        expect_error(load_json(&edit(|v| v["search"]["beam_magic"] = json!(1))), "search.beam_magic");
+        expect_error(load_json(&edit(|v| v["extra"] = json!({}))), "extra is not a field");
+    }
+
+    #[test]
+    fn parts_ortex_does_not_implement_are_refused_with_a_reason() {
+        let cases = [
+            ("vision", "model.vision: vision parts are not implemented"),
+            ("speech", "model.speech: speech parts are not implemented"),
+            ("encoder", "model.encoder: encoder-decoder"),
+            ("embedding", "model.embedding"),
+        ];
+        for (key, reason) in cases {
+            expect_error(load_json(&edit(|v| v["model"][key] = json!({"filename": "x.onnx"}))), reason);
+        }
+        expect_error(
+            load_json(&edit(|v| v["model"]["decoder"]["pipeline"] = json!([{"a": {}}, {"b": {}}]))),
+            "model.decoder.pipeline: a pipeline of several decoder sessions",
+        );
+        expect_error(
+            load_json(&edit(|v| v["model"]["decoder"]["layer_types"] = json!(["conv", "full_attention"]))),
+            "model.decoder.layer_types",
+        );
+        expect_error(
+            load_json(&edit(|v| v["model"]["decoder"]["session_options"]["custom_ops_library"] = json!("x.so"))),
+            "custom_ops_library",
+        );
+        expect_error(load_json(&edit(|v| v["model"]["type"] = json!("whisper"))), "model.type \"whisper\"");
+        expect_error(
+            load_json(&edit(|v| {
+                v["model"]["decoder"].as_object_mut().unwrap().remove("filename");
+            })),
+            "model.decoder.filename is missing",
+        );
+    }
+
+    #[test]
+    fn a_sliding_window_is_read_with_its_layers() {
+        let window = |w: Value| edit(|v| v["model"]["decoder"]["sliding_window"] = w);
+        let config = load_json(&window(json!({
+            "window_size": 512, "slide_key_value_cache": false, "slide_inputs": false, "layers": [0], "cache_slack": 0
+        })))
+        .unwrap();
+        assert_eq!(config.sliding_window, Some(SlidingWindow { window_size: 512, layers: vec![0] }));
+        assert_eq!((config.window_of(0), config.window_of(1)), (Some(512), None));
+        // No layers listed: every layer (as onnxruntime-genai allocates it).
+        let all = load_json(&window(json!({"window_size": 64, "layers": []}))).unwrap();
+        assert_eq!((all.window_of(0), all.window_of(1)), (Some(64), Some(64)));
+        expect_error(load_json(&window(json!({"window_size": 64, "layers": [2]}))), "names layer 2 of 2");
+        expect_error(load_json(&window(json!({"window_size": 0}))), "window_size must be at least 1");
+        expect_error(
+            load_json(&window(json!({"window_size": 64, "slide_key_value_cache": true}))),
+            "slide_key_value_cache is true",
+        );
+        expect_error(load_json(&window(json!({"window_size": 64, "stride": 2}))), "sliding_window.stride");
     }
 
     #[test]

@@ -3,6 +3,9 @@
 //! - [`config`]: `genai_config.json` (onnxruntime-genai's folder layout) -> [`config::ModelConfig`]
 //! - [`runtime`]: the ONNX Runtime library (opened at runtime by absolute path) and session options
 //! - [`tokenizer`]: `tokenizer.json` through Hugging Face `tokenizers`, as the engine's text codec
+//! - [`onnx_graph`]: the graph's nodes read from model.onnx, and the one edit ortex makes
+//! - [`layer_attention`]: each layer's attention and window, reconciled with genai_config.json
+//! - [`kv_element`]: the KV and logits element type (float32, float16, bfloat16)
 //! - [`kv_store`]: the paged KV storage behind the engine's block pool
 //! - [`shared_past`]: past/present buffers shared in place by GroupQueryAttention decodes (CPU)
 //! - [`executor`]: [`executor::OrtExecutor`], one engine step = a few model invocations
@@ -13,7 +16,10 @@
 pub mod config;
 pub mod executor;
 pub mod huge_pages;
+pub mod kv_element;
 pub mod kv_store;
+pub mod layer_attention;
+pub mod onnx_graph;
 pub mod runtime;
 pub mod shared_past;
 pub mod tokenizer;
@@ -23,10 +29,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ortex_core::options::EngineOptions;
-use ortex_core::{Engine, Result};
+use ortex_core::{Engine, ErrorCode, OrtexError, Result};
 
 pub use config::ModelConfig;
 pub use executor::{AttentionForm, Counter, ExecutorStats, OrtExecutor, StatsSnapshot, Unit};
+pub use layer_attention::AttentionPlan;
 pub use runtime::{ExecutionProvider, SessionSettings};
 pub use tokenizer::TokenizerCodec;
 
@@ -50,27 +57,51 @@ pub struct Model {
 
 impl Model {
     /// Loads `dir`: genai_config.json first (cheap, and the clearest errors), then the tokenizer,
-    /// then ONNX Runtime and the graph. `library` is the ONNX Runtime library to open when the
-    /// environment does not name one (see [`runtime`]).
+    /// then the graph's attention nodes, then ONNX Runtime and the session. `library` is the ONNX
+    /// Runtime library to open when the environment does not name one (see [`runtime`]).
     pub fn load(dir: &Path, settings: SessionSettings, library: Option<&Path>) -> Result<Model> {
         let config = ModelConfig::load(dir)?;
         let codec = TokenizerCodec::load(&config.tokenizer_file(), config.vocab_size)?;
+        let (plan, edited) = plan_attention(&config)?;
         // The weights ONNX Runtime allocates while it builds the session go on huge pages.
         let before =
             (settings.execution_provider == ExecutionProvider::Cpu && huge_pages::enabled()).then(huge_pages::snapshot);
         let opened = runtime::with_environment(library, |env, chunks| {
-            runtime::open_session(env, chunks, &config.model_file, settings)
+            runtime::open_session(env, chunks, &config.model_file, edited.as_deref(), settings)
         })?;
+        drop(edited);
         if settings.execution_provider == ExecutionProvider::Cpu {
             huge_pages::return_freed_heap();
         }
         let huge = before.map(|before| huge_pages::back_new_mappings(&before)).unwrap_or_default();
-        let executor = OrtExecutor::new(config, opened.session, settings.execution_provider)?;
+        let executor = OrtExecutor::new(config, opened.session, settings.execution_provider, plan)?;
         let stats = executor.stats();
         stats.set(Counter::HugePageBytes, huge.collapsed_bytes as u64);
         stats.set(Counter::WeightChunkBytes, opened.weight_chunk_bytes as u64);
         Ok(Model { executor, codec })
     }
+}
+
+/// Reads the graph's attention nodes and reconciles them with the config ([`layer_attention`]);
+/// returns the plan and, when a window must be set in the graph, the edited model bytes.
+fn plan_attention(config: &ModelConfig) -> Result<(AttentionPlan, Option<Vec<u8>>)> {
+    let file = &config.model_file;
+    let model_error = |reason: String| OrtexError::new(ErrorCode::ModelLoad, format!("{}: {reason}", file.display()));
+    if !file.is_file() {
+        return Err(model_error("the model file is missing".into()));
+    }
+    let bytes = std::fs::read(file).map_err(|e| model_error(format!("cannot read the file: {e}")))?;
+    let nodes = onnx_graph::read_nodes(&bytes).map_err(|e| model_error(e.to_string()))?;
+    let plan = AttentionPlan::new(config, &nodes).map_err(|reason| {
+        OrtexError::new(ErrorCode::ModelLoad, format!("{}: {reason}", config.config_file().display()))
+    })?;
+    if plan.nodes_to_window.is_empty() {
+        return Ok((plan, None));
+    }
+    let window = i64::from(plan.window_to_set);
+    let edited = onnx_graph::set_int_attribute(&bytes, &plan.nodes_to_window, "local_window_size", window)
+        .map_err(|e| model_error(e.to_string()))?;
+    Ok((plan, Some(edited)))
 }
 
 /// An engine over a model folder, the handle to its executor's timings, and about how much
@@ -90,8 +121,7 @@ pub fn load_engine(dir: &Path, options: &LoadOptions, library: Option<&Path>) ->
     };
     let model = Model::load(dir, settings, library)?;
     let stats = model.executor.stats();
-    let kv_bytes_per_token =
-        2 * u64::from(model.executor.config().num_hidden_layers) * model.executor.config().kv_width() as u64 * 4;
+    let kv_bytes_per_token = model.executor.kv_bytes_per_position();
     let engine = Engine::new(&options.engine, Box::new(model.executor), Box::new(model.codec), 0)?;
     let kv_tokens = u64::from(engine.config().num_blocks) * u64::from(engine.config().block_size);
     let memory_bytes = folder_bytes(dir) + kv_tokens * kv_bytes_per_token;

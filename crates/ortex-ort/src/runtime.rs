@@ -133,13 +133,16 @@ pub struct OpenedSession {
     pub weight_chunk_bytes: usize,
 }
 
-/// Opens `model_file` (from its path, so ONNX Runtime finds the external weights beside it).
+/// Opens `model_file` (from its path, so ONNX Runtime finds the external weights beside it), or
+/// `edited`, the file's bytes as ortex changed them (layer_attention.rs), with the external
+/// weights still read from the file's folder.
 /// With `weight_chunks` (the allocator is registered), a CPU session allocates through it, so its
 /// weights are packed into 2 MiB-aligned chunks while it is built.
 pub fn open_session(
     environment: &Environment,
     weight_chunks: bool,
     model_file: &Path,
+    edited: Option<&[u8]>,
     settings: SessionSettings,
 ) -> Result<OpenedSession> {
     if !model_file.is_file() {
@@ -180,8 +183,18 @@ pub fn open_session(
             .with_config_entry("session.use_env_allocators", "1")
             .map_err(builder_error(model_file, "use ortex's allocator"))?;
     }
+    if edited.is_some() {
+        let folder = model_file.parent().unwrap_or(Path::new("."));
+        builder = builder
+            .with_config_entry("session.model_external_initializers_file_folder_path", folder.to_string_lossy())
+            .map_err(builder_error(model_file, "name the folder of the external weights"))?;
+    }
     let scope = chunked.then(weight_chunks::LoadScope::begin);
-    let session = builder.commit_from_file(model_file).map_err(|e| {
+    let committed = match edited {
+        Some(bytes) => builder.commit_from_memory(bytes),
+        None => builder.commit_from_file(model_file),
+    };
+    let session = committed.map_err(|e| {
         let reason = e.to_string().trim().to_string();
         let hint = if settings.execution_provider == ExecutionProvider::Cuda && reason.contains("CUDA") {
             " (executionProvider 'cuda')"

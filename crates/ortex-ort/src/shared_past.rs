@@ -14,11 +14,13 @@
 //! The kernel reads row `b` only at `[0, past_b + 1)` (its `seqlens_k`), so what lies beyond (the
 //! headroom, shorter rows' tails) is never read and needs no zeroing.
 
-use ort::memory::{Allocator, MemoryInfo};
+use ort::memory::MemoryInfo;
 use ort::session::{IoBinding, Session};
-use ort::value::Tensor;
+use ort::value::DynTensor;
 use ortex_core::executor::StepPlan;
 use ortex_core::ids::RequestId;
+
+use crate::kv_element::{self, KvElement};
 
 /// Positions of room a fresh buffer leaves beyond the longest row: at least this many, or a
 /// quarter of the row's length when that is more (a refill copies the whole past, so it should
@@ -29,8 +31,10 @@ const MIN_HEADROOM_POSITIONS: usize = 128;
 const WIDTH_QUANTUM_POSITIONS: usize = 64;
 
 pub struct SharedPast {
-    /// One per past input, in the executor's `Names::past` order; `[batch, kv_heads, width, head_size]`.
-    tensors: Vec<Tensor<f32>>,
+    /// One per past input, in the executor's `Names::past` order; `[batch, kv_heads, width, head_size]`
+    /// of the model's KV element type.
+    tensors: Vec<DynTensor>,
+    element: KvElement,
     batch: usize,
     width: usize,
     /// The rows of the last run, in order, with the position each one's KV now ends at; empty
@@ -47,16 +51,17 @@ pub struct SharedPast {
 }
 
 /// A buffer width for rows whose longest past is `past` (one new position each), at most the
-/// model's context length.
+/// model's context length (and at least `past + 1`).
 pub fn width_for(past: usize, context_length: usize) -> usize {
     let wanted = past + 1 + MIN_HEADROOM_POSITIONS.max(past / 4);
     wanted.next_multiple_of(WIDTH_QUANTUM_POSITIONS).min(context_length).max(past + 1)
 }
 
 impl SharedPast {
-    pub fn new(session: &Session) -> ort::Result<SharedPast> {
+    pub fn new(session: &Session, element: KvElement) -> ort::Result<SharedPast> {
         Ok(SharedPast {
             tensors: Vec::new(),
+            element,
             batch: 0,
             width: 0,
             rows: Vec::new(),
@@ -71,12 +76,21 @@ impl SharedPast {
         self.width
     }
 
-    pub fn tensors(&self) -> &[Tensor<f32>] {
+    pub fn element(&self) -> KvElement {
+        self.element
+    }
+
+    pub fn tensors(&self) -> &[DynTensor] {
         &self.tensors
     }
 
+    /// Buffer `index`'s elements as bytes.
+    pub fn bytes_mut(&mut self, index: usize) -> ort::Result<&mut [u8]> {
+        kv_element::tensor_bytes_mut(&mut self.tensors[index], self.element)
+    }
+
     /// The binding and the buffers, to bind them to each other.
-    pub fn binding_and_tensors(&mut self) -> (&mut IoBinding, &mut [Tensor<f32>]) {
+    pub fn binding_and_tensors(&mut self) -> (&mut IoBinding, &mut [DynTensor]) {
         (&mut self.binding, &mut self.tensors)
     }
 
@@ -100,19 +114,18 @@ impl SharedPast {
         kv_heads: usize,
         width: usize,
         head_size: usize,
-    ) -> ort::Result<&mut [Tensor<f32>]> {
+    ) -> ort::Result<()> {
         self.rows.clear();
         if self.tensors.len() != inputs || self.batch != batch || self.width != width {
             self.tensors.clear();
-            let allocator = Allocator::default();
             for _ in 0..inputs {
-                self.tensors.push(Tensor::new(&allocator, [batch, kv_heads, width, head_size])?);
+                self.tensors.push(self.element.new_tensor([batch, kv_heads, width, head_size])?);
             }
             self.batch = batch;
             self.width = width;
             self.buffers_bound = false;
         }
-        Ok(&mut self.tensors)
+        Ok(())
     }
 
     /// Records a run of `rows` in step `step`: each row now ends one position further.

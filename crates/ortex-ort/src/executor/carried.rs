@@ -8,7 +8,8 @@
 //! row at `[0, past_b)`; mha: only when every row has the same past length, since mha puts new
 //! keys at `P + j`). Then nothing is gathered; the blocks still receive every new position, so
 //! the next change of batch composition gathers from them as usual. `ORTEX_CARRY_PRESENT=0`
-//! turns carrying off.
+//! turns carrying off. A windowed cache's present is as wide as its buffer (wider than `T`);
+//! it carries while every row's next position still fits in it.
 
 use std::borrow::Cow;
 
@@ -17,8 +18,9 @@ use ort::value::DynValue;
 use ortex_core::ids::RequestId;
 
 use super::invocation::{Batch, Inputs};
-use super::signature::Names;
+use super::signature::{KvSpec, Names};
 use super::AttentionForm;
+use crate::kv_element;
 
 /// The present tensors of the last decode invocation, kept to serve as the next one's past.
 pub(super) struct Carry {
@@ -26,22 +28,27 @@ pub(super) struct Carry {
     step: u64,
     /// The rows, in order, with the position each one's KV now ends at.
     rows: Vec<(RequestId, u32)>,
-    /// Their sequence width (the next invocation's `P` must equal it).
-    width: usize,
+    /// Their sequence widths, per past input: the next invocation's `P` must equal an ordinary
+    /// layer's; a windowed cache's must leave room for the next position.
+    widths: Vec<usize>,
     /// One per past input, as `Names::past`.
     values: Vec<DynValue>,
 }
 
 impl Carry {
     /// Whether `batch` (a decode invocation) continues exactly these rows in the next step.
-    pub(super) fn continues(&self, batch: Batch<'_>, form: AttentionForm) -> bool {
+    pub(super) fn continues(&self, batch: Batch<'_>, form: AttentionForm, spec: &KvSpec) -> bool {
         let (plan, rows, dims) = (batch.plan, batch.rows, batch.dims);
         let same_rows = self.rows.len() == rows.len()
             && rows.iter().zip(&self.rows).all(|(&i, &(request, end))| {
                 let row = &plan.rows[i as usize];
                 row.request == request && row.start_position == end
             });
-        self.step + 1 == plan.step && self.width == dims.past && same_rows && present_is_past_layout(form, batch)
+        let widths_fit = self.widths.iter().enumerate().all(|(index, &width)| match spec.min_width[index] {
+            0 => width == dims.past,
+            _ => width >= dims.total(),
+        });
+        self.step + 1 == plan.step && widths_fit && same_rows && present_is_past_layout(form, batch)
     }
 
     /// The present tensors of a decode invocation, taken out of its outputs, when their layout
@@ -56,17 +63,14 @@ impl Carry {
             return None;
         }
         let mut values = Vec::with_capacity(names.present.len());
-        let mut width = None;
+        let mut widths = Vec::with_capacity(names.present.len());
         for name in &names.present {
             let value = outputs.remove(name)?;
-            let w = value.try_extract_tensor::<f32>().ok()?.0.get(2).copied()?;
-            if *width.get_or_insert(w) != w {
-                return None;
-            }
+            widths.push(kv_element::sequence_width(&value)?);
             values.push(value);
         }
         let rows = batch.rows().map(|(_, row)| (row.request, row.start_position + row.token_count)).collect();
-        Some(Carry { step: batch.plan.step, rows, width: usize::try_from(width?).ok()?, values })
+        Some(Carry { step: batch.plan.step, rows, widths, values })
     }
 
     /// The carried tensors as the past inputs.

@@ -3,38 +3,45 @@
 //! invocation can take (prefills, and decodes whose rows changed since the last step).
 //!
 //! The tensors are views of buffers ([`GatheredPast`]) that grow to the largest invocation seen,
-//! so nothing is allocated per token beyond what ONNX Runtime allocates for its outputs.
+//! so nothing is allocated per token beyond what ONNX Runtime allocates for its outputs. A
+//! windowed cache's past is wider than `P` (signature.rs, `KvSpec::past_width`).
 
 use std::borrow::Cow;
 
-use ort::value::TensorRef;
 use ortex_core::executor::ExecError;
 
 use super::fatal;
-use super::invocation::{Batch, Dims, Inputs};
-use super::signature::Names;
+use super::invocation::{Batch, Inputs};
+use super::signature::{KvSpec, Names};
 use super::tensor_rows::TensorRows;
+use crate::kv_element::{KvBuffer, KvElement};
 use crate::kv_store::KvStore;
 
-/// One buffer per past input, as `Names::past`, reused from invocation to invocation.
+/// One buffer per past input, as `Names::past`, reused from invocation to invocation, with the
+/// sequence width each was last gathered at.
 pub(super) struct GatheredPast {
-    buffers: Vec<Vec<f32>>,
+    buffers: Vec<KvBuffer>,
+    widths: Vec<usize>,
 }
 
 impl GatheredPast {
     pub(super) fn new(past_inputs: usize) -> GatheredPast {
-        GatheredPast { buffers: vec![Vec::new(); past_inputs] }
+        GatheredPast { buffers: (0..past_inputs).map(|_| KvBuffer::default()).collect(), widths: vec![0; past_inputs] }
+    }
+
+    fn len(batch: Batch<'_>, width: usize, element: KvElement) -> usize {
+        batch.dims.batch * batch.dims.kv_heads * width * batch.dims.head_size * element.bytes()
     }
 
     /// Copies each row's past from its blocks into the buffers. Padding positions keep whatever
     /// finite values an earlier invocation left there (the mask hides them).
-    pub(super) fn gather(&mut self, kv: &KvStore, batch: Batch<'_>) {
-        let len = batch.dims.batch * batch.dims.past_floats_per_row();
+    pub(super) fn gather(&mut self, kv: &KvStore, batch: Batch<'_>, spec: &KvSpec, context_length: usize) {
+        let dims = batch.dims;
         for (index, buffer) in self.buffers.iter_mut().enumerate() {
-            if buffer.len() < len {
-                buffer.resize(len, 0.0);
-            }
-            TensorRows::of(index, batch.dims.past, batch).gather(kv, &mut buffer[..len]);
+            let width = spec.past_width(index, dims.past, dims.total(), context_length);
+            self.widths[index] = width;
+            let bytes = buffer.bytes_mut(Self::len(batch, width, kv.element()));
+            TensorRows::of(index, width, batch).gather(kv, bytes);
         }
     }
 
@@ -42,15 +49,16 @@ impl GatheredPast {
     pub(super) fn push_inputs<'s>(
         &'s self,
         names: &'s Names,
-        dims: Dims,
+        batch: Batch<'_>,
+        element: KvElement,
         inputs: &mut Inputs<'s>,
     ) -> Result<(), ExecError> {
-        let shape = [dims.batch, dims.kv_heads, dims.past, dims.head_size];
-        let len = dims.batch * dims.past_floats_per_row();
-        for (name, buffer) in names.past.iter().zip(&self.buffers) {
-            let view =
-                TensorRef::from_array_view((shape, &buffer[..len])).map_err(|e| fatal(format!("{name}: {e}")))?;
-            inputs.push((Cow::Borrowed(name.as_str()), view.into()));
+        let dims = batch.dims;
+        for ((name, buffer), &width) in names.past.iter().zip(&self.buffers).zip(&self.widths) {
+            let shape = [dims.batch, dims.kv_heads, width, dims.head_size];
+            let bytes = buffer.bytes(Self::len(batch, width, element));
+            let view = element.view(shape, bytes).map_err(|e| fatal(format!("{name}: {e}")))?;
+            inputs.push((Cow::Borrowed(name.as_str()), view));
         }
         Ok(())
     }

@@ -6,7 +6,10 @@
 //! 500) and grouped by length so padding at most doubles a group's positions. The gqa form also
 //! refuses batches of rows with past context and several new tokens (ONNX Runtime's CPU kernel:
 //! "batch_size must be 1 when sequence_length > 1 and past context is given"): those run one
-//! row per invocation; first prompts (no past) may share one.
+//! row per invocation; first prompts (no past) may share one, except in a model with a windowed
+//! cache (`sliding_window_cache = 1`), whose kernel refuses rows shorter than the batch's longest
+//! ("seqlens_k[b] is too small for sequence_length"): there every row with several new tokens
+//! runs alone.
 
 use ortex_core::executor::{ExecError, StepPlan};
 
@@ -78,8 +81,9 @@ pub(super) fn assign_sampled_slots(plan: &StepPlan, slots: &mut Vec<u32>) -> usi
 }
 
 /// Splits the plan's rows into invocations (see the module comment): the decodes first, then the
-/// rows that must run alone, then the batchable prefills.
-pub(super) fn group_rows(plan: &StepPlan, form: AttentionForm, grouping: &mut Grouping) {
+/// rows that must run alone, then the batchable prefills. `window_cache`: the model has a
+/// windowed cache.
+pub(super) fn group_rows(plan: &StepPlan, form: AttentionForm, window_cache: bool, grouping: &mut Grouping) {
     let Grouping { rows, bounds, pending, .. } = grouping;
     rows.clear();
     bounds.clear();
@@ -94,7 +98,7 @@ pub(super) fn group_rows(plan: &StepPlan, form: AttentionForm, grouping: &mut Gr
     // Several new tokens: batchable ones grouped by length, the rest one by one.
     for (i, row) in plan.rows.iter().enumerate() {
         if row.token_count > 1 {
-            if form == AttentionForm::Gqa && row.start_position > 0 {
+            if form == AttentionForm::Gqa && (row.start_position > 0 || window_cache) {
                 rows.push(i as u32);
                 close_group(rows, bounds);
             } else {
@@ -162,7 +166,7 @@ mod tests {
     fn groups(rows: &[(u32, u32)], form: AttentionForm) -> Vec<Vec<u32>> {
         let plan = plan(rows);
         let mut grouping = Grouping::default();
-        group_rows(&plan, form, &mut grouping);
+        group_rows(&plan, form, false, &mut grouping);
         (0..grouping.len()).map(|i| grouping.group(i).to_vec()).collect()
     }
 
@@ -172,6 +176,11 @@ mod tests {
         let rows = [(10, 1), (3, 1), (0, 8), (5, 4), (0, 6), (0, 1)];
         assert_eq!(groups(&rows, AttentionForm::Mha), vec![vec![0, 1, 5], vec![2, 4, 3]]);
         assert_eq!(groups(&rows, AttentionForm::Gqa), vec![vec![0, 1, 5], vec![3], vec![2, 4]]);
+        // A windowed cache: every row with several new tokens alone.
+        let mut grouping = Grouping::default();
+        group_rows(&plan(&rows), AttentionForm::Gqa, true, &mut grouping);
+        let windowed: Vec<Vec<u32>> = (0..grouping.len()).map(|i| grouping.group(i).to_vec()).collect();
+        assert_eq!(windowed, vec![vec![0, 1, 5], vec![2], vec![3], vec![4]]);
     }
 
     #[test]

@@ -18,11 +18,12 @@ use ortex_core::executor::{ExecError, PlanRow, StepOutput, StepPlan};
 
 use super::carried::Carry;
 use super::gathered::GatheredPast;
-use super::signature::Names;
+use super::signature::{KvSpec, Names};
 use super::stats::{now, Counter, ExecutorStats};
 use super::tensor_rows::TensorRows;
 use super::{fatal, ort_error, AttentionForm};
 use crate::config::ModelConfig;
+use crate::kv_element::{self, KvElement};
 use crate::kv_store::KvStore;
 use crate::shared_past::SharedPast;
 
@@ -40,10 +41,6 @@ impl Dims {
     /// `T = P + S`, the width of the mask and of `present`.
     pub(super) fn total(&self) -> usize {
         self.past + self.new
-    }
-
-    pub(super) fn past_floats_per_row(&self) -> usize {
-        self.kv_heads * self.past * self.head_size
     }
 }
 
@@ -166,26 +163,26 @@ enum PastSource {
 /// The step output's logits rows and the slot each plan row's logits go to.
 pub(super) struct LogitsOut<'a> {
     pub(super) vocab: usize,
+    /// The model's logits type (converted to f32 here).
+    pub(super) element: KvElement,
     /// Per plan row (grouping.rs's `sampled_slot`).
     pub(super) sampled_slot: &'a [u32],
     pub(super) out: &'a mut StepOutput,
 }
 
 impl LogitsOut<'_> {
-    /// The last new position's logits of each sampled row, into its slot of the step output.
+    /// The last new position's logits of each sampled row, into its slot of the step output (as
+    /// f32).
     pub(super) fn copy_from(
         &mut self,
         outputs: &SessionOutputs<'_>,
         name: &str,
         batch: Batch<'_>,
     ) -> Result<(), ExecError> {
-        let (vocab, dims) = (self.vocab, batch.dims);
-        let (shape, logits) = outputs
-            .get(name)
-            .ok_or_else(|| fatal("the model returned no logits"))?
-            .try_extract_tensor::<f32>()
-            .map_err(ort_error("logits"))?;
-        if **shape != [dims.batch as i64, dims.new as i64, vocab as i64] {
+        let (vocab, dims, element) = (self.vocab, batch.dims, self.element);
+        let value = outputs.get(name).ok_or_else(|| fatal("the model returned no logits"))?;
+        let (shape, logits) = kv_element::value_bytes(value, element).map_err(ort_error("logits"))?;
+        if *shape != [dims.batch as i64, dims.new as i64, vocab as i64] {
             return Err(fatal(format!(
                 "logits have shape {shape:?}, expected [{}, {}, {vocab}]",
                 dims.batch, dims.new
@@ -195,8 +192,8 @@ impl LogitsOut<'_> {
             let slot = self.sampled_slot[i as usize];
             if slot != u32::MAX {
                 let from = (b * dims.new + batch.plan.rows[i as usize].token_count as usize - 1) * vocab;
-                self.out.logits[slot as usize * vocab..(slot as usize + 1) * vocab]
-                    .copy_from_slice(&logits[from..from + vocab]);
+                let bytes = &logits[from * element.bytes()..(from + vocab) * element.bytes()];
+                element.to_f32(bytes, &mut self.out.logits[slot as usize * vocab..(slot as usize + 1) * vocab]);
             }
         }
         Ok(())
@@ -208,6 +205,7 @@ pub(super) struct Invocation<'a> {
     pub(super) config: &'a ModelConfig,
     pub(super) form: AttentionForm,
     pub(super) names: &'a Names,
+    pub(super) spec: &'a KvSpec,
     pub(super) batch: Batch<'a>,
     pub(super) session: &'a mut Session,
     pub(super) kv: &'a mut KvStore,
@@ -235,7 +233,7 @@ impl Invocation<'_> {
             return PastSource::Shared;
         }
         match &self.past.carry {
-            Some(carry) if carry.continues(self.batch, self.form) => PastSource::Carried,
+            Some(carry) if carry.continues(self.batch, self.form, self.spec) => PastSource::Carried,
             _ => PastSource::Gathered,
         }
     }
@@ -243,17 +241,17 @@ impl Invocation<'_> {
     /// An invocation whose present ONNX Runtime allocates, its past carried or gathered; a
     /// decode's present is then kept to be the next decode's past.
     fn run_on_allocated_present(self, source: PastSource) -> Result<(), ExecError> {
-        let Invocation { config, form, names, batch, session, kv, tokens, past, mut logits, stats } = self;
+        let Invocation { config, form, names, spec, batch, session, kv, tokens, past, mut logits, stats } = self;
         let carried = source == PastSource::Carried;
         let gather_started = now();
         tokens.fill(batch, i64::from(config.pad_token_id));
         if !carried {
-            past.gathered.gather(kv, batch);
+            past.gathered.gather(kv, batch, spec, config.context_length as usize);
         }
         let mut inputs = token_inputs(names, tokens, batch.dims)?;
         match (source, &past.carry) {
             (PastSource::Carried, Some(carry)) => carry.push_inputs(names, &mut inputs),
-            _ => past.gathered.push_inputs(names, batch.dims, &mut inputs)?,
+            _ => past.gathered.push_inputs(names, batch, spec.element, &mut inputs)?,
         }
         stats.add_since(Counter::GatherNs, gather_started);
         stats.add(Counter::Carried, u64::from(carried));
@@ -301,13 +299,11 @@ fn scatter_present(
     batch: Batch<'_>,
 ) -> Result<(), ExecError> {
     let dims = batch.dims;
+    let element = kv.element();
     for (index, name) in present.iter().enumerate() {
-        let (shape, data) = outputs
-            .get(name)
-            .ok_or_else(|| fatal(format!("the model returned no {name}")))?
-            .try_extract_tensor::<f32>()
-            .map_err(ort_error(name))?;
-        let width = present_width(shape, dims).ok_or_else(|| {
+        let value = outputs.get(name).ok_or_else(|| fatal(format!("the model returned no {name}")))?;
+        let (shape, data) = kv_element::value_bytes(value, element).map_err(ort_error(name))?;
+        let width = present_width(&shape, dims).ok_or_else(|| {
             fatal(format!(
                 "{name} has shape {shape:?}, expected [{}, {}, >= {}, {}]",
                 dims.batch,

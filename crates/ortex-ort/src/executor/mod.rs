@@ -26,12 +26,14 @@
 //!   that GroupQueryAttention appends to in place), carried.rs (the previous invocation's
 //!   present taken as the past), gathered.rs (copied from the blocks into new tensors)
 //! - tensor_rows.rs: the copies between one KV tensor and the blocks, row by row
-//! - signature.rs: the tensor names and the checks at load; stats.rs: the counters
+//! - signature.rs: the tensor names, the KV element type and widths, the checks at load;
+//!   probe.rs: the trial run at load of a float16 or bfloat16 model; stats.rs: the counters
 
 mod carried;
 mod gathered;
 mod grouping;
 mod invocation;
+mod probe;
 mod shared;
 mod signature;
 mod stats;
@@ -40,16 +42,18 @@ mod tensor_rows;
 use std::sync::Arc;
 
 use ort::session::Session;
-use ortex_core::executor::{ExecError, Executor, KvGeometry, LogitsLayout, ModelInfo, StepOutput, StepPlan};
+use ortex_core::executor::{ExecError, Executor, KvGeometry, LogitsLayout, ModelInfo, PlanRow, StepOutput, StepPlan};
 use ortex_core::{ErrorCode, OrtexError, Result};
 
 use crate::config::ModelConfig;
+use crate::kv_element::KvElement;
 use crate::kv_store::KvStore;
+use crate::layer_attention::AttentionPlan;
 use crate::runtime::ExecutionProvider;
 use gathered::GatheredPast;
 use grouping::{assign_sampled_slots, check_plan, group_rows, Grouping};
 use invocation::{Batch, Invocation, LogitsOut, PastSources, TokenInputs};
-use signature::{check_signature, detect_form, Names};
+use signature::{check_signature, detect_form, KvSpec, Names};
 use stats::now;
 pub use stats::{Counter, ExecutorStats, StatsSnapshot, Unit};
 
@@ -77,6 +81,13 @@ pub struct OrtExecutor {
     form: AttentionForm,
     session: Session,
     names: Names,
+    spec: KvSpec,
+    plan: AttentionPlan,
+    /// Whether a row with past and several new tokens runs in one invocation (probe.rs); if not,
+    /// such rows run one position per invocation ([`OrtExecutor::execute_by_positions`]).
+    chunks_with_past: bool,
+    /// The rounds of such a step, reused.
+    rounds: StepPlan,
     kv: Option<KvStore>,
     /// The buffers below are reused from step to step.
     grouping: Grouping,
@@ -103,22 +114,40 @@ fn env_flag(name: &str) -> bool {
 }
 
 impl OrtExecutor {
-    /// Wraps an opened session after checking its signature against the config.
-    pub fn new(config: ModelConfig, session: Session, provider: ExecutionProvider) -> Result<OrtExecutor> {
+    /// Wraps an opened session after checking its signature against the config. A model whose
+    /// KV is not float32, or whose attention is not GroupQueryAttention, first runs a few trial
+    /// positions on the CPU (probe.rs): a graph ONNX Runtime's kernels cannot run fails here,
+    /// saying so, rather than at every turn, and one that cannot run a chunk after a past gets
+    /// such rows one position at a time.
+    pub fn new(
+        config: ModelConfig,
+        mut session: Session,
+        provider: ExecutionProvider,
+        plan: AttentionPlan,
+    ) -> Result<OrtExecutor> {
         let names = Names::of(&config);
-        check_signature(&config, &session, &names)?;
+        let spec = check_signature(&config, &session, &names, &plan)?;
         let form = detect_form(&config, &session);
+        let chunks_with_past = if provider == ExecutionProvider::Cpu && probe::needed(&spec, &plan) {
+            probe::run(&config, &mut session, &names, &spec, &plan)?.chunks_with_past
+        } else {
+            true
+        };
         let past = PastSources {
             gathered: GatheredPast::new(names.past.len()),
             carry: None,
             carry_enabled: env_flag("ORTEX_CARRY_PRESENT"),
-            shared: shared::shared_past_for(&config, form, provider, &session)?,
+            shared: shared::shared_past_for(&config, form, provider, &session, &spec)?,
         };
         Ok(OrtExecutor {
             config,
             form,
             session,
             names,
+            spec,
+            plan,
+            chunks_with_past,
+            rounds: StepPlan::default(),
             kv: None,
             grouping: Grouping::default(),
             tokens: TokenInputs::default(),
@@ -135,6 +164,21 @@ impl OrtExecutor {
         self.form
     }
 
+    /// The KV element type (the KV store keeps keys and values in it).
+    pub fn kv_element(&self) -> KvElement {
+        self.spec.element
+    }
+
+    /// Bytes of the KV of one position (all layers, keys and values) in the KV store.
+    pub fn kv_bytes_per_position(&self) -> u64 {
+        self.spec.bytes_per_position(&self.config)
+    }
+
+    /// Each layer's attention, as the session runs it.
+    pub fn attention_plan(&self) -> &AttentionPlan {
+        &self.plan
+    }
+
     /// The counters; the handle stays valid after the executor moves into an engine.
     pub fn stats(&self) -> Arc<ExecutorStats> {
         Arc::clone(&self.stats)
@@ -147,6 +191,7 @@ impl OrtExecutor {
             config: &self.config,
             form: self.form,
             names: &self.names,
+            spec: &self.spec,
             batch: Batch::new(plan, rows, &self.config),
             session: &mut self.session,
             kv: self.kv.as_mut().expect("execute checked"),
@@ -154,6 +199,7 @@ impl OrtExecutor {
             past: &mut self.past,
             logits: LogitsOut {
                 vocab: self.config.vocab_size as usize,
+                element: self.spec.logits,
                 sampled_slot: &self.grouping.sampled_slot,
                 out,
             },
@@ -179,7 +225,11 @@ impl Executor for OrtExecutor {
             c.num_hidden_layers as usize,
             c.num_key_value_heads as usize,
             c.head_size as usize,
+            self.spec.element,
         )?);
+        let store_bytes = self.kv.as_ref().map_or(0, KvStore::bytes);
+        self.stats.set(Counter::KvStoreBytes, store_bytes as u64);
+        self.stats.set(Counter::KvPositionBytes, self.kv_bytes_per_position());
         self.past.forget();
         Ok(())
     }
@@ -194,7 +244,31 @@ impl Executor for OrtExecutor {
         out.layout = LogitsLayout::Dense;
         out.width = vocab;
         out.logits.resize(sampled * vocab, 0.0);
-        group_rows(plan, self.form, &mut self.grouping);
+        let invocations = if !self.chunks_with_past && plan.rows.iter().any(chunk_with_past) {
+            self.execute_by_positions(plan, out)?
+        } else {
+            self.run_groups(plan, out)?
+        };
+        let stats = &self.stats;
+        stats.add(Counter::Steps, 1);
+        stats.add(Counter::Invocations, invocations as u64);
+        stats.add(Counter::Rows, plan.rows.len() as u64);
+        stats.add(Counter::Tokens, u64::from(plan.total_tokens()));
+        stats.add_since(Counter::ExecuteNs, started);
+        Ok(())
+    }
+}
+
+/// A row with past and several new tokens.
+fn chunk_with_past(row: &PlanRow) -> bool {
+    row.start_position > 0 && row.token_count > 1
+}
+
+impl OrtExecutor {
+    /// Groups `plan`'s rows and runs one invocation per group (`grouping.sampled_slot` says
+    /// where each row's logits go); returns how many ran.
+    fn run_groups(&mut self, plan: &StepPlan, out: &mut StepOutput) -> Result<usize, ExecError> {
+        group_rows(plan, self.form, self.spec.widest_window() > 0, &mut self.grouping);
         for group in 0..self.grouping.len() {
             let result = self.invoke(plan, group, out);
             if result.is_err() {
@@ -202,12 +276,55 @@ impl Executor for OrtExecutor {
             }
             result?;
         }
-        let stats = &self.stats;
-        stats.add(Counter::Steps, 1);
-        stats.add(Counter::Invocations, self.grouping.len() as u64);
-        stats.add(Counter::Rows, plan.rows.len() as u64);
-        stats.add(Counter::Tokens, u64::from(plan.total_tokens()));
-        stats.add_since(Counter::ExecuteNs, started);
-        Ok(())
+        Ok(self.grouping.len())
+    }
+
+    /// A step of a model that cannot run a chunk after a past, in rounds: round 0 runs the other
+    /// rows and position 0 of each chunk with past; round k, position k of the chunks that long.
+    /// Each chunk's last position takes its row's logits slot.
+    ///
+    /// ```text
+    ///   plan:    A decode | B chunk p..p+3 | C first prompt
+    ///   round 0: A, B@p, C          round 1: B@p+1        round 2: B@p+2 (sampled)
+    /// ```
+    fn execute_by_positions(&mut self, plan: &StepPlan, out: &mut StepOutput) -> Result<usize, ExecError> {
+        let slots = std::mem::take(&mut self.grouping.sampled_slot);
+        let mut rounds = std::mem::take(&mut self.rounds);
+        rounds.clone_from(plan);
+        let longest = plan.rows.iter().filter(|r| chunk_with_past(r)).map(|r| r.token_count).max().unwrap_or(1);
+        let mut invocations = 0;
+        let mut result = Ok(());
+        for k in 0..longest {
+            rounds.rows.clear();
+            self.grouping.sampled_slot.clear();
+            for (row, &slot) in plan.rows.iter().zip(&slots) {
+                let sub = if chunk_with_past(row) {
+                    (k < row.token_count).then(|| PlanRow {
+                        start_position: row.start_position + k,
+                        token_start: row.token_start + k,
+                        token_count: 1,
+                        sample: row.sample && k + 1 == row.token_count,
+                        ..*row
+                    })
+                } else {
+                    (k == 0).then_some(*row)
+                };
+                if let Some(sub) = sub {
+                    self.grouping.sampled_slot.push(if sub.sample { slot } else { u32::MAX });
+                    rounds.rows.push(sub);
+                }
+            }
+            match self.run_groups(&rounds, out) {
+                Ok(n) => invocations += n,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        self.stats.add(Counter::PositionRounds, u64::from(longest));
+        self.rounds = rounds;
+        self.grouping.sampled_slot = slots;
+        result.map(|()| invocations)
     }
 }

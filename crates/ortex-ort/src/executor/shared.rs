@@ -13,11 +13,12 @@ use ortex_core::executor::ExecError;
 use ortex_core::Result;
 
 use super::invocation::{Batch, Dims, Invocation, TokenInputs};
-use super::signature::Names;
+use super::signature::{KvSpec, Names};
 use super::stats::{now, Counter};
 use super::tensor_rows::TensorRows;
 use super::{env_flag, fatal, load_error, ort_error, AttentionForm};
 use crate::config::ModelConfig;
+use crate::kv_element;
 use crate::kv_store::KvStore;
 use crate::runtime::ExecutionProvider;
 use crate::shared_past::{self, SharedPast};
@@ -29,12 +30,14 @@ pub(super) fn shared_past_for(
     form: AttentionForm,
     provider: ExecutionProvider,
     session: &Session,
+    spec: &KvSpec,
 ) -> Result<Option<SharedPast>> {
     if form != AttentionForm::Gqa || provider != ExecutionProvider::Cpu || !env_flag("ORTEX_SHARE_PAST") {
         return Ok(None);
     }
     let model_file = config.model_file.display().to_string();
-    let shared = SharedPast::new(session).map_err(|e| load_error(format!("{model_file}: cannot bind buffers: {e}")))?;
+    let shared = SharedPast::new(session, spec.element)
+        .map_err(|e| load_error(format!("{model_file}: cannot bind buffers: {e}")))?;
     Ok(Some(shared))
 }
 
@@ -43,14 +46,14 @@ impl Invocation<'_> {
     /// they continue the previous step's rows, bound as both past and present, run; the new
     /// positions then go from the buffers into the blocks.
     pub(super) fn run_shared(self) -> Result<(), ExecError> {
-        let Invocation { config, names, batch, session, kv, tokens, past, mut logits, stats, .. } = self;
+        let Invocation { config, names, spec, batch, session, kv, tokens, past, mut logits, stats, .. } = self;
         let (plan, rows) = (batch.plan, batch.rows);
         let gather_started = now();
         tokens.fill(batch, i64::from(config.pad_token_id));
         let shared = past.shared.as_mut().expect("the caller checked");
         let reused = past.carry_enabled && shared.continues(plan.step, plan, rows);
         if !reused {
-            refill(shared, kv, batch, config.context_length as usize, names.past.len())?;
+            refill(shared, kv, batch, config.context_length as usize, names.past.len(), spec)?;
         }
         bind(names, shared, batch.dims, tokens).map_err(ort_error("cannot bind the model's inputs"))?;
         stats.add_since(Counter::GatherNs, gather_started);
@@ -70,21 +73,24 @@ impl Invocation<'_> {
     }
 }
 
-/// Fresh buffers wide enough for the rows and some headroom, filled from the blocks.
+/// Fresh buffers wide enough for the rows and some headroom (and for the widest windowed cache,
+/// so that every buffer has one width), filled from the blocks.
 fn refill(
     shared: &mut SharedPast,
     kv: &KvStore,
     batch: Batch<'_>,
     context_length: usize,
     past_inputs: usize,
+    spec: &KvSpec,
 ) -> Result<(), ExecError> {
     let dims = batch.dims;
-    let width = shared_past::width_for(dims.past, context_length);
-    let tensors = shared
+    let width = shared_past::width_for(dims.past, context_length).max(spec.widest_window());
+    shared
         .reshape(past_inputs, dims.batch, dims.kv_heads, width, dims.head_size)
         .map_err(ort_error("cannot allocate the KV buffers"))?;
-    for (index, tensor) in tensors.iter_mut().enumerate() {
-        TensorRows::of(index, width, batch).gather(kv, tensor.extract_tensor_mut().1);
+    for index in 0..past_inputs {
+        let bytes = shared.bytes_mut(index).map_err(ort_error("the KV buffers"))?;
+        TensorRows::of(index, width, batch).gather(kv, bytes);
     }
     Ok(())
 }
@@ -126,13 +132,14 @@ fn scatter_buffers(
     kv: &mut KvStore,
     batch: Batch<'_>,
 ) -> Result<(), ExecError> {
-    let width = shared.width();
+    let (width, element) = (shared.width(), shared.element());
     for (index, (name, tensor)) in present.iter().zip(shared.tensors()).enumerate() {
-        let data = tensor.extract_tensor().1;
-        let written = outputs.get(name).and_then(|v| v.try_extract_tensor::<f32>().ok()).map(|(_, d)| d.as_ptr());
-        if written != Some(data.as_ptr()) {
+        let written = outputs.get(name).and_then(|v| kv_element::value_bytes(v, element).ok()).map(|(_, d)| d.as_ptr());
+        if written != Some(tensor.data_ptr().cast::<u8>()) {
             return Err(fatal(format!("ONNX Runtime did not write {name} into the buffer bound to it")));
         }
+        let (_, data) =
+            kv_element::value_bytes(outputs.get(name).expect("checked"), element).map_err(ort_error(name))?;
         TensorRows::of(index, width, batch).scatter(kv, AttentionForm::Gqa, data);
     }
     Ok(())

@@ -1,6 +1,7 @@
 //! The model's signature: the tensor names genai_config.json gives, expanded per layer; the
 //! attention form; and the check at load that the session has exactly those inputs and outputs,
-//! of the types and shapes ortex feeds and reads (docs/model-format.md).
+//! of the types and shapes ortex feeds and reads (docs/model-format.md), which also gives the
+//! KV tensors' element type ([`KvSpec`]).
 
 use ort::session::Session;
 use ort::value::{Outlet, TensorElementType, ValueType};
@@ -8,7 +9,46 @@ use ortex_core::{OrtexError, Result};
 
 use super::{load_error, AttentionForm};
 use crate::config::{ModelConfig, TensorNames};
+use crate::kv_element::KvElement;
+use crate::layer_attention::AttentionPlan;
+use crate::shared_past;
 
+/// What the model's KV tensors and logits are, beyond their names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvSpec {
+    /// The element type of every past input and present output (the KV store keeps this type).
+    pub element: KvElement,
+    /// The logits' element type (converted to f32 for sampling).
+    pub logits: KvElement,
+    /// Per KV input (`Names::past` order): the least sequence width its past tensor may have,
+    /// 0 for none. A GroupQueryAttention layer with `sliding_window_cache = 1` needs a buffer
+    /// at least as wide as its window (ONNX Runtime refuses narrower ones); ortex also keeps it
+    /// wider than every row's positions, so the kernel never compacts it and row b's positions
+    /// stay at `[0, past_b + n_b)` as in every other layer.
+    pub min_width: Vec<usize>,
+}
+
+impl KvSpec {
+    /// The sequence width of past input `index` for an invocation whose longest row ends at
+    /// `end` (= P + S) with the longest past `past`: `past` for ordinary layers; for windowed
+    /// caches at least the window and `end`, with headroom so that carried decodes keep fitting.
+    pub fn past_width(&self, index: usize, past: usize, end: usize, context_length: usize) -> usize {
+        match self.min_width[index] {
+            0 => past,
+            window => window.max(shared_past::width_for(end.saturating_sub(1), context_length)),
+        }
+    }
+
+    /// The widest window any past input needs (0 for none).
+    pub fn widest_window(&self) -> usize {
+        self.min_width.iter().copied().max().unwrap_or(0)
+    }
+
+    /// Bytes of the KV of one position, all layers, keys and values.
+    pub fn bytes_per_position(&self, config: &ModelConfig) -> u64 {
+        2 * u64::from(config.num_hidden_layers) * config.kv_width() as u64 * self.element.bytes() as u64
+    }
+}
 /// Tensor names, expanded per layer once at load.
 pub(super) struct Names {
     pub(super) input_ids: String,
@@ -55,14 +95,21 @@ pub(super) fn detect_form(config: &ModelConfig, session: &Session) -> AttentionF
     }
 }
 
-/// The session's inputs and outputs must be exactly what genai_config.json names, with float32
-/// KV of the configured shape and logits as wide as the vocabulary.
-pub(super) fn check_signature(config: &ModelConfig, session: &Session, names: &Names) -> Result<()> {
+/// The session's inputs and outputs must be exactly what genai_config.json names, with KV of one
+/// float type and the configured shape, and logits as wide as the vocabulary.
+pub(super) fn check_signature(
+    config: &ModelConfig,
+    session: &Session,
+    names: &Names,
+    plan: &AttentionPlan,
+) -> Result<KvSpec> {
     let check = SignatureCheck { config, session, names };
     check.names_match()?;
-    check.kv_types_and_shapes()?;
+    let element = check.kv_types_and_shapes()?;
     check.id_types()?;
-    check.logits_width()
+    let logits = check.logits_width()?;
+    let min_width = (0..names.past.len()).map(|index| plan.window_cache_width(index / 2)).collect();
+    Ok(KvSpec { element, logits, min_width })
 }
 
 /// A static dimension must equal `want`; a symbolic one (-1) passes. Err carries the actual.
@@ -121,20 +168,57 @@ impl SignatureCheck<'_> {
         match outlet.dtype() {
             ValueType::Tensor { ty: t, shape, .. } if *t == ty && shape.len() == rank => Ok(shape.to_vec()),
             _ => Err(load_error(format!(
-                "{}: {} must be a {ty:?} tensor of rank {rank}; ortex runs float32 KV and logits and int64 ids",
+                "{}: {} must be a {ty:?} tensor of rank {rank}; ortex feeds int64 ids",
                 self.config.model_file.display(),
                 outlet.name()
             ))),
         }
     }
 
+    /// The tensor's float element type and static shape, when it is a float32, float16 or
+    /// bfloat16 tensor of rank `rank`.
+    fn expect_float(&self, outlet: &Outlet, rank: usize) -> Result<(KvElement, Vec<i64>)> {
+        match outlet.dtype() {
+            ValueType::Tensor { ty, shape, .. } if shape.len() == rank => match KvElement::of(*ty) {
+                Some(element) => Ok((element, shape.to_vec())),
+                None => Err(load_error(format!(
+                    "{}: {} is a {ty:?} tensor; ortex runs float32, float16 and bfloat16 KV and logits",
+                    self.config.model_file.display(),
+                    outlet.name()
+                ))),
+            },
+            _ => Err(load_error(format!(
+                "{}: {} must be a tensor of rank {rank}",
+                self.config.model_file.display(),
+                outlet.name()
+            ))),
+        }
+    }
+
+    /// Every past input and present output of the same element type as the first past input.
+    fn same_element(&self, outlet: &Outlet, first: KvElement, rank: usize) -> Result<Vec<i64>> {
+        let (element, shape) = self.expect_float(outlet, rank)?;
+        if element != first {
+            return Err(load_error(format!(
+                "{}: {} is {} but {} is {}; ortex keeps one KV element type",
+                self.config.model_file.display(),
+                outlet.name(),
+                element.name(),
+                self.names.past[0],
+                first.name()
+            )));
+        }
+        Ok(shape)
+    }
+
     /// Past inputs `[B, KH, P, D]` with the configured KV heads and head size; present outputs
-    /// float32 of rank 4.
-    fn kv_types_and_shapes(&self) -> Result<()> {
+    /// of rank 4; all of one float type, which is returned.
+    fn kv_types_and_shapes(&self) -> Result<KvElement> {
         let kv_heads = i64::from(self.config.num_key_value_heads);
         let head_size = i64::from(self.config.head_size);
+        let first = self.expect_float(self.find_input(&self.names.past[0]).expect("checked"), 4)?.0;
         for name in &self.names.past {
-            let shape = self.expect_type(self.find_input(name).expect("checked"), TensorElementType::Float32, 4)?;
+            let shape = self.same_element(self.find_input(name).expect("checked"), first, 4)?;
             check_dim(&shape, 1, kv_heads).map_err(|got| {
                 self.mismatch(format!("has model.decoder.num_key_value_heads {kv_heads} but {name} has {got} KV heads"))
             })?;
@@ -143,9 +227,9 @@ impl SignatureCheck<'_> {
             })?;
         }
         for name in &self.names.present {
-            self.expect_type(self.find_output(name).expect("checked"), TensorElementType::Float32, 4)?;
+            self.same_element(self.find_output(name).expect("checked"), first, 4)?;
         }
-        Ok(())
+        Ok(first)
     }
 
     fn id_types(&self) -> Result<()> {
@@ -156,13 +240,14 @@ impl SignatureCheck<'_> {
         Ok(())
     }
 
-    /// Logits `[B, S, V]` with `V` the configured vocabulary.
-    fn logits_width(&self) -> Result<()> {
+    /// Logits `[B, S, V]` with `V` the configured vocabulary; returns their element type.
+    fn logits_width(&self) -> Result<KvElement> {
         let (name, vocab_size) = (&self.names.logits, self.config.vocab_size);
         let outlet = self.find_output(name).expect("checked");
-        let shape = self.expect_type(outlet, TensorElementType::Float32, 3)?;
+        let (element, shape) = self.expect_float(outlet, 3)?;
         check_dim(&shape, 2, i64::from(vocab_size)).map_err(|got| {
             self.mismatch(format!("has model.vocab_size {vocab_size} but the model's {name} are {got} wide"))
-        })
+        })?;
+        Ok(element)
     }
 }

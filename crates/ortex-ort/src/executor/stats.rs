@@ -91,6 +91,14 @@ counters! {
     /// Memory ONNX Runtime allocated while the session was built, packed into 2 MiB-aligned
     /// chunks (weight_chunks.rs; freed blocks included).
     WeightChunkBytes: "weightChunk", Bytes;
+    /// The paged KV store's arenas, all layers, keys and values (set when the pool is attached).
+    KvStoreBytes: "kvStore", Bytes;
+    /// The KV of one token position in the store: all layers, keys and values, in the model's
+    /// element type (a float16 model's is half a float32 twin's).
+    KvPositionBytes: "kvPosition", Bytes;
+    /// Rounds of steps run one position per invocation (a model that cannot run a chunk after
+    /// a past: probe.rs).
+    PositionRounds: "positionRounds", Count;
 }
 
 impl Counter {
@@ -185,6 +193,9 @@ mod tests {
             ("executeUs", 9),
             ("hugePageBytes", 10999),
             ("weightChunkBytes", 11999),
+            ("kvStoreBytes", 12999),
+            ("kvPositionBytes", 13999),
+            ("positionRounds", 14999),
         ];
         let expected: Vec<(String, u64)> = expected.iter().map(|&(key, value)| (key.to_string(), value)).collect();
         assert_eq!(report, expected);

@@ -9,8 +9,9 @@ use super::invocation::Batch;
 use super::AttentionForm;
 use crate::kv_store::{KvArena, KvStore};
 
-/// One KV tensor of an invocation, `[B, KH, width, D]`: KV input or output `index` (layer
-/// `index / 2`, key then value) over the invocation's rows, row `b` at `[b * row_floats, ..)`.
+/// One KV tensor of an invocation, `[B, KH, width, D]` (as bytes of its elements): KV input or
+/// output `index` (layer `index / 2`, key then value) over the invocation's rows, row `b` at
+/// `[b * row_bytes, ..)`.
 pub(super) struct TensorRows<'p> {
     arena: KvArena,
     width: usize,
@@ -23,15 +24,16 @@ impl<'p> TensorRows<'p> {
     }
 
     /// Each row with the range of the tensor it takes.
-    fn each(&self) -> impl Iterator<Item = (&'p PlanRow, Range<usize>)> + '_ {
-        let row_floats = self.batch.dims.kv_heads * self.width * self.batch.dims.head_size;
-        self.batch.rows().map(move |(b, row)| (row, b * row_floats..(b + 1) * row_floats))
+    fn each(&self, element_bytes: usize) -> impl Iterator<Item = (&'p PlanRow, Range<usize>)> + '_ {
+        let dims = self.batch.dims;
+        let row_bytes = dims.kv_heads * self.width * dims.head_size * element_bytes;
+        self.batch.rows().map(move |(b, row)| (row, b * row_bytes..(b + 1) * row_bytes))
     }
 
     /// Each row's past from its blocks into the tensor at `[0, past_b)`; positions beyond keep
     /// what they held (the mask, or seqlens_k, hides them).
-    pub(super) fn gather(&self, kv: &KvStore, dst: &mut [f32]) {
-        for (row, range) in self.each() {
+    pub(super) fn gather(&self, kv: &KvStore, dst: &mut [u8]) {
+        for (row, range) in self.each(kv.element().bytes()) {
             let blocks = self.batch.plan.row_blocks(row);
             kv.gather(self.arena, blocks, row.start_position as usize, &mut dst[range], self.width);
         }
@@ -39,8 +41,8 @@ impl<'p> TensorRows<'p> {
 
     /// The tensor's new positions (a present output) into each row's blocks: new token j of row
     /// b sits at `P + j` (mha) or at `past_b + j` (gqa).
-    pub(super) fn scatter(&self, kv: &mut KvStore, form: AttentionForm, data: &[f32]) {
-        for (row, range) in self.each() {
+    pub(super) fn scatter(&self, kv: &mut KvStore, form: AttentionForm, data: &[u8]) {
+        for (row, range) in self.each(kv.element().bytes()) {
             let (past, count) = (row.start_position as usize, row.token_count as usize);
             let at = match form {
                 AttentionForm::Mha => self.batch.dims.past,

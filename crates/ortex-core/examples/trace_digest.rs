@@ -8,6 +8,9 @@
 //!   cargo run --release -p ortex-core --example trace_digest -- 400 | diff before.txt -
 //! ```
 //!
+//! `TRACE_PREFIX_CACHING=off` runs every seed without the prefix cache (the engine as it was
+//! before the cache existed); `on` with it; unset, even seeds have it.
+//!
 //! To compare across a change that adds event words, hash only the words both sides have:
 //! `TRACE_EVENT_WORDS=10 cargo run ...` hashes each event's first 10 words (the stride before
 //! the stop kind and index were added).
@@ -32,7 +35,8 @@ fn options_for(seed: u64, rng: &mut Rng) -> String {
         _ => String::new(),
     };
     format!(
-        r#"{{"seed":{seed},"batching":"{}","maxLength":{max_length},"blockSize":{block_size},"numBlocks":{num_blocks},"maxBatchSize":{},"maxScheduledTokens":{},"prefillChunkSize":{},"maxPrefillWaitSteps":{},"eosProbability":{},"vocabSize":{}{faults}}}"#,
+        r#"{{"seed":{seed},"prefixCaching":{},"batching":"{}","maxLength":{max_length},"blockSize":{block_size},"numBlocks":{num_blocks},"maxBatchSize":{},"maxScheduledTokens":{},"prefillChunkSize":{},"maxPrefillWaitSteps":{},"eosProbability":{},"vocabSize":{}{faults}}}"#,
+        prefix_caching(seed),
         if rng.below(4) == 0 { "static" } else { "dynamic" },
         1 + rng.below(6),
         [1, 2, 8, 32, 512][rng.below(5) as usize],
@@ -186,6 +190,16 @@ fn digest_of(seed: u64) -> u64 {
     }
     trace.add(u64::from(engine.stats().free_blocks));
     trace.digest
+}
+
+/// `TRACE_PREFIX_CACHING=off` or `on` for every seed; otherwise on for even seeds (without a
+/// draw from the workload's generator, so the workloads are the same either way).
+fn prefix_caching(seed: u64) -> bool {
+    match std::env::var("TRACE_PREFIX_CACHING").as_deref() {
+        Ok("off") => false,
+        Ok("on") => true,
+        _ => seed % 2 == 0,
+    }
 }
 
 /// How many leading words of each event the digest covers (all unless `TRACE_EVENT_WORDS` says).

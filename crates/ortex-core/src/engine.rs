@@ -22,7 +22,8 @@ use crate::text::{ClosedCodec, SimText, TextCodec};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct EngineStats {
     pub total_blocks: u32,
-    /// Blocks held only by a prefix cache count as free (ortex has no prefix cache yet).
+    /// Blocks a new reservation may take: never used, or held only by the prefix cache
+    /// (evictable).
     pub free_blocks: u32,
     pub active_requests: u32,
     pub pending_turns: u32,
@@ -31,6 +32,12 @@ pub struct EngineStats {
     pub prompt_tokens: u64,
     pub generated_tokens: u64,
     pub virtual_time_us: u64,
+    /// Blocks the prefix cache can find by hash (in use or evictable).
+    pub cached_blocks: u32,
+    /// Full prompt blocks looked up in the prefix cache, each counted once per admission.
+    pub prefix_cache_lookups: u64,
+    /// Of those, the blocks found and attached instead of computed.
+    pub prefix_cache_hits: u64,
 }
 
 /// What `run_begin` decided.
@@ -113,7 +120,7 @@ impl Engine {
         executor.attach_kv(KvGeometry { num_blocks: config.num_blocks, block_size: config.block_size })?;
         let retained_bound = 2 * config.max_requests as usize + 2;
         Ok(Engine {
-            kv: Box::new(PagedKv::new(config.num_blocks, config.block_size)),
+            kv: Box::new(PagedKv::new(config.num_blocks, config.block_size, config.prefix_caching)),
             stats: EngineStats { total_blocks: config.num_blocks, ..EngineStats::default() },
             config,
             seed,
@@ -260,7 +267,8 @@ impl Engine {
         }
         let request = self.requests.get_mut(&id).expect("checked");
         request.truncate_to(token_count);
-        self.kv.truncate(request.kv, request.kv_len);
+        // A truncation inside a block that other requests share keeps less: the rest is computed again.
+        request.kv_len = self.kv.truncate(request.kv, request.kv_len);
         Ok(())
     }
 
@@ -384,7 +392,7 @@ impl Engine {
         self.stage_plan_report(&report);
         if plan.rows.is_empty() {
             // Nothing was reserved: a plan without rows reserved no blocks.
-            self.kv.commit(reservation);
+            self.kv.commit(reservation, &|_| &[]);
             self.spare = Some((plan, output));
             return Ok(RunStart::Done(self.publish(out, capacity)));
         }
@@ -408,7 +416,8 @@ impl Engine {
         self.drop_stale_staged();
         match result.expect("a transaction is executed before it is committed") {
             Ok(()) if output.matches(plan.sampled_rows()) => {
-                self.kv.commit(in_flight.reservation);
+                let requests = &self.requests;
+                self.kv.commit(in_flight.reservation, &|id| requests[&id].tokens.as_slice());
                 self.commit_rows(&plan, &output);
             }
             Ok(()) => {
@@ -476,11 +485,15 @@ impl Engine {
     }
 
     pub fn stats(&self) -> EngineStats {
+        let cache = self.kv.cache_counters();
         EngineStats {
             free_blocks: self.kv.num_free_blocks(),
             active_requests: self.requests.values().filter(|r| !r.is_closed()).count() as u32,
             pending_turns: self.requests.values().filter(|r| r.running_turn().is_some()).count() as u32,
             retained_events: self.retained.len() as u32,
+            cached_blocks: cache.cached_blocks,
+            prefix_cache_lookups: cache.lookups,
+            prefix_cache_hits: cache.hits,
             ..self.stats
         }
     }
@@ -500,8 +513,8 @@ impl Engine {
     /// queue's counts, the lifecycle counts, and every request within its limits.
     pub fn check_invariants(&self) {
         let requests = &self.requests;
-        let computed_of = |id: RequestId| requests.get(&id).map(|r| r.kv_len);
-        self.kv.check_invariants(&computed_of, self.in_flight.is_some());
+        let request_of = |id: RequestId| requests.get(&id).map(|r| (r.kv_len, r.tokens.as_slice()));
+        self.kv.check_invariants(&request_of, self.in_flight.is_some());
         self.retained.check_invariants();
         let mut lifecycles = [0u32; 3];
         for request in self.requests.values() {

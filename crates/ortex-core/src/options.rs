@@ -44,6 +44,8 @@ pub struct EngineOptions {
     pub max_prefill_wait_steps: Option<u32>,
     /// Most requests alive at once (bounds the engine's tables and its retained-event queue).
     pub max_requests: Option<u32>,
+    /// Requests that share a prompt prefix reuse its full KV blocks; absent: true.
+    pub prefix_caching: Option<bool>,
 }
 
 /// Injected failures of the simulated executor, for simulation tests.
@@ -109,6 +111,7 @@ pub struct EngineConfig {
     pub prefill_chunk_size: u32,
     pub max_prefill_wait_steps: u32,
     pub max_requests: u32,
+    pub prefix_caching: bool,
     pub vocab_size: u32,
     pub eos_token_ids: Vec<i32>,
     pub max_length: u32,
@@ -159,6 +162,7 @@ impl EngineConfig {
             prefill_chunk_size,
             max_prefill_wait_steps,
             max_requests,
+            prefix_caching: options.prefix_caching.unwrap_or(true),
             vocab_size: model.vocab_size,
             eos_token_ids: model.eos_token_ids.clone(),
             max_length: model.max_length,

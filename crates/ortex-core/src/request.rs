@@ -65,15 +65,22 @@ impl RequestState {
 pub struct Turn {
     pub id: TurnId,
     pub options: ResolvedTurnOptions,
-    /// This turn's new input only.
+    /// This turn's new input only: `tokens[prompt_start..prompt_start + prompt_tokens]`.
     pub prompt_tokens: u32,
+    pub prompt_start: u32,
+    /// Of those, the tokens whose KV came from the prefix cache instead of being computed.
+    pub cached_prompt_tokens: u32,
     pub generated_tokens: u32,
     pub rng: Rng,
 }
 
 impl Turn {
     pub fn usage(&self) -> Usage {
-        Usage { prompt_tokens: self.prompt_tokens, generated_tokens: self.generated_tokens, cached_prompt_tokens: 0 }
+        Usage {
+            prompt_tokens: self.prompt_tokens,
+            generated_tokens: self.generated_tokens,
+            cached_prompt_tokens: self.cached_prompt_tokens,
+        }
     }
 }
 
@@ -188,8 +195,21 @@ impl Request {
         );
         self.last_turn_id += 1;
         let id = TurnId(self.last_turn_id);
-        self.turn = TurnSlot::Running(Turn { id, options, prompt_tokens, generated_tokens: 0, rng });
+        let prompt_start = self.token_count() - prompt_tokens;
+        let turn = Turn { id, options, prompt_tokens, prompt_start, cached_prompt_tokens: 0, generated_tokens: 0, rng };
+        self.turn = TurnSlot::Running(turn);
         id
+    }
+
+    /// The KV of `tokens[kv_len..kv_len + count]` came from the prefix cache; the running turn
+    /// counts what of it is its own prompt.
+    pub fn attach_cached(&mut self, count: u32) {
+        let (start, end) = (self.kv_len, self.kv_len + count);
+        self.kv_len = end;
+        if let Some(turn) = self.running_turn_mut() {
+            let prompt_end = turn.prompt_start + turn.prompt_tokens;
+            turn.cached_prompt_tokens += prompt_end.min(end).saturating_sub(turn.prompt_start.max(start));
+        }
     }
 
     /// Ends the running turn, returning its id and usage.
@@ -240,6 +260,10 @@ impl Request {
     /// given up with it (its caller asked only for the KV).
     pub fn transition_to_preempted(&mut self) {
         self.kv_len = 0;
+        // What the prefix cache gives it back at its next admission is counted then.
+        if let Some(turn) = self.running_turn_mut() {
+            turn.cached_prompt_tokens = 0;
+        }
         if self.running_turn().is_none() {
             self.prefill_target = 0;
         }

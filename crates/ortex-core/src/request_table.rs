@@ -119,7 +119,7 @@ mod tests {
 
     #[test]
     fn lookups_survive_removal_and_compaction() {
-        let mut kv = PagedKv::new(1, 1);
+        let mut kv = PagedKv::new(1, 1, false);
         let mut table = RequestTable::default();
         for i in 1..=300 {
             table.insert(RequestId(i), Request::new(RequestId(i), kv.open(RequestId(i)), 10));

@@ -53,6 +53,7 @@ macro_rules! with_engine_options {
             pub prefill_chunk_size: Option<u32>,
             pub max_prefill_wait_steps: Option<u32>,
             pub max_requests: Option<u32>,
+            pub prefix_caching: Option<bool>,
             $($(#[$field_meta])* pub $field: $ty,)*
         }
 
@@ -68,6 +69,7 @@ macro_rules! with_engine_options {
                     prefill_chunk_size: self.prefill_chunk_size,
                     max_prefill_wait_steps: self.max_prefill_wait_steps,
                     max_requests: self.max_requests,
+                    prefix_caching: self.prefix_caching,
                 }
             }
         }

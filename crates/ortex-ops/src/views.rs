@@ -25,6 +25,7 @@ pub struct ConfigView {
     pub prefill_chunk_size: u32,
     pub max_prefill_wait_steps: u32,
     pub max_requests: u32,
+    pub prefix_caching: bool,
     pub vocab_size: u32,
     pub eos_token_ids: Vec<i32>,
     pub max_length: u32,
@@ -41,6 +42,7 @@ impl From<&EngineConfig> for ConfigView {
             prefill_chunk_size: config.prefill_chunk_size,
             max_prefill_wait_steps: config.max_prefill_wait_steps,
             max_requests: config.max_requests,
+            prefix_caching: config.prefix_caching,
             vocab_size: config.vocab_size,
             eos_token_ids: config.eos_token_ids.clone(),
             max_length: config.max_length,
@@ -62,6 +64,9 @@ pub struct StatsView {
     pub prompt_tokens: f64,
     pub generated_tokens: f64,
     pub virtual_time_us: f64,
+    pub cached_blocks: u32,
+    pub prefix_cache_lookups: f64,
+    pub prefix_cache_hits: f64,
 }
 
 impl From<EngineStats> for StatsView {
@@ -76,6 +81,9 @@ impl From<EngineStats> for StatsView {
             prompt_tokens: stats.prompt_tokens as f64,
             generated_tokens: stats.generated_tokens as f64,
             virtual_time_us: stats.virtual_time_us as f64,
+            cached_blocks: stats.cached_blocks,
+            prefix_cache_lookups: stats.prefix_cache_lookups as f64,
+            prefix_cache_hits: stats.prefix_cache_hits as f64,
         }
     }
 }

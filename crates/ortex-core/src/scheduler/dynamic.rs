@@ -17,7 +17,7 @@ struct Budget {
 impl Scheduler {
     /// This step's candidates: decodes and waiting prefills in scope, and the requests whose
     /// context can never fit the pool (reported unserviceable, never scheduled).
-    pub(super) fn collect_candidates(&mut self, input: &PlanInput<'_>, report: &mut super::PlanReport) {
+    pub(super) fn collect_candidates(&mut self, input: &mut PlanInput<'_>, report: &mut super::PlanReport) {
         self.decodes.clear();
         self.prefills.clear();
         let dynamic = input.config.batching == BatchingMode::Dynamic;
@@ -52,6 +52,7 @@ impl Scheduler {
             if budget.rows == 0 || budget.tokens == 0 {
                 break;
             }
+            attach_cached_prefix(input, position);
             let request = input.requests.at(position);
             let chunk_cap = if request.is_decoding() { 1 } else { config.prefill_chunk_size };
             let wanted = (request.compute_target() - request.kv_len).min(budget.tokens.min(chunk_cap));
@@ -102,6 +103,21 @@ impl Scheduler {
         plan.tokens.extend_from_slice(&request.tokens[start as usize..(start + count) as usize]);
         plan.block_ids.extend_from_slice(&table[first_block as usize..]);
         self.notified.remove(&request.id);
+    }
+}
+
+/// A prefill first takes what the prefix cache holds of its tokens (at a block boundary; nothing
+/// without a cache), so that its row computes only the rest. It happens in priority order, just
+/// before the request's blocks are reserved, so that a request ahead in the order (the one a
+/// preemption made room for) takes fresh blocks before one behind it takes cached ones back.
+fn attach_cached_prefix(input: &mut PlanInput<'_>, position: usize) {
+    let request = input.requests.at_mut(position);
+    if request.is_decoding() {
+        return;
+    }
+    let attached = input.kv.attach_cached(request.kv, &request.tokens, request.kv_len, request.compute_target());
+    if attached > 0 {
+        request.attach_cached(attached);
     }
 }
 

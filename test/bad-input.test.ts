@@ -51,6 +51,8 @@ function expectNamed(call: () => unknown, option: string): never {
 const cases: Case[] = [
   // ----- engine options -----
   { name: 'options: negative blockSize', code: 'INVALID_ARGUMENT', call: ({ mod }) => mod.Engine.simulated({ blockSize: -1 }) },
+  { name: 'options: prefixCaching not a boolean', code: 'INVALID_ARGUMENT', call: ({ mod }) => mod.Engine.simulated({ prefixCaching: 1 as never }) },
+  { name: 'options: prefixCaching as a string', code: 'INVALID_ARGUMENT', call: ({ mod }) => mod.Engine.simulated({ prefixCaching: 'false' as never }) },
   { name: 'options: zero blockSize', code: 'INVALID_ARGUMENT', call: ({ mod }) => mod.Engine.simulated({ blockSize: 0 }) },
   { name: 'options: fractional blockSize', code: 'INVALID_ARGUMENT', call: ({ mod }) => mod.Engine.simulated({ blockSize: 2.5 }) },
   { name: 'options: blockSize above its maximum', code: 'INVALID_ARGUMENT', call: ({ mod }) => mod.Engine.simulated({ blockSize: 4097 }) },

@@ -1,7 +1,7 @@
 // Cross-target determinism: for the same seed, the native addon and the WebAssembly build produce
 // the identical event trace. Each seed builds a scripted workload (several requests, greedy and
-// sampled turns, continuations, a cancel, random buffer capacities, KV pressure and injected
-// retryable faults on some seeds); every field of every event (with the request's index instead
+// sampled turns, continuations, a cancel, random buffer capacities, KV pressure, prompts sharing a
+// prefix the prefix cache serves, and injected retryable faults on some seeds); every field of every event (with the request's index instead
 // of its object), each run's return value and the engine's counters go into one SHA-256 digest.
 //   CROSS_SEEDS=n npx vitest run test/cross-target     runs seeds 1..n (default 64)
 import { createHash } from 'node:crypto'
@@ -43,6 +43,9 @@ function buildScript(seed: number): Script {
   if (rng.chance(0.4)) options.numBlocks = rng.int(Math.ceil(maxLength / blockSize), Math.ceil((2 * maxLength) / blockSize))
   if (rng.chance(0.3)) options.faults = { retryableRate: 0.05, capacityRate: 0.03, seed: rng.int(0, 1e6) }
   if (rng.chance(0.2)) options.batching = 'static'
+  if (rng.chance(0.15)) options.prefixCaching = false
+  // Token prompts start with the script's shared prefix half the time: the prefix cache serves it.
+  const shared = rng.tokens(rng.int(8, 60), 3, vocabSize - 1)
   const requests: ScriptRequest[] = []
   const n = rng.int(3, 6)
   for (let r = 0; r < n; r++) {
@@ -50,7 +53,9 @@ function buildScript(seed: number): Script {
     const t = rng.int(1, 3)
     for (let i = 0; i < t; i++) {
       const length = rng.int(1, 30)
-      const input = rng.chance(0.3) ? Array.from({ length }, () => String.fromCharCode(rng.int(97, 122))).join('') : rng.tokens(length, 3, vocabSize - 1)
+      const input = rng.chance(0.3)
+        ? Array.from({ length }, () => String.fromCharCode(rng.int(97, 122))).join('')
+        : [...(rng.chance(0.5) ? shared : []), ...rng.tokens(length, 3, vocabSize - 1)]
       const turnOptions: Record<string, unknown> = { maxGeneratedTokens: rng.int(1, 24) }
       if (rng.chance(0.6)) {
         // Sampled: non-round temperatures and top-p exercise the floating-point path.
@@ -107,11 +112,15 @@ async function traceOf(backend: BackendName, script: Script): Promise<string[]> 
         const r = ev.request === null ? -1 : index.get(ev.request)!
         const usage = ev.usage ? `${ev.usage.promptTokens},${ev.usage.generatedTokens},${ev.usage.cachedPromptTokens}` : '-'
         lines.push(`  ev r${r} f${ev.flags} t${ev.turnId} tok${ev.token} ${ev.finishReason} ${ev.errorCode} u${usage}`)
+        if (ev.usage) cachedPromptTokensSeen += ev.usage.cachedPromptTokens
         if (r >= 0 && ev.flags & mod.EventFlags.Token) tokens[r].push(ev.token)
         if (r >= 0 && ev.flags & mod.EventFlags.TurnFinished) running[r] = null
       }
       const s = engine.stats()
-      lines.push(`  stats ${s.steps} ${s.promptTokens} ${s.generatedTokens} ${s.freeBlocks}/${s.totalBlocks} ${s.retainedEvents} ${s.activeRequests} ${s.pendingTurns}`)
+      lines.push(
+        `  stats ${s.steps} ${s.promptTokens} ${s.generatedTokens} ${s.freeBlocks}/${s.totalBlocks} ${s.retainedEvents} ${s.activeRequests} ${s.pendingTurns}` +
+          ` cache ${s.cachedBlocks} ${s.prefixCacheLookups} ${s.prefixCacheHits}`,
+      )
       lines.push(`  requests ${requests.map((q) => `${q.state}:${q.tokenCount}`).join(' ')}`)
     }
     requests.forEach((r, i) => lines.push(`text r${i} ${JSON.stringify(engine.detokenize(tokens[i]))}`))
@@ -124,6 +133,9 @@ async function traceOf(backend: BackendName, script: Script): Promise<string[]> 
 function digest(lines: string[]): string {
   return createHash('sha256').update(lines.join('\n')).digest('hex')
 }
+
+/** Prompt tokens the prefix cache served, over every trace this file ran. */
+let cachedPromptTokensSeen = 0
 
 const count = Number(process.env.CROSS_SEEDS ?? 64)
 const seeds = Array.from({ length: count }, (_, i) => i + 1)
@@ -153,5 +165,9 @@ describe('cross-target determinism (native vs wasm)', () => {
     }
     // A trace that repeats itself on the same backend, too (no hidden nondeterminism).
     expect(digest(await traceOf('wasm', script))).toBe(digest(wasm))
+  })
+
+  it('the traces include prompt tokens served by the prefix cache', () => {
+    expect(cachedPromptTokensSeen).toBeGreaterThan(0)
   })
 })

@@ -29,6 +29,9 @@ export interface EngineOptions {
   maxPrefillWaitSteps?: number
   /** Addition: most requests alive at once; default 65536. */
   maxRequests?: number
+  /** Reuse the KV blocks of prompt prefixes other requests (or earlier turns) already computed;
+   *  default true. false computes every prompt token, as before prefix caching existed. */
+  prefixCaching?: boolean
   executionProvider?: 'cpu' | 'cuda'
   intraOpThreads?: number
   /** Addition: let the session's intra-op threads spin between operators, and for a short while
@@ -108,6 +111,7 @@ export interface EngineConfig {
   prefillChunkSize: number
   maxPrefillWaitSteps: number
   maxRequests: number
+  prefixCaching: boolean
   vocabSize: number
   eosTokenIds: number[]
   maxLength: number
@@ -125,6 +129,11 @@ export interface EngineStats {
   generatedTokens: number
   /** Addition: the simulated model's virtual time (0 for real models). */
   virtualTimeUs: number
+  /** Full blocks published in the prefix cache (held by a request or evictable). */
+  cachedBlocks: number
+  /** Blocks looked up in the prefix cache at admissions, and how many of them were found. */
+  prefixCacheLookups: number
+  prefixCacheHits: number
 }
 
 /** Addition: where a real model's steps spend their time, cumulative since load (microseconds).
@@ -171,7 +180,8 @@ export interface TurnUsage {
   /** This turn's new input only. */
   promptTokens: number
   generatedTokens: number
-  /** Prompt tokens served from a shared prefix; 0 without prefix sharing. */
+  /** Of promptTokens, those whose KV came from the prefix cache instead of being computed
+   *  (whole blocks another request or an earlier turn published); 0 with prefixCaching false. */
   cachedPromptTokens: number
 }
 

@@ -223,6 +223,7 @@ const CORE_ENGINE_KEYS = [
   'prefillChunkSize',
   'maxPrefillWaitSteps',
   'maxRequests',
+  'prefixCaching',
 ] as const
 
 const ENGINE_KEYS = [...CORE_ENGINE_KEYS, ...MODEL_KEYS] as const
@@ -278,6 +279,9 @@ function engineFields(name: string, present: Map<string, unknown>, out: ModelOpt
         break
       case 'maxPrefillWaitSteps':
         out[key] = integer(arg, value, 0)
+        break
+      case 'prefixCaching':
+        out.prefixCaching = boolean(arg, value)
         break
       case 'executionProvider': {
         const provider = oneOf(arg, value, ['cpu', 'cuda'])

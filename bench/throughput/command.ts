@@ -127,7 +127,7 @@ function progressWriter(): (line: string) => void {
 }
 
 /** The default model folder, made when absent. */
-async function ensureModel(dir: string, progress: (line: string) => void): Promise<void> {
+export async function ensureBenchModel(dir: string, progress: (line: string) => void): Promise<void> {
   if (existsSync(join(dir, 'genai_config.json'))) return
   progress(`making the bench model in ${dir} (ortex make-model --size bench --attention gqa)`)
   const { makeModel } = await import('../../ts/modelkit/make-model')
@@ -143,7 +143,7 @@ export async function runBenchCommand(argv: string[], hooks: BenchCommandHooks):
   }
   const progress = progressWriter()
   const modelDir = resolve(args.model ?? DEFAULT_BENCH_MODEL)
-  if (args.model === undefined) await ensureModel(modelDir, progress)
+  if (args.model === undefined) await ensureBenchModel(modelDir, progress)
   else if (!existsSync(join(modelDir, 'genai_config.json'))) {
     throw hooks.usageError(`--model ${args.model}: no genai_config.json there (make one with ortex make-model)`)
   }

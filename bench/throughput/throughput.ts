@@ -22,13 +22,8 @@
 // Used by bench/throughput/main.ts (the program, through command.ts); the engine
 // class is passed in, so this module never loads a backend itself.
 
-import { type ChildProcessWithoutNullStreams, spawn } from 'node:child_process'
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
-import * as os from 'node:os'
-import { join } from 'node:path'
-import { createInterface } from 'node:readline'
-
 import type { ExecutorStats } from '../../ts/types'
+import { GenaiProcess, readPadTokenId } from './genai'
 import { type RequestRecord, type RunSummary, summarize } from './stats'
 
 /** What the benchmark needs of an Engine (the package's, or the sources' under the CLI). */
@@ -286,109 +281,6 @@ async function runNaive(ref: Reference, model: ReferenceModel, w: Workload, conc
     await ref.naiveGenerate(model, prompt, n, { ignoreEos: true, onToken: () => record.tokenMs.push(now()) })
   })
   return { system: 'naive', concurrency, round, ...summarize(records, n) }
-}
-
-// ---- onnxruntime-genai -------------------------------------------------------------------------
-
-type GenaiMode = 'engine' | 'generator'
-type GenaiReply = { ok: boolean; error?: string } & Record<string, unknown>
-
-/**
- * bench/genai_throughput.py, started once per benchmark: it loads the model for both of its systems
- * and answers commands (JSON lines), so its runs interleave with ortex's without a model load each.
- * Its stderr lines go to progress; so do stdout lines that are not the protocol's (pip's, when it
- * first creates .cache/genai-venv).
- */
-class GenaiProcess {
-  private readonly waiting: ((reply: GenaiReply) => void)[] = []
-  private exited: string | null = null
-  version: string | undefined
-  onnxruntimeVersion: string | undefined
-
-  private constructor(
-    private readonly child: ChildProcessWithoutNullStreams,
-    private readonly dir: string,
-    onProgress: (line: string) => void,
-  ) {
-    createInterface({ input: child.stderr }).on('line', (line) => {
-      if (line.trim() !== '') onProgress(line.replace(/^genai_throughput: /, 'genai: '))
-    })
-    createInterface({ input: child.stdout }).on('line', (line) => {
-      const reply = parseReply(line)
-      if (reply === null) {
-        if (line.trim() !== '') onProgress(`genai: ${line}`)
-        return
-      }
-      this.waiting.shift()?.({ ...reply })
-    })
-    const end = (why: string) => {
-      this.exited ??= why
-      for (const resolve of this.waiting.splice(0)) resolve({ ok: false, error: `onnxruntime-genai's process ${why}` })
-    }
-    // A write after the process died fails with EPIPE; its exit is reported by 'close' instead.
-    child.stdin.on('error', () => {})
-    child.on('error', (error) => end(`failed: ${error.message}`))
-    child.on('close', (code, signal) => end(`exited (${signal ?? `status ${code}`})`))
-  }
-
-  /** Starts the script and waits until both systems are loaded; an error message if it cannot. */
-  static async start(options: ThroughputOptions, w: Workload, padTokenId: number): Promise<GenaiProcess | string> {
-    const script = join(options.root, 'bench', 'genai_throughput.py')
-    if (!existsSync(script)) return `${script} is missing (it comes with the repository, not the npm package)`
-    const dir = mkdtempSync(join(os.tmpdir(), 'ortex-bench-'))
-    const specPath = join(dir, 'spec.json')
-    writeFileSync(specPath, JSON.stringify({ ...w, padTokenId }))
-    const child = spawn(options.python, [script, '--spec', specPath], { stdio: ['pipe', 'pipe', 'pipe'] })
-    const genai = new GenaiProcess(child, dir, options.onProgress)
-    const ready = await genai.next()
-    if (!ready.ok) {
-      genai.close()
-      return ready.error ?? 'failed to start'
-    }
-    genai.version = typeof ready.version === 'string' ? ready.version : undefined
-    genai.onnxruntimeVersion = typeof ready.onnxruntimeVersion === 'string' ? ready.onnxruntimeVersion : undefined
-    return genai
-  }
-
-  /** One request alone: its token times in ms from its start. */
-  async request(mode: GenaiMode, index: number): Promise<number[]> {
-    const reply = await this.send({ run: 'request', mode, index })
-    return reply.tokenMs as number[]
-  }
-
-  /** The closed-loop workload at `concurrency`, summarized on the Python side. */
-  async closedLoop(mode: GenaiMode, concurrency: number, requests: number): Promise<RunSummary> {
-    const { ok: _ok, ...summary } = await this.send({ run: 'closed-loop', mode, concurrency, requests })
-    return summary as unknown as RunSummary
-  }
-
-  close(): void {
-    this.child.stdin.end()
-    rmSync(this.dir, { recursive: true, force: true })
-  }
-
-  private async send(command: Record<string, unknown>): Promise<GenaiReply> {
-    const reply = this.next()
-    if (this.exited === null) this.child.stdin.write(`${JSON.stringify(command)}\n`)
-    const result = await reply
-    if (!result.ok) throw new Error(result.error ?? 'failed')
-    return result
-  }
-
-  private next(): Promise<GenaiReply> {
-    if (this.exited !== null) return Promise.resolve({ ok: false, error: `onnxruntime-genai's process ${this.exited}` })
-    return new Promise((resolve) => this.waiting.push(resolve))
-  }
-}
-
-function parseReply(line: string): GenaiReply | null {
-  if (!line.startsWith('{')) return null
-  try {
-    const value = JSON.parse(line) as unknown
-    return typeof value === 'object' && value !== null && typeof (value as GenaiReply).ok === 'boolean' ? (value as GenaiReply) : null
-  } catch {
-    return null
-  }
 }
 
 // ---- concurrency 1, interleaved ----------------------------------------------------------------
@@ -693,7 +585,7 @@ async function loadNaiveLoop(options: ThroughputOptions, w: Workload): Promise<{
 /** onnxruntime-genai's process, or null with the reason in `genai`. */
 async function startGenai(options: ThroughputOptions, w: Workload, genai: ThroughputReport['genai']): Promise<GenaiProcess | null> {
   options.onProgress('starting onnxruntime-genai (Python): loading the model for its Engine and Generator')
-  const started = await GenaiProcess.start(options, w, readPadTokenId(options.modelDir))
+  const started = await GenaiProcess.start(options, { ...w, padTokenId: readPadTokenId(options.modelDir) })
   if (typeof started === 'string') {
     genai.ok = false
     genai.error = started
@@ -829,9 +721,4 @@ async function drain(turn: BenchTurn): Promise<void> {
 
 function errorRow(system: SystemName, concurrency: number, round: number, error: Error): Row {
   return { system, concurrency, round, error: error.message }
-}
-
-function readPadTokenId(modelDir: string): number {
-  const config = JSON.parse(readFileSync(join(modelDir, 'genai_config.json'), 'utf8')) as { model?: { pad_token_id?: number } }
-  return config.model?.pad_token_id ?? 0
 }

@@ -21,8 +21,10 @@ describeContract(({ backend, mod, make, referenceTokens }) => {
         maxScheduledTokens: 512,
         vocabSize: 32000,
         maxLength: 2048,
+        prefixCaching: true,
       })
       expect([...engine.config.eosTokenIds]).toEqual([2])
+      expect(make({ prefixCaching: false }).config.prefixCaching).toBe(false)
       const custom = make({ blockSize: 8, maxBatchSize: 3, maxLength: 100, eosTokenId: 7, batching: 'static' })
       expect(custom.config).toMatchObject({ blockSize: 8, maxBatchSize: 3, numBlocks: 3 * 13, maxLength: 100, batching: 'static' })
       expect([...custom.config.eosTokenIds]).toEqual([7])
@@ -45,12 +47,36 @@ describeContract(({ backend, mod, make, referenceTokens }) => {
     it('has stats with every documented field', () => {
       const engine = make()
       const stats = engine.stats()
-      for (const key of ['totalBlocks', 'freeBlocks', 'activeRequests', 'pendingTurns', 'retainedEvents', 'steps', 'promptTokens', 'generatedTokens']) {
+      for (const key of ['totalBlocks', 'freeBlocks', 'activeRequests', 'pendingTurns', 'retainedEvents', 'steps', 'promptTokens', 'generatedTokens',
+        'virtualTimeUs', 'cachedBlocks', 'prefixCacheLookups', 'prefixCacheHits']) {
         expect(typeof (stats as any)[key], key).toBe('number')
       }
       expect(stats.totalBlocks).toBe(engine.config.numBlocks)
       expect(stats.freeBlocks).toBe(stats.totalBlocks)
       expect(engine.hasPendingWork()).toBe(false)
+    })
+
+    it('serves a shared prompt prefix from the cache, and not with prefixCaching false', async () => {
+      const system = Array.from({ length: 40 }, (_, i) => 100 + i)
+      const outcome = async (prefixCaching: boolean) => {
+        const engine = make({ seed: 9, blockSize: 16, prefixCaching })
+        const results = []
+        for (const question of [7, 8, 9]) results.push(await engine.generate([...system, question], { maxGeneratedTokens: 5 }).done)
+        const stats = engine.stats()
+        await engine.close()
+        return { results, stats }
+      }
+      const on = await outcome(true)
+      const off = await outcome(false)
+      expect(on.results.map((r) => r.usage.cachedPromptTokens)).toEqual([0, 32, 32])
+      expect(off.results.map((r) => r.usage.cachedPromptTokens)).toEqual([0, 0, 0])
+      expect(on.results.map((r) => [...r.tokens])).toEqual(off.results.map((r) => [...r.tokens]))
+      expect(on.results.map((r) => r.usage.promptTokens)).toEqual([41, 41, 41])
+      // Each request's two full prompt blocks, looked up by the later two and found.
+      expect(on.stats).toMatchObject({ prefixCacheLookups: 1 + 2 + 2, prefixCacheHits: 4 })
+      expect(on.stats.cachedBlocks).toBeGreaterThanOrEqual(2)
+      expect(on.stats.freeBlocks).toBe(on.stats.totalBlocks) // evictable blocks count as free
+      expect(off.stats).toMatchObject({ cachedBlocks: 0, prefixCacheLookups: 0, prefixCacheHits: 0 })
     })
 
     it('run and runSync produce the same events', async () => {

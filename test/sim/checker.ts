@@ -225,9 +225,15 @@ export class Checker {
     turn.eventReason = reason
     this.check(event.usage !== null, `a finish event without usage`)
     this.check(
-      event.usage.promptTokens === turn.promptLength && event.usage.generatedTokens === turn.generated.length && event.usage.cachedPromptTokens === 0,
-      `usage ${usage}, expected ${turn.promptLength}/${turn.generated.length}/0`,
+      event.usage.promptTokens === turn.promptLength && event.usage.generatedTokens === turn.generated.length,
+      `usage ${usage}, expected ${turn.promptLength}/${turn.generated.length}/c`,
     )
+    // The prefix cache serves whole blocks of the prompt, never its last token (its logits are
+    // needed), and nothing when it is off.
+    const cached = event.usage.cachedPromptTokens as number
+    const cachedLimit = this.model.shape.prefixCaching ? Math.max(0, turn.promptLength - 1) : 0
+    this.check(cached >= 0 && cached <= cachedLimit, `usage ${usage}: ${cached} cached prompt tokens, at most ${cachedLimit}`)
+    this.model.summary.cachedPromptTokens += cached
     if (reason === 'cancelled') {
       this.check(turn.cancelRequested, `r${model.id} t${turn.id} finished cancelled but was not cancelled`)
       this.check(natural === null, `a cancelled finish merged into a token that reached ${natural}`)

@@ -17,6 +17,8 @@ export interface SimSummary {
   engineEvents: number
   cancelled: number
   dropped: number
+  /** Prompt tokens the prefix cache served (usage.cachedPromptTokens, summed). */
+  cachedPromptTokens: number
   fatal: boolean
 }
 
@@ -70,6 +72,7 @@ export interface EngineShape {
   batching: string
   maxScheduledTokens: number
   prefillChunkSize: number
+  prefixCaching: boolean
 }
 
 export function shapeOf(engine: Engine): EngineShape {
@@ -83,6 +86,7 @@ export function shapeOf(engine: Engine): EngineShape {
     batching: config.batching,
     maxScheduledTokens: config.maxScheduledTokens,
     prefillChunkSize: config.prefillChunkSize,
+    prefixCaching: config.prefixCaching,
   }
 }
 
@@ -103,7 +107,7 @@ export class SimModel {
     seed: number,
     readonly shape: EngineShape,
   ) {
-    this.summary = { seed, runs: 0, turnsBegun: 0, turnsFinished: 0, events: 0, engineEvents: 0, cancelled: 0, dropped: 0, fatal: false }
+    this.summary = { seed, runs: 0, turnsBegun: 0, turnsFinished: 0, events: 0, engineEvents: 0, cancelled: 0, dropped: 0, cachedPromptTokens: 0, fatal: false }
   }
 
   /** Requests neither closed nor dropped. */

@@ -32,7 +32,7 @@ function replayCommand(seed: number, backend: string): string {
 
 describe.each(selectedBackends())('simulation (%s)', (backend) => {
   const mod = ortex(backend)
-  const totals: SimSummary = { seed: 0, runs: 0, turnsBegun: 0, turnsFinished: 0, events: 0, engineEvents: 0, cancelled: 0, dropped: 0, fatal: false }
+  const totals: SimSummary = { seed: 0, runs: 0, turnsBegun: 0, turnsFinished: 0, events: 0, engineEvents: 0, cancelled: 0, dropped: 0, cachedPromptTokens: 0, fatal: false }
   let fatalSeeds = 0
 
   it.each(chunks.map((chunk) => [`${chunk[0]}..${chunk[chunk.length - 1]}`, chunk] as const))(
@@ -49,6 +49,7 @@ describe.each(selectedBackends())('simulation (%s)', (backend) => {
           totals.engineEvents += summary.engineEvents
           totals.cancelled += summary.cancelled
           totals.dropped += summary.dropped
+          totals.cachedPromptTokens += summary.cachedPromptTokens
           if (summary.fatal) fatalSeeds++
         } catch (error) {
           if (!(error instanceof SimFailure)) throw error
@@ -77,6 +78,7 @@ describe.each(selectedBackends())('simulation (%s)', (backend) => {
     expect(totals.turnsFinished).toBeGreaterThan(seeds.length)
     expect(totals.cancelled).toBeGreaterThan(0)
     expect(totals.engineEvents).toBeGreaterThan(0)
+    expect(totals.cachedPromptTokens).toBeGreaterThan(0)
     expect(fatalSeeds).toBeGreaterThan(0)
     if (hasGc) expect(totals.dropped).toBeGreaterThan(0)
   })

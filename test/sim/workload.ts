@@ -54,6 +54,7 @@ function engineOptionsFor(rng: Prng): Record<string, unknown> {
   const wait = rng.pick([undefined, 0, 2, 8])
   if (wait !== undefined) options.maxPrefillWaitSteps = wait
   if (rng.chance(0.2)) options.batching = 'static'
+  if (rng.chance(0.15)) options.prefixCaching = false
   const vocabSize = rng.pick([8, 300, 32000])
   options.vocabSize = vocabSize
   if (rng.chance(0.5)) options.eosTokenId = rng.int(0, vocabSize - 1)
@@ -97,6 +98,8 @@ function faultHorizon(faults: Faults | null): number {
 }
 
 export class Actions {
+  private shared: number[] | undefined
+
   constructor(
     private readonly rng: Prng,
     private readonly engine: Engine,
@@ -207,7 +210,15 @@ export class Actions {
       for (let i = 0; i < length; i++) text += String.fromCharCode(this.rng.int(32, 126))
       return { input: text, length }
     }
-    return { input: this.rng.tokens(length, 0, vocabSize - 1), length }
+    // Some inputs start with the seed's shared prefix, for the prefix cache to serve.
+    const shared = this.rng.chance(0.4) ? this.sharedPrefix.slice(0, length - 1) : []
+    return { input: [...shared, ...this.rng.tokens(length - shared.length, 0, vocabSize - 1)], length }
+  }
+
+  /** Tokens many inputs start with (drawn once per seed). */
+  private get sharedPrefix(): number[] {
+    this.shared ??= this.rng.tokens(this.rng.int(4, 48), 0, this.model.shape.vocabSize - 1)
+    return this.shared
   }
 
   /** Limits, sampling and stop sequences of a turn. */

@@ -198,7 +198,7 @@ fn prefix_caching(seed: u64) -> bool {
     match std::env::var("TRACE_PREFIX_CACHING").as_deref() {
         Ok("off") => false,
         Ok("on") => true,
-        _ => seed % 2 == 0,
+        _ => seed.is_multiple_of(2),
     }
 }
 

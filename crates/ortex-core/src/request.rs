@@ -201,12 +201,13 @@ impl Request {
         id
     }
 
-    /// The KV of `tokens[kv_len..kv_len + count]` came from the prefix cache; the running turn
-    /// counts what of it is its own prompt.
+    /// The KV of `tokens[kv_len..kv_len + count]` came from the prefix cache; a running turn
+    /// still in its prompt counts what of it is its own prompt (once it has generated, its prompt
+    /// was computed, and what a recomputation after preemption attaches is not counted).
     pub fn attach_cached(&mut self, count: u32) {
         let (start, end) = (self.kv_len, self.kv_len + count);
         self.kv_len = end;
-        if let Some(turn) = self.running_turn_mut() {
+        if let Some(turn) = self.running_turn_mut().filter(|turn| turn.generated_tokens == 0) {
             let prompt_end = turn.prompt_start + turn.prompt_tokens;
             turn.cached_prompt_tokens += prompt_end.min(end).saturating_sub(turn.prompt_start.max(start));
         }
@@ -260,8 +261,9 @@ impl Request {
     /// given up with it (its caller asked only for the KV).
     pub fn transition_to_preempted(&mut self) {
         self.kv_len = 0;
-        // What the prefix cache gives it back at its next admission is counted then.
-        if let Some(turn) = self.running_turn_mut() {
+        // Preempted in its prompt: what the prefix cache gives back at its next admission is
+        // counted then.
+        if let Some(turn) = self.running_turn_mut().filter(|turn| turn.generated_tokens == 0) {
             turn.cached_prompt_tokens = 0;
         }
         if self.running_turn().is_none() {

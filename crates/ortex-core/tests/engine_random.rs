@@ -77,6 +77,8 @@ fn check_seed(seed: u64) {
     }
 }
 
+const SHARED_PREFIXES: [[i32; 9]; 2] = [[11, 12, 13, 14, 15, 16, 17, 18, 19], [11, 12, 13, 14, 25, 26, 27, 28, 29]];
+
 fn act(engine: &mut Engine, rng: &mut Rng, model: &mut BTreeMap<u32, ReqModel>, live: &mut Vec<RequestId>, seed: u64) {
     match rng.below(10) {
         0 | 1 if live.len() < 8 => {
@@ -90,8 +92,15 @@ fn act(engine: &mut Engine, rng: &mut Rng, model: &mut BTreeMap<u32, ReqModel>, 
         }
         2..=4 if !live.is_empty() => {
             let id = live[rng.below(live.len() as u64) as usize];
+            // Half the prompts start with one of two shared prefixes, so the prefix cache (on by
+            // default) attaches blocks other requests computed.
+            let shared: &[i32] = match rng.below(4) {
+                0 => &SHARED_PREFIXES[0],
+                1 => &SHARED_PREFIXES[1],
+                _ => &[],
+            };
             let len = 1 + rng.below(12) as usize;
-            let prompt: Vec<i32> = (0..len).map(|_| 3 + rng.below(500) as i32).collect();
+            let prompt: Vec<i32> = shared.iter().copied().chain((0..len).map(|_| 3 + rng.below(500) as i32)).collect();
             let max_generated = rng.below(8) as u32;
             let opts = format!(
                 r#"{{"maxGeneratedTokens":{max_generated}{}}}"#,
@@ -171,6 +180,7 @@ fn check_events(events: &[Ev], model: &mut BTreeMap<u32, ReqModel>, seed: u64, s
             turn.finished = true;
             let usage = ev.usage.expect("usage on finish");
             assert_eq!(usage.1, turn.generated, "seed {seed}: usage counts every token");
+            assert!(usage.2 <= usage.0, "seed {seed}: more cached prompt tokens than prompt tokens {usage:?}");
             match ev.finish {
                 FINISH_MAX_GENERATED => assert_eq!(turn.generated, turn.max_generated, "seed {seed}"),
                 FINISH_CANCELLED => assert!(turn.cancelled, "seed {seed}: cancelled without a cancel"),

@@ -56,7 +56,7 @@ impl Model {
 
     fn attach(&mut self, table: &mut Table, target: u32) -> u32 {
         let bs = self.block_size;
-        if table.computed % bs != 0 || table.slots.len() as u32 * bs != table.computed {
+        if !table.computed.is_multiple_of(bs) || table.slots.len() as u32 * bs != table.computed {
             return 0;
         }
         let first = table.computed / bs;
@@ -117,7 +117,7 @@ impl Model {
     fn truncate(&mut self, table: &mut Table, mut computed: u32) -> u32 {
         let bs = self.block_size;
         let last = (computed / bs) as usize;
-        if computed % bs != 0 && last < table.slots.len() {
+        if !computed.is_multiple_of(bs) && last < table.slots.len() {
             if let Slot::Cached(hash) = table.slots[last] {
                 if self.entries[&hash].holders == 1 {
                     self.entries.remove(&hash);

@@ -200,7 +200,7 @@ impl PagedKv {
         let Some(cache) = &mut self.cache else { return computed };
         let table = self.tables[kv.0 as usize].as_mut().expect("an open KV handle");
         let last = (computed / block_size) as usize;
-        if computed % block_size == 0 || last >= table.blocks.len() || !cache.is_published(table.blocks[last]) {
+        if computed.is_multiple_of(block_size) || last >= table.blocks.len() || !cache.is_published(table.blocks[last]) {
             return computed;
         }
         if cache.refs(table.blocks[last]) == 1 {
@@ -257,7 +257,7 @@ impl KvManager for PagedKv {
         let Some(cache) = &mut self.cache else { return 0 };
         let table = self.tables[kv.0 as usize].as_mut().expect("an open KV handle");
         let attachable = target.saturating_sub(1) / block_size;
-        if computed % block_size != 0 || table.blocks.len() as u32 * block_size != computed {
+        if !computed.is_multiple_of(block_size) || table.blocks.len() as u32 * block_size != computed {
             return 0;
         }
         let first = computed / block_size;

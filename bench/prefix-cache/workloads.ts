@@ -1,0 +1,155 @@
+// The prefix-cache benchmark's workloads (bench/prefix-cache/main.ts runs them), each on one
+// engine at a time so that engines with the cache on and off take turns in one process:
+//
+// - shared prefix: 16 requests 5 ms apart, one 384-token system prompt, a 32-token question each,
+//   64 generated tokens (EOS ignored);
+// - multi-turn: 8 conversations x 6 turns, each turn a new request carrying the whole conversation
+//   so far (what a stateless chat API receives);
+// - distinct prompts: the throughput benchmark's prompts (no two share a prefix), at concurrency 16
+//   and 1: the cache must not slow the common case.
+//
+// Every run draws its prompts from a stream no earlier run used, so each run meets a cold cache.
+
+import { type RequestRecord, type RunSummary, summarize } from '../throughput/stats'
+
+export interface CacheTurnResult {
+  usage: { promptTokens: number; generatedTokens: number; cachedPromptTokens: number }
+  tokens: Int32Array
+}
+export interface CacheTurn extends AsyncIterable<unknown> {
+  done: Promise<CacheTurnResult>
+}
+export interface CacheEngine {
+  generate(input: ArrayLike<number>, options: { maxGeneratedTokens: number; ignoreEos: boolean }): CacheTurn
+  stats(): { prefixCacheHits: number; prefixCacheLookups: number }
+}
+
+export const SHARED = { requests: 16, staggerMs: 5, systemTokens: 384, questionTokens: 32, generatedTokens: 64 }
+export const MULTI_TURN = { conversations: 8, turns: 6, systemTokens: 64, userTokens: 24, generatedTokens: 32 }
+export const DISTINCT = { generatedTokens: 64, requestsAt1: 4 }
+
+/** Prompt token ids: deterministic pseudo-random ids of the vocabulary, a stream per salt, so that
+ *  no two questions or messages share a prefix by chance. */
+export class PromptSource {
+  private run = 0
+
+  constructor(private readonly vocabSize: number) {}
+
+  /** A salt no earlier run used: prompts that start with it meet a cold cache. */
+  nextRun(): number {
+    return ++this.run
+  }
+
+  /** `length` ids of stream `salt` from position `offset`. */
+  slice(salt: number, offset: number, length: number): number[] {
+    return Array.from({ length }, (_, i) => {
+      let x = Math.imul(salt + 1, 0x9e3779b1) ^ Math.imul(offset + i + 1, 0x85ebca6b)
+      x = Math.imul(x ^ (x >>> 16), 0x7feb352d)
+      x = Math.imul(x ^ (x >>> 15), 0x846ca68b)
+      return 3 + ((x ^ (x >>> 16)) >>> 0) % (this.vocabSize - 3)
+    })
+  }
+}
+
+const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, Math.max(0, ms)))
+
+/** Streams one request, pushing each token's time (from `now`) into `tokenMs`. */
+async function streamed(engine: CacheEngine, prompt: number[], n: number, tokenMs: number[], now: () => number) {
+  const turn = engine.generate(prompt, { maxGeneratedTokens: n, ignoreEos: true })
+  for await (const _ of turn) tokenMs.push(now())
+  return turn.done
+}
+
+export interface SharedPrefixRun extends RunSummary {
+  cachedPromptTokens: number
+}
+
+/** The shared-prefix prompts of run `run`. */
+export function sharedPrefixPrompts(source: PromptSource, run: number): number[][] {
+  const system = source.slice(run, 0, SHARED.systemTokens)
+  return Array.from({ length: SHARED.requests }, (_, i) => [...system, ...source.slice(run, 1_000 + i * 100, SHARED.questionTokens)])
+}
+
+export async function runSharedPrefix(engine: CacheEngine, prompts: number[][]): Promise<SharedPrefixRun> {
+  const t0 = performance.now()
+  const now = () => performance.now() - t0
+  const records: RequestRecord[] = prompts.map((_, index) => ({ index, arrivalMs: index * SHARED.staggerMs, tokenMs: [] }))
+  const results = await Promise.all(
+    records.map(async (record) => {
+      await sleep(record.arrivalMs - now())
+      return streamed(engine, prompts[record.index]!, SHARED.generatedTokens, record.tokenMs, now)
+    }),
+  )
+  const cachedPromptTokens = results.reduce((sum, r) => sum + r.usage.cachedPromptTokens, 0)
+  return { ...summarize(records, SHARED.generatedTokens), cachedPromptTokens }
+}
+
+export interface MultiTurnRun {
+  wallMs: number
+  /** Per turn (1-based index - 1), summed over the conversations. */
+  newTokens: number[]
+  computedTokens: number[]
+  /** computed / new over turns 2..6 (turn 1 has no history to reuse). */
+  computedPerNew: number
+  /** The largest computed / new of any one request after its first turn. */
+  worstComputedPerNew: number
+}
+
+export async function runMultiTurn(engine: CacheEngine, source: PromptSource, run: number): Promise<MultiTurnRun> {
+  const m = MULTI_TURN
+  const system = source.slice(run, 0, m.systemTokens)
+  const newTokens = new Array<number>(m.turns).fill(0)
+  const computedTokens = new Array<number>(m.turns).fill(0)
+  let worst = 0
+  const t0 = performance.now()
+  const conversation = async (c: number) => {
+    let context = [...system]
+    let previousLength = 0
+    for (let turn = 0; turn < m.turns; turn++) {
+      context.push(...source.slice(run, 1_000 + (c * m.turns + turn) * 100, m.userTokens))
+      const turnHandle = engine.generate(context, { maxGeneratedTokens: m.generatedTokens, ignoreEos: true })
+      const result = await turnHandle.done
+      const fresh = context.length - previousLength
+      const computed = result.usage.promptTokens - result.usage.cachedPromptTokens
+      newTokens[turn]! += fresh
+      computedTokens[turn]! += computed
+      if (turn > 0) worst = Math.max(worst, computed / fresh)
+      previousLength = context.length
+      context = [...context, ...result.tokens]
+    }
+  }
+  await Promise.all(Array.from({ length: m.conversations }, (_, c) => conversation(c)))
+  const later = (xs: number[]) => xs.slice(1).reduce((a, b) => a + b, 0)
+  return {
+    wallMs: performance.now() - t0,
+    newTokens,
+    computedTokens,
+    computedPerNew: later(computedTokens) / later(newTokens),
+    worstComputedPerNew: worst,
+  }
+}
+
+/** The throughput benchmark's prompt lengths, no two prompts sharing a prefix. */
+export function distinctPrompts(source: PromptSource, run: number): number[][] {
+  return [32, 48, 24, 64, 40, 56, 16, 72].map((length, i) => source.slice(run, 100_000 + i * 1_000, length))
+}
+
+/** At `concurrency`, a closed loop of `requests` (client k first at k x 5 ms, its next request
+ *  when the previous finished). */
+export async function runDistinct(engine: CacheEngine, prompts: number[][], concurrency: number, requests: number): Promise<RunSummary> {
+  const t0 = performance.now()
+  const now = () => performance.now() - t0
+  const records: RequestRecord[] = []
+  const client = async (k: number) => {
+    let arrivalMs = k * SHARED.staggerMs
+    await sleep(arrivalMs - now())
+    for (let index = k; index < requests; index += concurrency) {
+      const record: RequestRecord = { index, arrivalMs, tokenMs: [] }
+      records.push(record)
+      await streamed(engine, prompts[index % prompts.length]!, DISTINCT.generatedTokens, record.tokenMs, now)
+      arrivalMs = record.tokenMs[record.tokenMs.length - 1] ?? now()
+    }
+  }
+  await Promise.all(Array.from({ length: Math.min(concurrency, requests) }, (_, k) => client(k)))
+  return summarize(records, DISTINCT.generatedTokens)
+}

@@ -18,12 +18,19 @@ struct Measure {
     tokens_per_s: f64,
 }
 
+/// `-- --prefix-caching off` measures with the prefix cache off (default: on, the engine's default).
+fn prefix_caching() -> bool {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == "--prefix-caching").is_none_or(|i| args.get(i + 1).map(String::as_str) != Some("off"))
+}
+
 fn engine_with_decoders(rows: u32, steps: u64) -> Engine {
     let max_length = steps as u32 + 64;
     let json = format!(
-        r#"{{"seed":1,"maxLength":{max_length},"blockSize":16,"maxBatchSize":{rows},"maxScheduledTokens":{},"numBlocks":{}}}"#,
+        r#"{{"seed":1,"maxLength":{max_length},"blockSize":16,"maxBatchSize":{rows},"maxScheduledTokens":{},"numBlocks":{},"prefixCaching":{}}}"#,
         rows.max(512),
-        rows * max_length.div_ceil(16)
+        rows * max_length.div_ceil(16),
+        prefix_caching()
     );
     let options: SimOptions = ortex_ops::sim_options_from_json(&json).unwrap();
     let mut engine = Engine::simulated(&options).unwrap();
@@ -61,7 +68,8 @@ fn median_measure(rows: u32, steps: u64, repeats: usize) -> Measure {
 }
 
 fn main() {
-    // `-- --rows N` measures one row count once (for profilers such as callgrind).
+    // `-- --rows N` measures one row count once (for profilers such as callgrind); add
+    // `--prefix-caching off` to measure without the prefix cache.
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--rows") {
         let rows: u32 = args[i + 1].parse().expect("--rows takes a number");

@@ -200,7 +200,8 @@ impl PagedKv {
         let Some(cache) = &mut self.cache else { return computed };
         let table = self.tables[kv.0 as usize].as_mut().expect("an open KV handle");
         let last = (computed / block_size) as usize;
-        if computed.is_multiple_of(block_size) || last >= table.blocks.len() || !cache.is_published(table.blocks[last]) {
+        if computed.is_multiple_of(block_size) || last >= table.blocks.len() || !cache.is_published(table.blocks[last])
+        {
             return computed;
         }
         if cache.refs(table.blocks[last]) == 1 {

@@ -19,7 +19,8 @@
 //! again (a truncation into one drops it, or takes it out of the cache while only one table
 //! holds it).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use sha2::{Digest, Sha256};
 
@@ -32,15 +33,38 @@ pub type BlockHash = [u8; 32];
 /// The parent of a chain's first block.
 pub const ROOT_HASH: BlockHash = [0; 32];
 
-/// The hash of a full block of `tokens` whose parent block has hash `parent`.
+/// The hash of a full block of `tokens` whose parent block has hash `parent`: SHA-256 over the
+/// parent's hash and the tokens as little-endian i32, fed 16 tokens at a time.
 pub fn chain_hash(parent: &BlockHash, tokens: &[i32]) -> BlockHash {
     let mut hasher = Sha256::new();
     hasher.update(parent);
-    for token in tokens {
-        hasher.update(token.to_le_bytes());
+    let mut bytes = [0u8; 64];
+    for chunk in tokens.chunks(16) {
+        for (slot, token) in bytes.chunks_exact_mut(4).zip(chunk) {
+            slot.copy_from_slice(&token.to_le_bytes());
+        }
+        hasher.update(&bytes[..4 * chunk.len()]);
     }
     hasher.finalize().into()
 }
+
+/// Hashes a [`BlockHash`] for the map by its first eight bytes: they are already SHA-256 output,
+/// and a fixed hasher keeps the map free of ambient randomness (it is never iterated).
+#[derive(Default)]
+struct DigestPrefix(u64);
+
+impl Hasher for DigestPrefix {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes.iter().take(8) {
+            self.0 = (self.0 << 8) | u64::from(byte);
+        }
+    }
+}
+
+type ByHash = HashMap<BlockHash, BlockId, BuildHasherDefault<DigestPrefix>>;
 
 /// A published block: its hash, and when it was let go while it is in no table.
 #[derive(Debug, Clone, Copy)]
@@ -52,8 +76,9 @@ struct Published {
 /// The shared side of the blocks: hashes, reference counts, the evictable list and counters.
 #[derive(Debug, Default)]
 pub struct PrefixCache {
-    by_hash: BTreeMap<BlockHash, BlockId>,
-    published: BTreeMap<BlockId, Published>,
+    by_hash: ByHash,
+    /// Indexed by block id, as `refs` (grown as blocks are first published).
+    published: Vec<Option<Published>>,
     /// Tables holding each block, indexed by block id (grown as blocks are first handed out).
     refs: Vec<u32>,
     evictable: BTreeMap<u64, BlockId>,
@@ -79,7 +104,16 @@ impl PrefixCache {
     }
 
     pub fn is_published(&self, block: BlockId) -> bool {
-        self.published.contains_key(&block)
+        self.published.get(block.0 as usize).is_some_and(Option::is_some)
+    }
+
+    fn published_mut(&mut self, block: BlockId) -> Option<&mut Published> {
+        self.published.get_mut(block.0 as usize).and_then(Option::as_mut)
+    }
+
+    /// Takes `block` out of `published`, returning what it was published as.
+    fn take_published(&mut self, block: BlockId) -> Option<Published> {
+        self.published.get_mut(block.0 as usize).and_then(Option::take)
     }
 
     pub fn find(&self, hash: &BlockHash) -> Option<BlockId> {
@@ -93,7 +127,7 @@ impl PrefixCache {
             self.refs.resize(index + 1, 0);
         }
         if self.refs[index] == 0 {
-            if let Some(since) = self.published.get_mut(&block).and_then(|p| p.evictable_since.take()) {
+            if let Some(since) = self.published_mut(block).and_then(|p| p.evictable_since.take()) {
                 self.evictable.remove(&since);
             }
         }
@@ -109,10 +143,10 @@ impl PrefixCache {
         if *refs > 0 {
             return false;
         }
-        let Some(published) = self.published.get_mut(&block) else { return true };
         let stamp = self.next_stamp;
-        self.next_stamp += 1;
+        let Some(published) = self.published_mut(block) else { return true };
         published.evictable_since = Some(stamp);
+        self.next_stamp += 1;
         self.evictable.insert(stamp, block);
         false
     }
@@ -123,23 +157,27 @@ impl PrefixCache {
         if self.by_hash.contains_key(&hash) {
             return false;
         }
-        assert!(!self.published.contains_key(&block), "block {} published twice", block.0);
+        assert!(!self.is_published(block), "block {} published twice", block.0);
+        let index = block.0 as usize;
+        if index >= self.published.len() {
+            self.published.resize(index + 1, None);
+        }
         self.by_hash.insert(hash, block);
-        self.published.insert(block, Published { hash, evictable_since: None });
+        self.published[index] = Some(Published { hash, evictable_since: None });
         true
     }
 
     /// Takes a block held by one table out of the cache, so that its table may write it again.
     pub fn unpublish(&mut self, block: BlockId) {
         assert_eq!(self.refs(block), 1, "block {} is unpublished while shared", block.0);
-        let published = self.published.remove(&block).expect("an unpublished block was published");
+        let published = self.take_published(block).expect("an unpublished block was published");
         self.by_hash.remove(&published.hash);
     }
 
     /// Gives the oldest evictable block back to the pool. Returns false when none is left.
     pub fn evict_oldest(&mut self, pool: &mut BlockPool) -> bool {
         let Some((_, block)) = self.evictable.pop_first() else { return false };
-        let published = self.published.remove(&block).expect("an evictable block is published");
+        let published = self.take_published(block).expect("an evictable block is published");
         self.by_hash.remove(&published.hash);
         pool.free(&[block]);
         true
@@ -148,9 +186,11 @@ impl PrefixCache {
     /// Every hash names one block and back; evictable blocks are published, in no table and
     /// committed in the pool; the reference counts are `expected_refs` (counted from the tables).
     pub fn check_invariants(&self, pool: &BlockPool, expected_refs: &BTreeMap<BlockId, u32>) {
-        assert_eq!(self.by_hash.len(), self.published.len(), "hashes and published blocks disagree");
-        for (hash, block) in &self.by_hash {
-            assert_eq!(&self.published[block].hash, hash, "hash of block {} names another block", block.0);
+        let published =
+            || self.published.iter().enumerate().filter_map(|(i, p)| Some((BlockId(i as u32), p.as_ref()?)));
+        assert_eq!(self.by_hash.len(), published().count(), "hashes and published blocks disagree");
+        for (block, p) in published() {
+            assert_eq!(self.by_hash.get(&p.hash), Some(&block), "hash of block {} names another block", block.0);
         }
         for (i, &refs) in self.refs.iter().enumerate() {
             let block = BlockId(i as u32);
@@ -158,11 +198,12 @@ impl PrefixCache {
         }
         assert!(expected_refs.keys().all(|b| (b.0 as usize) < self.refs.len()), "a table holds an uncounted block");
         for (&stamp, &block) in &self.evictable {
-            assert_eq!(self.published[&block].evictable_since, Some(stamp), "block {} evictable twice", block.0);
+            let since = self.published[block.0 as usize].as_ref().and_then(|p| p.evictable_since);
+            assert_eq!(since, Some(stamp), "block {} evictable twice", block.0);
             assert_eq!(self.refs(block), 0, "evictable block {} is in a table", block.0);
             assert_eq!(pool.state(block), super::BlockState::Committed, "evictable block {} not committed", block.0);
         }
-        let evictable = self.published.values().filter(|p| p.evictable_since.is_some()).count();
+        let evictable = published().filter(|(_, p)| p.evictable_since.is_some()).count();
         assert_eq!(evictable, self.evictable.len(), "evictable list and blocks disagree");
     }
 }

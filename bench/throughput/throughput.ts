@@ -22,6 +22,8 @@
 // Used by bench/throughput/main.ts (the program, through command.ts); the engine
 // class is passed in, so this module never loads a backend itself.
 
+import * as os from 'node:os'
+
 import type { ExecutorStats } from '../../ts/types'
 import { GenaiProcess, readPadTokenId } from './genai'
 import { type RequestRecord, type RunSummary, summarize } from './stats'

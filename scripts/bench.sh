@@ -16,3 +16,5 @@ echo "== full-duplex latency"
 esbuild bench/duplex-latency.ts bench/out/duplex-latency.mjs && node bench/out/duplex-latency.mjs
 echo "== throughput on a real model (ortex vs naive onnxruntime-node loop vs onnxruntime-genai)"
 esbuild bench/throughput/main.ts bench/out/throughput.mjs && node bench/out/throughput.mjs "$@"
+echo "== prefix caching on a real model (cache on vs off vs onnxruntime-genai)"
+esbuild bench/prefix-cache/main.ts bench/out/prefix-cache.mjs && node bench/out/prefix-cache.mjs "$@"

@@ -9,10 +9,10 @@
 //     && node bench/out/prefix-cache.mjs [--model DIR] [--rounds N] [--threads N] [--no-genai] [--quick]
 // The default model is .cache/models/bench-gqa (made when absent). Prints the table and the
 // goals, writes bench/out/prefix-cache.json and a chart (docs/prefix-cache.svg; --quick:
-// bench/out/prefix-cache.svg).
+// bench/out/prefix-cache.svg); with --model DIR, bench/out/prefix-cache-<folder name>.json/.svg.
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { loadavg } from 'node:os'
-import { dirname, join, resolve } from 'node:path'
+import { basename, dirname, join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
 import { Engine } from 'ortex'
@@ -211,11 +211,14 @@ function report(results: Results, loadStart: number[]): void {
   const out = join(root, 'bench', 'out')
   mkdirSync(out, { recursive: true })
   const model = JSON.parse(readFileSync(join(modelDir, 'genai_config.json'), 'utf8')).model?.type ?? '?'
-  writeFileSync(join(out, 'prefix-cache.json'), `${JSON.stringify({ modelDir, model, threads, rounds, loadStart, loadEnd, goals, results }, null, 2)}\n`)
-  const svgPath = values.quick ? join(out, 'prefix-cache.svg') : join(root, 'docs', 'prefix-cache.svg')
+  // The bench model's full run is the documented one; other folders and quick runs stay in bench/out.
+  const name = values.model === undefined ? 'prefix-cache' : `prefix-cache-${basename(modelDir)}`
+  const jsonPath = join(out, `${name}.json`)
+  writeFileSync(jsonPath, `${JSON.stringify({ modelDir, model, threads, rounds, loadStart, loadEnd, goals, results }, null, 2)}\n`)
+  const svgPath = values.quick || values.model !== undefined ? join(out, `${name}.svg`) : join(root, 'docs', 'prefix-cache.svg')
   mkdirSync(dirname(svgPath), { recursive: true })
   writeFileSync(svgPath, svgChart(goals))
-  process.stdout.write(`${lines.join('\n')}\nwrote ${join(out, 'prefix-cache.json')} and ${svgPath}\n`)
+  process.stdout.write(`${lines.join('\n')}\nwrote ${jsonPath} and ${svgPath}\n`)
 }
 
 main().catch((error: unknown) => {

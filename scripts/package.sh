@@ -64,6 +64,16 @@ if [ "$platform" = "$(native_platform)" ]; then
 else
   [ -f "$addon" ] || die "${addon#"$ORTEX_ROOT"/} is missing: run \`bash scripts/build.sh native:$platform\` first"
 fi
+# The addon must be built for the platform it is packaged for (ELF e_machine, at byte 18): a
+# host build copied by hand under the arm64 name would install, and fail only when loaded.
+case "$platform" in
+  linux-x64-gnu) machine="3e 00" ;;
+  linux-arm64-gnu) machine="b7 00" ;;
+  *) machine="" ;;
+esac
+found="$(od -An -tx1 -j18 -N2 "$addon" | xargs)"
+[ -z "$machine" ] || [ "$found" = "$machine" ] ||
+  die "${addon#"$ORTEX_ROOT"/} is not a $platform binary (ELF machine $found, expected $machine)"
 for file in dist/index.js dist/index.mjs dist/wasm.js dist/wasm.mjs dist/cli.js wasm-pkg/ortex_wasm.js wasm-pkg/ortex_wasm_bg.wasm; do
   [ -f "$file" ] || die "$file is missing: run \`npm run build\` first"
 done

@@ -4,9 +4,13 @@
 # after every change to its inputs is skipped, so a build with nothing changed takes seconds.
 #
 #   bash scripts/build.sh [native] [wasm] [ts]     (default: all three; ORTEX_FORCE_BUILD=1 rebuilds)
+#   bash scripts/build.sh native:linux-arm64-gnu   the addon for another platform, cross-built here
+#                                                  (only when asked: never part of the default)
 #
 # Outputs (the TypeScript facade loads them from the package root):
 #   native/ortex.<platform>.node   the Node-API addon: native/ortex.linux-x64-gnu.node on Linux x64
+#                                  (native/ortex.linux-arm64-gnu.node: the cross-built one, which
+#                                  scripts/package.sh --target linux-arm64-gnu packages)
 #   wasm-pkg/ortex_wasm.js         the WebAssembly package's CommonJS entry (+ ortex_wasm_bg.wasm)
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$ORTEX_ROOT"
@@ -30,6 +34,33 @@ build_native() {
     --output-dir native --no-js --dts ortex.d.ts
   [ -f "$addon" ] || die "napi build did not produce $addon"
   commit_stamp native
+}
+
+# build_native_cross PLATFORM: the addon for a platform this machine cannot run, with rustup's
+# target standard library and a cross linker from Debian (gcc-aarch64-linux-gnu), in cargo's
+# per-target folder (target/<triple>/), so the host build is neither rebuilt nor disturbed.
+build_native_cross() {
+  local platform=$1 triple addon
+  triple="$(cross_triple "$platform")" || die "no cross build known for $platform (known: ${!CROSS_TRIPLES[*]})"
+  addon="$NATIVE_DIR/ortex.$platform.node"
+  # shellcheck disable=SC2046
+  if up_to_date "native-$platform" "$addon" $(rust_inputs); then
+    log "native ($platform): up to date (${addon#"$ORTEX_ROOT"/})"
+    return
+  fi
+  setup_cross "$triple"
+  log "native ($platform): napi build --release --target $triple (linker ${CROSS_LINKERS[$triple]}) -> ${addon#"$ORTEX_ROOT"/}"
+  begin_stamp "native-$platform"
+  local var
+  var="CARGO_TARGET_$(printf '%s' "$triple" | tr 'a-z-' 'A-Z_')_LINKER"
+  env "$var=${CROSS_LINKERS[$triple]}" "CC_${triple//-/_}=${CROSS_LINKERS[$triple]}" \
+    node_modules/.bin/napi build --platform --release --target "$triple" \
+    --manifest-path crates/ortex-napi/Cargo.toml \
+    --package-json-path package.json \
+    --output-dir native --no-js --dts "ortex.$platform.d.ts"
+  rm -f "$NATIVE_DIR/ortex.$platform.d.ts" # the host build's ortex.d.ts is the one the facade checks against
+  [ -f "$addon" ] || die "napi build did not produce $addon"
+  commit_stamp "native-$platform"
 }
 
 build_wasm() {
@@ -80,9 +111,10 @@ bash "$ORTEX_ROOT/scripts/setup.sh"
 for step in "${steps[@]}"; do
   case "$step" in
     native) build_native ;;
+    native:*) build_native_cross "${step#native:}" ;;
     wasm) build_wasm ;;
     ts) build_ts ;;
-    *) die "unknown build step '$step' (native, wasm, ts)" ;;
+    *) die "unknown build step '$step' (native, wasm, ts, native:PLATFORM)" ;;
   esac
 done
 log "build: done"

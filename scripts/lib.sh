@@ -14,6 +14,12 @@ DEBIAN_PACKAGES=(rustc-web cargo-web rust-web-src lld-19)
 DEBIAN_RUSTC=/usr/bin/rustc
 DEBIAN_CARGO=/usr/bin/cargo
 
+# Cross builds of the addon (scripts/build.sh native:PLATFORM): napi-rs's platform name -> Rust
+# target, and the target's linker (Debian's cross gcc, package CROSS_PACKAGES[triple]).
+declare -A CROSS_TRIPLES=([linux-arm64-gnu]=aarch64-unknown-linux-gnu)
+declare -A CROSS_LINKERS=([aarch64-unknown-linux-gnu]=aarch64-linux-gnu-gcc)
+declare -A CROSS_PACKAGES=([aarch64-unknown-linux-gnu]=gcc-aarch64-linux-gnu)
+
 # Output locations (the TypeScript facade loads these).
 NATIVE_DIR="$ORTEX_ROOT/native"       # native/ortex.<platform>.node, e.g. ortex.linux-x64-gnu.node
 WASM_PKG_DIR="$ORTEX_ROOT/wasm-pkg"   # wasm-pkg/ortex_wasm.js (CommonJS) + ortex_wasm_bg.wasm
@@ -70,6 +76,26 @@ commit_stamp() {
 # Everything a Rust build reads.
 rust_inputs() {
   printf '%s\n' "$ORTEX_ROOT/crates" "$ORTEX_ROOT/Cargo.toml" "$ORTEX_ROOT/Cargo.lock" "$ORTEX_ROOT/.cargo"
+}
+
+cross_triple() {
+  [ -n "${CROSS_TRIPLES[$1]:-}" ] || return 1
+  printf '%s\n' "${CROSS_TRIPLES[$1]}"
+}
+
+# setup_cross TRIPLE: rustup's standard library for TRIPLE and Debian's cross linker, each only
+# when missing (a second run checks and returns in well under a second).
+setup_cross() {
+  local triple=$1 package=${CROSS_PACKAGES[$1]}
+  if ! rustup target list --installed | grep -qx "$triple"; then
+    log "setup: rustup target add $triple"
+    rustup target add "$triple"
+  fi
+  if ! command -v "${CROSS_LINKERS[$triple]}" >/dev/null; then
+    log "setup: apt-get install $package"
+    as_root apt-get update
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y "$package"
+  fi
 }
 
 # The platform suffix @napi-rs/cli gives the addon on this machine (linux-x64-gnu here).

@@ -10,7 +10,10 @@
 const { readFileSync, writeFileSync } = require('node:fs')
 
 // napi-rs's platform names (npm/<name>/, <packageName>-<name>) of the targets ortex ships.
-const PLATFORM_OF_TARGET = { 'x86_64-unknown-linux-gnu': 'linux-x64-gnu' }
+const PLATFORM_OF_TARGET = {
+  'x86_64-unknown-linux-gnu': 'linux-x64-gnu',
+  'aarch64-unknown-linux-gnu': 'linux-arm64-gnu',
+}
 const INSTALL_SCRIPTS = ['preinstall', 'install', 'postinstall', 'prepare']
 
 const root = JSON.parse(readFileSync('package.json', 'utf8'))

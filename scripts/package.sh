@@ -4,9 +4,14 @@
 # addon and the CPU ONNX Runtime it loads, stages the root package as published, and optionally
 # packs both tarballs.
 #
-#   bash scripts/package.sh [--no-build] [--pack DIR]      (npm run package -- [--pack DIR])
+#   bash scripts/package.sh [--no-build] [--target PLATFORM] [--pack DIR]
+#                                           (npm run package -- [--target PLATFORM] [--pack DIR])
 #
 #   --no-build   use what is built (native/, wasm-pkg/, dist/); default: scripts/build.sh first
+#   --target PLATFORM
+#                the platform package to fill: this machine's (default, linux-x64-gnu here) or
+#                linux-arm64-gnu, whose addon scripts/build.sh cross-builds (native:linux-arm64-gnu)
+#                only when asked for here; the root package is the same for every platform
 #   --pack DIR   then `npm pack` the platform package and the root package into DIR and print the
 #                two tarball paths on stdout (platform first); `npm publish` them in that order
 #
@@ -15,6 +20,7 @@
 #                            LICENSE; optionalDependencies: ortex-<platform> at the same version
 #   ortex-linux-x64-gnu      ortex.linux-x64-gnu.node, libonnxruntime.so.1 (copied from
 #                            onnxruntime-node, MIT: LICENSE-onnxruntime), LICENSE
+#   ortex-linux-arm64-gnu    the same for Linux arm64 (onnxruntime-node ships its arm64 library too)
 # npm/<platform>/'s package.json, README.md and LICENSE-onnxruntime are committed; the copied
 # files are git-ignored. The staged root package lives in .cache/package/ortex (git-ignored).
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -22,6 +28,7 @@ cd "$ORTEX_ROOT"
 
 build=1
 pack_dir=""
+platform="$(native_platform)"
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-build) build=0 ;;
@@ -30,20 +37,43 @@ while [ $# -gt 0 ]; do
       pack_dir=$2
       shift
       ;;
-    *) die "unknown argument '$1' (--no-build, --pack DIR)" ;;
+    --target)
+      [ $# -ge 2 ] || die "--target needs a platform (linux-x64-gnu, linux-arm64-gnu)"
+      platform=$2
+      shift
+      ;;
+    *) die "unknown argument '$1' (--no-build, --target PLATFORM, --pack DIR)" ;;
   esac
   shift
 done
 
 if [ "$build" = 1 ]; then
-  bash scripts/build.sh
+  if [ "$platform" = "$(native_platform)" ]; then
+    bash scripts/build.sh
+  else
+    # The host's addon is not packaged then; the facade and the wasm package are the same.
+    bash scripts/build.sh "native:$platform" wasm ts
+  fi
 fi
 
-platform="$(native_platform)"
 pkg_dir="$ORTEX_ROOT/npm/$platform"
 addon="$NATIVE_DIR/ortex.$platform.node"
-[ -f "$pkg_dir/package.json" ] || die "no platform package for $platform (npm/$platform/package.json); ortex ships linux-x64-gnu"
-[ -f "$addon" ] || die "${addon#"$ORTEX_ROOT"/} is missing: run \`npm run build\` first"
+[ -f "$pkg_dir/package.json" ] || die "no platform package for $platform (npm/$platform/package.json); ortex ships linux-x64-gnu, linux-arm64-gnu"
+if [ "$platform" = "$(native_platform)" ]; then
+  [ -f "$addon" ] || die "${addon#"$ORTEX_ROOT"/} is missing: run \`npm run build\` first"
+else
+  [ -f "$addon" ] || die "${addon#"$ORTEX_ROOT"/} is missing: run \`bash scripts/build.sh native:$platform\` first"
+fi
+# The addon must be built for the platform it is packaged for (ELF e_machine, at byte 18): a
+# host build copied by hand under the arm64 name would install, and fail only when loaded.
+case "$platform" in
+  linux-x64-gnu) machine="3e 00" ;;
+  linux-arm64-gnu) machine="b7 00" ;;
+  *) machine="" ;;
+esac
+found="$(od -An -tx1 -j18 -N2 "$addon" | xargs)"
+[ -z "$machine" ] || [ "$found" = "$machine" ] ||
+  die "${addon#"$ORTEX_ROOT"/} is not a $platform binary (ELF machine $found, expected $machine)"
 for file in dist/index.js dist/index.mjs dist/wasm.js dist/wasm.mjs dist/cli.js wasm-pkg/ortex_wasm.js wasm-pkg/ortex_wasm_bg.wasm; do
   [ -f "$file" ] || die "$file is missing: run \`npm run build\` first"
 done
@@ -58,6 +88,7 @@ ort_root="$(node -p 'require("node:path").dirname(require.resolve("onnxruntime-n
   die "onnxruntime-node is not installed: run \`npm install\`"
 case "$platform" in
   linux-x64-gnu) ort_lib="$ort_root/bin/napi-v6/linux/x64/libonnxruntime.so.1" ;;
+  linux-arm64-gnu) ort_lib="$ort_root/bin/napi-v6/linux/arm64/libonnxruntime.so.1" ;;
   *) die "no ONNX Runtime library known for $platform" ;;
 esac
 [ -f "$ort_lib" ] || die "$ort_lib is missing"

@@ -142,7 +142,8 @@ describe.skipIf(!supported)('the published packages, installed in a fresh projec
 
     const root = manifest(path.join(project, 'node_modules', 'ortex'))
     const platform = manifest(path.join(project, 'node_modules', PLATFORM_PACKAGE))
-    expect(root.optionalDependencies).toEqual({ [PLATFORM_PACKAGE]: root.version })
+    // Every prebuilt platform's package (npm installs only the one whose os/cpu/libc match).
+    expect(root.optionalDependencies).toEqual({ 'ortex-linux-x64-gnu': root.version, 'ortex-linux-arm64-gnu': root.version })
     expect(Object.keys(root.dependencies ?? {})).not.toContain('onnxruntime-node')
     expect(platform).toMatchObject({
       name: PLATFORM_PACKAGE,
@@ -165,13 +166,17 @@ describe.skipIf(!supported)('the published packages, installed in a fresh projec
         }),
         'napi create-npm-dirs',
       )
-      const generated = manifest(path.join(dirs, 'linux-x64-gnu'))
-      const ours = manifest(path.join(repo, 'npm', 'linux-x64-gnu'))
-      for (const key of ['name', 'version', 'os', 'cpu', 'libc', 'main', 'license', 'engines']) {
-        expect(ours[key], key).toEqual(generated[key])
+      for (const platform of ['linux-x64-gnu', 'linux-arm64-gnu']) {
+        const generated = manifest(path.join(dirs, platform))
+        const ours = manifest(path.join(repo, 'npm', platform))
+        for (const key of ['name', 'version', 'os', 'cpu', 'libc', 'main', 'license', 'engines']) {
+          expect(ours[key], `${platform} ${key}`).toEqual(generated[key])
+        }
+        for (const file of generated.files) expect(ours.files).toContain(file)
+        expect(ours.files).toContain('libonnxruntime.so.1')
+        expect(ours.files).toContain('LICENSE-onnxruntime')
+        expect(existsSync(path.join(repo, 'npm', platform, 'LICENSE-onnxruntime')), `${platform} LICENSE-onnxruntime`).toBe(true)
       }
-      for (const file of generated.files) expect(ours.files).toContain(file)
-      expect(ours.files).toContain('libonnxruntime.so.1')
     } finally {
       rmSync(dirs, { recursive: true, force: true })
     }
@@ -279,13 +284,15 @@ describe.skipIf(!supported)('the published packages, installed in a fresh projec
     // On a platform without a prebuilt addon the error says so and points at ortex/wasm.
     writeFileSync(
       path.join(project, 'unsupported.cjs'),
-      `Object.defineProperty(process, 'arch', { value: 'arm64' })\n` +
+      `Object.defineProperty(process, 'arch', { value: 'riscv64' })\n` +
         `const { Engine } = require('ortex')\n` +
         `try { Engine.simulated(); console.log('{}') } catch (e) { console.log(JSON.stringify({ code: e.code, message: e.message })) }\n`,
     )
     const unsupported = JSON.parse(ok(run('node', ['unsupported.cjs'], project), 'node unsupported.cjs').trim())
     expect(unsupported.code).toBe('UNSUPPORTED')
-    expect(unsupported.message).toMatch(/no native addon for linux-arm64-gnu \(prebuilt: ortex-linux-x64-gnu\).*ortex\/wasm/)
+    expect(unsupported.message).toMatch(
+      /no native addon for linux-riscv64-gnu \(prebuilt: ortex-linux-x64-gnu, ortex-linux-arm64-gnu\).*ortex\/wasm/,
+    )
 
     const cli = run('npx', ['ortex', 'generate', '--simulated', '--max-tokens', '2'], project)
     expect(cli.status).toBe(1)

@@ -13,7 +13,7 @@ import { fromPackageRoot, packageRoot } from './backend'
 import { OrtexError } from './errors'
 
 /** The platforms ortex ships a prebuilt addon for (npm/<platform>/, package `ortex-<platform>`). */
-export const SUPPORTED_PLATFORMS = ['linux-x64-gnu'] as const
+export const SUPPORTED_PLATFORMS = ['linux-x64-gnu', 'linux-arm64-gnu'] as const
 
 /** This machine as napi-rs names platforms: linux-x64-gnu, linux-x64-musl, darwin-arm64, ... */
 export function currentPlatform(): string {

@@ -16,6 +16,8 @@
 import type {
   AppendPlanView,
   CancelView,
+  ChatFilesInput,
+  ChatRenderInput,
   CommitView,
   ConfigView,
   ConfigsInput,
@@ -122,7 +124,22 @@ export interface NativeCoreEngine extends CoreEngine {
   executorStats(): ExecutorStatsView | null
 }
 
+/** A model's chat template, compiled once (crates/ortex-ops' Chat). render throws with the
+ *  CHAT_* codes (CHAT_TEMPLATE_MISSING, CHAT_TEMPLATE_RAISED, ...) or INVALID_ARGUMENT. */
+export interface CoreChat {
+  render(input: ChatRenderInput): string
+  stopStrings(): string[]
+  hasTemplate(): boolean
+}
+
+export interface CoreChatFactory {
+  /** CHAT_CONFIG_INVALID, CHAT_TEMPLATE_INVALID. */
+  fromFiles(files: ChatFilesInput): CoreChat
+  chatml(): CoreChat
+}
+
 export interface NativeBinding {
+  CoreChat: CoreChatFactory
   CoreEngine: {
     simulated(options: SimOptionsInput): NativeCoreEngine
     /** An ONNX model folder (absolute path). ortLibraryPath: the ONNX Runtime library to open
@@ -133,4 +150,5 @@ export interface NativeBinding {
 
 export interface WasmBinding {
   CoreEngine: { simulated(options: SimOptionsInput): CoreEngine }
+  CoreChat: CoreChatFactory
 }

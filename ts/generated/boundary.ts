@@ -9,7 +9,7 @@ export type BatchingInput = "dynamic" | "static";
  * `EngineOptions` (docs/api.md): every field optional; an absent one takes the core's default.
  */
 
-export type EngineOptionsInput = { batching?: BatchingInput, blockSize?: number, numBlocks?: number, maxBatchSize?: number, maxScheduledTokens?: number, prefillChunkSize?: number, maxPrefillWaitSteps?: number, maxRequests?: number, };
+export type EngineOptionsInput = { batching?: BatchingInput, blockSize?: number, numBlocks?: number, maxBatchSize?: number, maxScheduledTokens?: number, prefillChunkSize?: number, maxPrefillWaitSteps?: number, maxRequests?: number, prefixCaching?: boolean, };
 
 /**
  * The simulated model's injected faults.
@@ -21,7 +21,7 @@ export type FaultsInput = { retryableSteps?: Array<number>, fatalSteps?: Array<n
  * `SimulatedOptions`: the engine's options plus the simulated model's.
  */
 
-export type SimOptionsInput = { batching?: BatchingInput, blockSize?: number, numBlocks?: number, maxBatchSize?: number, maxScheduledTokens?: number, prefillChunkSize?: number, maxPrefillWaitSteps?: number, maxRequests?: number, seed?: number, vocabSize?: number, eosTokenId?: number, maxLength?: number, eosProbability?: number, faults?: FaultsInput, stepCostUs?: number, tokenCostUs?: number, };
+export type SimOptionsInput = { batching?: BatchingInput, blockSize?: number, numBlocks?: number, maxBatchSize?: number, maxScheduledTokens?: number, prefillChunkSize?: number, maxPrefillWaitSteps?: number, maxRequests?: number, prefixCaching?: boolean, seed?: number, vocabSize?: number, eosTokenId?: number, maxLength?: number, eosProbability?: number, faults?: FaultsInput, stepCostUs?: number, tokenCostUs?: number, };
 
 export type ExecutionProviderInput = "cpu" | "cuda";
 
@@ -30,7 +30,7 @@ export type ExecutionProviderInput = "cpu" | "cuda";
  * binding turns them into ortex-ort's load options).
  */
 
-export type ModelOptionsInput = { batching?: BatchingInput, blockSize?: number, numBlocks?: number, maxBatchSize?: number, maxScheduledTokens?: number, prefillChunkSize?: number, maxPrefillWaitSteps?: number, maxRequests?: number, executionProvider?: ExecutionProviderInput, 
+export type ModelOptionsInput = { batching?: BatchingInput, blockSize?: number, numBlocks?: number, maxBatchSize?: number, maxScheduledTokens?: number, prefillChunkSize?: number, maxPrefillWaitSteps?: number, maxRequests?: number, prefixCaching?: boolean, executionProvider?: ExecutionProviderInput, 
 /**
  * 0 or absent: ONNX Runtime's default.
  */
@@ -50,7 +50,7 @@ export type RequestOptionsInput = { maxSessionTokens?: number, };
  * `TurnOptions` as the core takes them: the facade keeps `stop` strings and `signal` itself.
  */
 
-export type TurnOptionsInput = { maxGeneratedTokens?: number, temperature?: number, topK?: number, topP?: number, seed?: number, ignoreEos?: boolean, stopTokenIds?: Array<Array<number>>, };
+export type TurnOptionsInput = { maxGeneratedTokens?: number, temperature?: number, topK?: number, topP?: number, minP?: number, repetitionPenalty?: number, presencePenalty?: number, frequencyPenalty?: number, seed?: number, ignoreEos?: boolean, stopTokenIds?: Array<Array<number>>, eosTokenIds?: Array<number>, };
 
 /**
  * The session manager's options. Absent fields take the core's defaults (limits.rs); an
@@ -58,6 +58,30 @@ export type TurnOptionsInput = { maxGeneratedTokens?: number, temperature?: numb
  */
 
 export type SessionsOptionsInput = { maxSessions?: number, idleTtlMs?: number | null, disconnectGraceMs?: number, completedAppendLimit?: number, };
+
+/**
+ * The text of a model folder's chat files; absent where the folder lacks one.
+ */
+
+export type ChatFilesInput = { chatTemplateJinja?: string, tokenizerConfigJson?: string, generationConfigJson?: string, genaiConfigJson?: string, };
+
+/**
+ * One render: what Hugging Face's `apply_chat_template` takes.
+ */
+
+export type ChatRenderInput = { messages: unknown[], addGenerationPrompt?: boolean, tools?: unknown[], documents?: unknown[], 
+/**
+ * A template by name (`tool_use`); absent: `default` (or `tool_use` when tools are given).
+ */
+templateName?: string, 
+/**
+ * Further template variables (`enable_thinking`, `date_string`).
+ */
+variables?: Record<string, unknown>, 
+/**
+ * The time `strftime_now` prints, in whole seconds since the Unix epoch (UTC).
+ */
+nowUnixSeconds?: number, };
 
 /**
  * A fence as JavaScript names it.
@@ -75,13 +99,13 @@ export type ConfigsInput = { session?: { [key in string]?: string }, runtime?: {
  * The engine's resolved configuration (`engine.config`).
  */
 
-export type ConfigView = { batching: 'dynamic' | 'static', blockSize: number, numBlocks: number, maxBatchSize: number, maxScheduledTokens: number, prefillChunkSize: number, maxPrefillWaitSteps: number, maxRequests: number, vocabSize: number, eosTokenIds: Array<number>, maxLength: number, };
+export type ConfigView = { batching: 'dynamic' | 'static', blockSize: number, numBlocks: number, maxBatchSize: number, maxScheduledTokens: number, prefillChunkSize: number, maxPrefillWaitSteps: number, maxRequests: number, prefixCaching: boolean, vocabSize: number, eosTokenIds: Array<number>, maxLength: number, };
 
 /**
  * The engine's counters (`engine.stats()`).
  */
 
-export type StatsView = { totalBlocks: number, freeBlocks: number, activeRequests: number, pendingTurns: number, retainedEvents: number, steps: number, promptTokens: number, generatedTokens: number, virtualTimeUs: number, };
+export type StatsView = { totalBlocks: number, freeBlocks: number, activeRequests: number, pendingTurns: number, retainedEvents: number, steps: number, promptTokens: number, generatedTokens: number, virtualTimeUs: number, cachedBlocks: number, prefixCacheLookups: number, prefixCacheHits: number, };
 
 /** The ONNX executor's cumulative counters (ortex-ort `Counter`); timings are whole microseconds. */
 export interface ExecutorStatsView {
@@ -154,8 +178,10 @@ export const LIMITS = {
   "defaultCompletedAppendLimit": 256,
   "defaultDisconnectGraceMs": 30000,
   "defaultIdleTtlMs": 300000,
+  "maxAbsPresenceFrequencyPenalty": 2.0,
   "maxCloseReasonChars": 256,
   "maxOperationIdChars": 256,
+  "maxRepetitionPenalty": 100.0,
   "maxSessionIdChars": 128,
   "maxStopEntries": 1024
 } as const
@@ -236,7 +262,13 @@ export const ERROR_CODES = [
   "STALE_RESERVATION",
   "LEASE_GENERATION_MISMATCH",
   "OPERATION_REUSED",
-  "RUN_IN_PROGRESS"
+  "RUN_IN_PROGRESS",
+  "CHAT_TEMPLATE_MISSING",
+  "CHAT_TEMPLATE_INVALID",
+  "CHAT_TEMPLATE_RAISED",
+  "CHAT_TEMPLATE_FAILED",
+  "CHAT_TIME_MISSING",
+  "CHAT_CONFIG_INVALID"
 ] as const
 
 /** The codes of errors a caller may retry. */

@@ -11,7 +11,7 @@ use crate::executor::{ExecError, Executor, KvGeometry, StepOutput, StepPlan};
 use crate::ids::{RequestId, TurnId};
 use crate::kv::{KvManager, PagedKv, StepReservation};
 use crate::options::{EngineConfig, EngineOptions, RequestOptions, SimOptions, TurnOptions, MAX_STOP_ENTRIES};
-use crate::request::{Lifecycle, Request, RequestState};
+use crate::request::{Lifecycle, Request, RequestState, TurnSlot};
 use crate::request_table::RequestTable;
 use crate::rng::{hash2, Rng};
 use crate::sampling;
@@ -100,7 +100,7 @@ pub struct Engine {
     /// check_invariants).
     num_abandoned: u32,
     num_closed: u32,
-    sample_scratch: Vec<(u32, f32)>,
+    sample_scratch: sampling::SamplerScratch,
     next_request_id: u32,
     in_flight: Option<InFlight>,
     health: Health,
@@ -133,7 +133,7 @@ impl Engine {
             staged: Vec::new(),
             num_abandoned: 0,
             num_closed: 0,
-            sample_scratch: Vec::new(),
+            sample_scratch: sampling::SamplerScratch::default(),
             next_request_id: 1,
             in_flight: None,
             health: Health::Healthy,
@@ -735,9 +735,11 @@ impl Engine {
             if request.is_closed() || request.running_turn().map(|t| t.id) != Some(planned_turn) {
                 continue; // closed or cancelled while the step was in flight
             }
-            let turn = request.running_turn_mut().expect("checked");
+            let TurnSlot::Running(turn) = &mut request.turn else { unreachable!("checked above") };
+            let history = sampling::History { context: &request.tokens, generated: turn.generated_tokens as usize };
             let token =
-                sampling::sample(logits, &turn.options.sampling, &mut turn.rng, &mut self.sample_scratch) as i32;
+                sampling::sample(logits, &turn.options.sampling, history, &mut turn.rng, &mut self.sample_scratch)
+                    as i32;
             turn.generated_tokens += 1;
             request.tokens.push(token);
             self.stats.generated_tokens += 1;

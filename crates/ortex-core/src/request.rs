@@ -273,7 +273,8 @@ impl Request {
     /// max-generated-tokens, max-session-tokens.
     pub fn finish_reason_after(&self, token: i32, eos_token_ids: &[i32]) -> Option<FinishReason> {
         let turn = self.running_turn()?;
-        if !turn.options.ignore_eos && eos_token_ids.contains(&token) {
+        let ends_turn = eos_token_ids.contains(&token) || turn.options.eos_token_ids.contains(&token);
+        if !turn.options.ignore_eos && ends_turn {
             return Some(FinishReason::Eos);
         }
         let generated = &self.tokens[self.tokens.len() - turn.generated_tokens as usize..];

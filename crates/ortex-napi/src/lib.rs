@@ -17,6 +17,7 @@
 //! applies them at the transaction boundary. The engine sits in an `Arc<Mutex<_>>` only so the
 //! commit can find it again; the lock is never taken off the JS thread, so it is never contended.
 
+mod chat;
 mod completions;
 mod model;
 mod step_thread;

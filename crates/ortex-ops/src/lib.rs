@@ -12,6 +12,7 @@
 //! The TypeScript side's types for every input and view, and the constants in [`limits`], are
 //! generated from this crate (crates/ortex-typegen, ts/generated/boundary.ts): one definition.
 
+pub mod chat;
 pub mod inputs;
 pub mod limits;
 pub mod sessions;
@@ -21,6 +22,7 @@ use ortex_core::options::{RequestOptions, SimOptions, TurnOptions};
 use ortex_core::{Engine, OrtexError, RequestId, Result, TurnId};
 use serde::de::DeserializeOwned;
 
+pub use chat::{Chat, ChatFilesInput, ChatRenderInput};
 pub use inputs::*;
 pub use sessions::Sessions;
 pub use views::*;

@@ -293,3 +293,36 @@ impl CoreSessions {
         self.sessions.check_invariants();
     }
 }
+
+/// A model's chat template (ops::Chat), compiled once: the same calls as the native addon's.
+#[wasm_bindgen]
+pub struct CoreChat {
+    chat: ops::Chat,
+}
+
+#[wasm_bindgen]
+impl CoreChat {
+    #[wasm_bindgen(js_name = fromFiles)]
+    pub fn from_files(files: JsValue) -> Result<CoreChat, JsValue> {
+        let chat = ops::Chat::from_files(&input("chat files", files)?).map_err(coded)?;
+        Ok(CoreChat { chat })
+    }
+
+    pub fn chatml() -> CoreChat {
+        CoreChat { chat: ops::Chat::chatml() }
+    }
+
+    pub fn render(&self, render_input: JsValue) -> Result<String, JsValue> {
+        self.chat.render(input("chat template input", render_input)?).map_err(coded)
+    }
+
+    #[wasm_bindgen(js_name = stopStrings)]
+    pub fn stop_strings(&self) -> Vec<String> {
+        self.chat.stop_strings()
+    }
+
+    #[wasm_bindgen(js_name = hasTemplate)]
+    pub fn has_template(&self) -> bool {
+        self.chat.has_template()
+    }
+}

@@ -8,9 +8,14 @@ export { ERROR_CODES, OrtexError } from './errors'
 export type { ErrorCode } from './errors'
 export { Request } from './request'
 export { Turn } from './turn'
+export { Chat } from './chat'
 export type {
   BackendKind,
   Batching,
+  ChatMessage,
+  ChatOptions,
+  ChatTemplateOptions,
+  CreateChatOptions,
   EngineConfig,
   EngineOptions,
   EngineStats,

@@ -56,4 +56,6 @@ export type {
   SessionState,
 } from './duplex/events'
 export { DuplexServer, startDuplexServer } from './server/server'
+export { OrtexServer, startServer } from './server/http'
+export type { ServerOptions } from './server/http'
 export type { DuplexServerOptions, DuplexServerStats } from './server/server'

@@ -46,7 +46,7 @@ function fixture(name: string): Fixture {
 
 describe.each(BACKENDS)('chat on the simulated model (%s)', (backend) => {
   const { Engine } = ortex(backend)
-  const engines: InstanceType<typeof Engine>[] = []
+  const engines: ReturnType<typeof Engine.simulated>[] = []
   const make = (options: Record<string, unknown> = {}) => {
     const engine = Engine.simulated({ seed: 3, ...options })
     engines.push(engine)

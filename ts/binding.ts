@@ -30,6 +30,7 @@ import type {
   SessionsOptionsInput,
   SimOptionsInput,
   StatsView,
+  TokenLogprobsView,
   TurnOptionsInput,
 } from './generated/boundary'
 
@@ -70,6 +71,9 @@ export interface CoreEngine {
   truncate(requestId: number, tokenCount: number): void
   /** tokens[start, end) of the request's whole context (prompts, prefills, generated), clamped. */
   requestTokens(requestId: number, start: number, end: number): Int32Array
+  /** The latest turn's log-probabilities of its generated tokens [start, end), clamped (empty
+   *  unless the turn asked with `logprobs`). */
+  requestLogprobs(requestId: number, start: number, end: number): TokenLogprobsView[]
   /** A full-duplex session manager over ortex-core's session rules. */
   createSessions(options: SessionsOptionsInput): CoreSessions
 }

@@ -15,7 +15,7 @@ import * as chat from './chat'
 import { Driver, type DriverHost } from './driver'
 import { OrtexError, toOrtexError } from './errors'
 import { EventBuffer, type EventOwner } from './events'
-import type { ConfigView, RequestOptionsInput, SessionsOptionsInput } from './generated/boundary'
+import type { ConfigView, RequestOptionsInput, SessionsOptionsInput, TokenLogprobsView } from './generated/boundary'
 import type { DuplexHost, EngineEndReason } from './link'
 import { RequestRegistry } from './registry'
 import { Request, type RequestLink, type RequestRecord } from './request'
@@ -35,6 +35,7 @@ import type {
   GenerateOptions,
   RequestOptions,
   SimulatedOptions,
+  TokenLogprob,
 } from './types'
 import * as v from './validate'
 
@@ -339,6 +340,7 @@ export class Engine implements EventOwner {
       turnBegun: (state, request) => this.turnBegun(state, request),
       turnFinished: (state) => this.turnFinished(state as TurnState),
       detokenizeQuietly: (tokens) => this.quietly(() => this.core.detokenize(tokens), ''),
+      logprobQuietly: (requestId, index) => this.quietly(() => logprobOf(this.core.requestLogprobs(requestId, index, index + 1)[0]), null),
       cancelTurnQuietly: (requestId, turnId) => this.endTurnQuietly(() => this.core.cancelTurn(requestId, turnId)),
       stopTurnQuietly: (requestId, turnId, index) => this.endTurnQuietly(() => this.core.stopTurn(requestId, turnId, index)),
     }
@@ -631,4 +633,10 @@ function unhealthyError(code: EventErrorCode): OrtexError {
 
 function frozenConfig(view: ConfigView): EngineConfig {
   return { ...view, eosTokenIds: Object.freeze([...view.eosTokenIds]) as number[] }
+}
+
+/** The core's view of one token's log-probabilities as the public shape. */
+function logprobOf(view: TokenLogprobsView | undefined): TokenLogprob | null {
+  if (view === undefined) return null
+  return { token: view.token, logprob: view.logprob, top: view.topTokens.map((token, i) => ({ token, logprob: view.topLogprobs[i]! })) }
 }

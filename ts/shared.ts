@@ -31,6 +31,7 @@ export type {
   TurnOptions,
   TurnResult,
   StopMatch,
+  TokenLogprob,
   TurnUsage,
 } from './types'
 export { DuplexSessionManager } from './duplex/manager'

@@ -102,6 +102,9 @@ export interface TurnOptions {
   /** Addition: tokens that end the turn with finishReason 'eos' besides the model's own (a chat
    *  template's end-of-turn token; engine.chat passes them itself). ignoreEos ignores them too. */
   eosTokenIds?: number[]
+  /** Addition: record each generated token's log-probability and this many of the most likely
+   *  alternatives (0..20): chunks carry `logprob`, the result `logprobs`. Absent: none (free). */
+  logprobs?: number
   /** Strings that end the turn with finishReason 'stop' (matched by the facade in the streamed
    *  text; the text is cut before the stop string). */
   stop?: string[]
@@ -228,6 +231,17 @@ export interface TurnUsage {
 export interface TurnChunk {
   token: number
   text: string
+  /** Present when the turn asked for `logprobs`. */
+  logprob?: TokenLogprob
+}
+
+/** A generated token's natural-log probability under the model's own distribution (the softmax
+ *  of its raw logits, before penalties, temperature and cuts; the simulated model's over its 8
+ *  candidates), with the most likely alternatives, best first. */
+export interface TokenLogprob {
+  token: number
+  logprob: number
+  top: { token: number; logprob: number }[]
 }
 
 /** Which stop sequence ended a turn: `stopTokenIds[index]` ('token-ids', matched by the core) or
@@ -245,4 +259,6 @@ export interface TurnResult {
   text: string
   /** Set when finishReason is 'stop': which stop sequence it was (addition). */
   stop: StopMatch | null
+  /** With `logprobs`: one entry per token of `tokens` (addition). */
+  logprobs?: TokenLogprob[]
 }

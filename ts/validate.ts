@@ -258,6 +258,7 @@ const CORE_TURN_KEYS = [
   'ignoreEos',
   'stopTokenIds',
   'eosTokenIds',
+  'logprobs',
 ] as const
 
 export const TURN_KEYS = [...CORE_TURN_KEYS, 'stop', 'signal'] as const
@@ -451,6 +452,9 @@ export function turnOptions(name: string, present: Map<string, unknown>): Checke
         break
       case 'stopTokenIds':
         core.stopTokenIds = stopTokenIds(arg, value)
+        break
+      case 'logprobs':
+        core.logprobs = integer(arg, value, 0, LIMITS.maxTopLogprobs)
         break
       case 'eosTokenIds':
         if (!Array.isArray(value)) throw invalidArgument(`${arg} must be an array of token ids, got ${describe(value)}`)

@@ -179,6 +179,39 @@ describe('the OpenAI-compatible API on the simulated model', () => {
     expect(extended.body.choices[0].message.content).toBe(directExtended.text)
   })
 
+  it('logprobs: the sampled token and its top alternatives, per token, streamed and not', async () => {
+    const completion = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 6, logprobs: true, top_logprobs: 3 })
+    const turn = await engine.chat(messages, { maxGeneratedTokens: 6, logprobs: 3 }).done
+    const content = completion.choices[0]!.logprobs!.content!
+    expect(content).toHaveLength(6)
+    content.forEach((entry, i) => {
+      const expected = turn.logprobs![i]!
+      expect(entry.logprob).toBe(expected.logprob)
+      expect(entry.token).toBe(engine.detokenize([expected.token]))
+      expect(entry.bytes).toEqual(Array.from(Buffer.from(entry.token, 'utf8')))
+      expect(entry.top_logprobs.map((t) => t.logprob)).toEqual(expected.top.map((t) => t.logprob))
+    })
+    expect(content.map((e) => e.token).join('')).toBe(completion.choices[0]!.message.content)
+    const stream = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 6, logprobs: true, stream: true })
+    const streamed: number[] = []
+    for await (const chunk of stream) {
+      for (const entry of chunk.choices[0]?.logprobs?.content ?? []) {
+        expect(entry.top_logprobs).toEqual([])
+        streamed.push(entry.logprob)
+      }
+    }
+    expect(streamed).toEqual(turn.logprobs!.map((e) => e.logprob))
+    const plain = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 2 })
+    expect(plain.choices[0]!.logprobs).toBeNull()
+    const legacy = await client.completions.create({ model: MODEL, prompt: 'Once upon a time', max_tokens: 5, logprobs: 2 })
+    const legacyTurn = await engine.generate('Once upon a time', { maxGeneratedTokens: 5, logprobs: 2 }).done
+    const lp = legacy.choices[0]!.logprobs!
+    expect(lp.token_logprobs).toEqual(legacyTurn.logprobs!.map((e) => e.logprob))
+    expect(lp.tokens!.join('')).toBe(legacy.choices[0]!.text)
+    expect(lp.top_logprobs!.every((t) => Object.keys(t).length <= 2)).toBe(true)
+    expect(lp.text_offset![0]).toBe(0)
+  })
+
   it('16 concurrent streams are batched together and each gets its own text', async () => {
     const stepsBefore = engine.stats().steps
     const prompts = Array.from({ length: 16 }, (_, i) => [{ role: 'user' as const, content: `question number ${i}` }])
@@ -227,7 +260,9 @@ describe('the OpenAI-compatible API on the simulated model', () => {
       [{ n: 2 }, 'n'],
       [{ tools: [{ type: 'function', function: { name: 'f', parameters: {} } }] }, 'tools'],
       [{ response_format: { type: 'json_object' } }, 'response_format'],
-      [{ logprobs: true }, 'logprobs'],
+      [{ top_logprobs: 2 }, 'top_logprobs'],
+      [{ logprobs: true, top_logprobs: 21 }, 'top_logprobs'],
+      [{ logit_bias: { '5': 1 } }, 'logit_bias'],
     ] as const) {
       const error = await client.chat.completions.create({ model: MODEL, messages, ...(extra as object) } as never).catch((e: unknown) => e)
       expect(error).toBeInstanceOf(OpenAI.BadRequestError)
@@ -263,6 +298,7 @@ describe('the OpenAI-compatible API on the simulated model', () => {
     expectOpenAiError(await post(JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: [{ type: 'image_url' }] }] })), 400, 'messages[0].content[0]')
     expectOpenAiError(await post(JSON.stringify({ messages })), 400, 'model')
     expectOpenAiError(await post(JSON.stringify({ model: MODEL, messages, user: 5 })), 400, 'user')
+    expectOpenAiError(await post(JSON.stringify({ model: MODEL, messages, logprobs: 'yes' })), 400, 'logprobs')
     expectOpenAiError(await post(JSON.stringify({ model: MODEL, messages }), { 'content-type': 'text/plain' }), 415)
     expectOpenAiError(await post(JSON.stringify({ model: MODEL, messages }), {}), 415)
     expectOpenAiError(await post('x'.repeat((1 << 20) + 1)), 413)
@@ -271,6 +307,8 @@ describe('the OpenAI-compatible API on the simulated model', () => {
     expectOpenAiError(await completions({ model: MODEL, prompt: '' }), 400, 'prompt')
     expectOpenAiError(await completions({ model: MODEL, prompt: ['a', 'b'] }), 400, 'prompt')
     expectOpenAiError(await completions({ model: MODEL, prompt: 'x', echo: true }), 400, 'echo')
+    expectOpenAiError(await completions({ model: MODEL, prompt: 'x', logprobs: 6 }), 400, 'logprobs')
+    expectOpenAiError(await completions({ model: MODEL, prompt: 'x', logprobs: true }), 400, 'logprobs')
     expectOpenAiError(await completions({ model: MODEL, prompt: [engine.config.vocabSize] }), 400)
     expectOpenAiError(await raw(server, '/v1/chat/completions'), 405)
     expectOpenAiError(await raw(server, '/v1/models', { method: 'POST', json: {} }), 405)

@@ -50,7 +50,7 @@ export type RequestOptionsInput = { maxSessionTokens?: number, };
  * `TurnOptions` as the core takes them: the facade keeps `stop` strings and `signal` itself.
  */
 
-export type TurnOptionsInput = { maxGeneratedTokens?: number, temperature?: number, topK?: number, topP?: number, minP?: number, repetitionPenalty?: number, presencePenalty?: number, frequencyPenalty?: number, seed?: number, ignoreEos?: boolean, stopTokenIds?: Array<Array<number>>, eosTokenIds?: Array<number>, };
+export type TurnOptionsInput = { maxGeneratedTokens?: number, temperature?: number, topK?: number, topP?: number, minP?: number, repetitionPenalty?: number, presencePenalty?: number, frequencyPenalty?: number, seed?: number, ignoreEos?: boolean, stopTokenIds?: Array<Array<number>>, eosTokenIds?: Array<number>, logprobs?: number, };
 
 /**
  * The session manager's options. Absent fields take the core's defaults (limits.rs); an
@@ -173,6 +173,13 @@ export type CancelView = { cancelled: FenceView, fence: FenceView, advanced: boo
 
 export type ExpiryView = { sessionId: string, fence: FenceView, leaseGeneration: number, reason: 'disconnect_grace_expired' | 'idle_ttl_expired', submittedRequestIds: Array<number>, reservedRequestIds: Array<number>, };
 
+/**
+ * One generated token's log-probability and its best alternatives (`topTokens[i]` has
+ * `topLogprobs[i]`, best first).
+ */
+
+export type TokenLogprobsView = { token: number, logprob: number, topTokens: Array<number>, topLogprobs: Array<number>, };
+
 /** Limits and defaults, defined once in ortex-core. */
 export const LIMITS = {
   "defaultCompletedAppendLimit": 256,
@@ -183,7 +190,8 @@ export const LIMITS = {
   "maxOperationIdChars": 256,
   "maxRepetitionPenalty": 100.0,
   "maxSessionIdChars": 128,
-  "maxStopEntries": 1024
+  "maxStopEntries": 1024,
+  "maxTopLogprobs": 20
 } as const
 
 /** 32-bit words per event record. */

@@ -105,6 +105,8 @@ pub struct TurnOptions {
     /// Tokens that end this turn with reason eos besides the model's own (a chat template's
     /// end-of-turn token such as `<|im_end|>`); `ignore_eos` ignores them too.
     pub eos_token_ids: Option<Vec<i32>>,
+    /// Log-probabilities of each generated token and of this many alternatives (0..=20).
+    pub logprobs: Option<u32>,
 }
 
 /// The resolved configuration an engine runs with.
@@ -187,6 +189,8 @@ pub struct ResolvedTurnOptions {
     pub ignore_eos: bool,
     pub stop_token_ids: Vec<Vec<i32>>,
     pub eos_token_ids: Vec<i32>,
+    /// None: no log-probabilities recorded (the default, and free).
+    pub logprobs: Option<u32>,
 }
 
 impl TurnOptions {
@@ -227,6 +231,12 @@ impl TurnOptions {
                 "eosTokenIds contains {bad}, outside the vocabulary of {vocab_size}"
             )));
         }
+        if let Some(top) = self.logprobs.filter(|&top| top > crate::sampling::MAX_TOP_LOGPROBS) {
+            return Err(OrtexError::invalid(format!(
+                "logprobs asks for at most {} alternatives, got {top}",
+                crate::sampling::MAX_TOP_LOGPROBS
+            )));
+        }
         Ok(ResolvedTurnOptions {
             max_generated_tokens,
             sampling,
@@ -234,6 +244,7 @@ impl TurnOptions {
             ignore_eos: self.ignore_eos.unwrap_or(false),
             stop_token_ids,
             eos_token_ids,
+            logprobs: self.logprobs,
         })
     }
 }

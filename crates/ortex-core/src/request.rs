@@ -115,6 +115,9 @@ pub struct Request {
     /// `prefill()` asked for the KV of `tokens[..prefill_target]` without a turn.
     pub prefill_target: u32,
     pub lifecycle: Lifecycle,
+    /// The latest turn's log-probabilities, one per generated token, when it asked for them;
+    /// kept until the next turn begins (the facade reads them as the token events arrive).
+    pub logprobs: Vec<crate::sampling::TokenLogprobs>,
 }
 
 impl Request {
@@ -129,6 +132,7 @@ impl Request {
             last_turn_id: 0,
             prefill_target: 0,
             lifecycle: Lifecycle::Open,
+            logprobs: Vec::new(),
         }
     }
 

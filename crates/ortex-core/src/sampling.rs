@@ -321,6 +321,56 @@ fn nucleus_len(sorted: &[(u32, f32)], max_score: f64, temperature: f64, top_p: f
     sorted.len()
 }
 
+/// Most alternatives a turn may ask log-probabilities for (OpenAI's `top_logprobs` limit).
+pub const MAX_TOP_LOGPROBS: u32 = 20;
+
+/// One generated token's log-probability under the model's own distribution (the log-softmax of
+/// the row's raw logits: before penalties, temperature and cuts, as vLLM reports by default), and
+/// the most likely alternatives, best first, ties to the lower id. A sparse row (the simulated
+/// model) is a distribution over its candidates.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprobs {
+    pub token: u32,
+    pub logprob: f64,
+    pub top: Vec<(u32, f64)>,
+}
+
+/// `token`'s entry of `row` (which must hold it) with the `top` best alternatives.
+pub fn logprobs(row: RowLogits<'_>, token: u32, top: u32, best: &mut Vec<(u32, f32)>) -> TokenLogprobs {
+    let score = |s: f32| if s.is_nan() { f32::NEG_INFINITY } else { s };
+    let max = (0..row.len()).map(|i| score(row.get(i).1)).fold(f32::NEG_INFINITY, f32::max);
+    let max = f64::from(max);
+    let mut sum = 0.0;
+    let mut token_score = f32::NEG_INFINITY;
+    best.clear();
+    for i in 0..row.len() {
+        let (id, s) = row.get(i);
+        let s = score(s);
+        sum += libm::exp(f64::from(s) - max);
+        if id == token {
+            token_score = s;
+        }
+        keep_best(best, (id, s), top as usize);
+    }
+    let log_total = max + libm::log(sum);
+    TokenLogprobs {
+        token,
+        logprob: f64::from(token_score) - log_total,
+        top: best.iter().map(|&(id, s)| (id, f64::from(s) - log_total)).collect(),
+    }
+}
+
+/// Inserts `candidate` into `best` (sorted, best first, at most `limit` long): O(limit) per call,
+/// and `limit` is at most MAX_TOP_LOGPROBS.
+fn keep_best(best: &mut Vec<(u32, f32)>, candidate: (u32, f32), limit: usize) {
+    if limit == 0 || (best.len() == limit && !ranks_before(candidate, best[limit - 1])) {
+        return;
+    }
+    let at = best.iter().position(|&b| ranks_before(candidate, b)).unwrap_or(best.len());
+    best.insert(at, candidate);
+    best.truncate(limit);
+}
+
 fn weight(score: f32, max_score: f64, temperature: f64) -> f64 {
     if score.is_nan() {
         return 0.0;
@@ -474,5 +524,22 @@ mod tests {
             ..SamplingInput::default()
         };
         assert_eq!(SamplingParams::from_input(&neutral).unwrap(), SamplingParams::GREEDY);
+    }
+
+    #[test]
+    fn logprobs_are_a_log_softmax_with_the_best_alternatives_first() {
+        let logits = [1.0f32, 3.0, 2.0, 3.0];
+        let mut best = Vec::new();
+        let entry = logprobs(RowLogits::Dense(&logits), 2, 3, &mut best);
+        let total: f64 = logits.iter().map(|&l| libm::exp(f64::from(l))).sum();
+        assert!((entry.logprob - (2.0 - libm::log(total))).abs() < 1e-12);
+        assert_eq!(entry.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 3, 2]);
+        let mass: f64 = (0..4).map(|t| libm::exp(logprobs(RowLogits::Dense(&logits), t, 0, &mut best).logprob)).sum();
+        assert!((mass - 1.0).abs() < 1e-12);
+        let ids = [9u32, 4];
+        let sparse = [0.0f32, 0.0];
+        let entry = logprobs(RowLogits::Sparse { ids: &ids, logits: &sparse }, 9, 20, &mut best);
+        assert!((entry.logprob - libm::log(0.5)).abs() < 1e-12);
+        assert_eq!(entry.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![4, 9]);
     }
 }

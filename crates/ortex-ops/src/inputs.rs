@@ -190,6 +190,7 @@ pub struct TurnOptionsInput {
     pub ignore_eos: Option<bool>,
     pub stop_token_ids: Option<Vec<Vec<i32>>>,
     pub eos_token_ids: Option<Vec<i32>>,
+    pub logprobs: Option<u32>,
 }
 
 impl TryFrom<TurnOptionsInput> for TurnOptions {
@@ -209,6 +210,7 @@ impl TryFrom<TurnOptionsInput> for TurnOptions {
             ignore_eos: input.ignore_eos,
             stop_token_ids: input.stop_token_ids,
             eos_token_ids: input.eos_token_ids,
+            logprobs: input.logprobs,
         })
     }
 }

@@ -125,6 +125,14 @@ pub fn truncate_impl(engine: &mut Engine, request_id: u32, token_count: u32) -> 
     engine.truncate(RequestId(request_id), token_count)
 }
 
+/// Log-probabilities of the latest turn's generated tokens `[start, end)`, clamped.
+pub fn request_logprobs_impl(engine: &Engine, request_id: u32, start: u32, end: u32) -> Result<Vec<TokenLogprobsView>> {
+    let entries = engine.request_logprobs(RequestId(request_id))?;
+    let end = (end as usize).min(entries.len());
+    let start = (start as usize).min(end);
+    Ok(entries[start..end].iter().map(TokenLogprobsView::from).collect())
+}
+
 /// `tokens[start..end]` of the request's context, clamped to its length.
 pub fn request_tokens_impl(engine: &Engine, request_id: u32, start: u32, end: u32) -> Result<Vec<i32>> {
     let tokens = engine.request_tokens(RequestId(request_id))?;

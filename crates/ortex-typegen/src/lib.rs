@@ -114,6 +114,7 @@ pub fn render() -> String {
         declaration::<CommitView>(),
         declaration::<CancelView>(),
         declaration::<ExpiryView>(),
+        declaration::<TokenLogprobsView>(),
     ];
     format!("{HEADER}\n{}\n{}", types.join("\n"), constants())
 }

@@ -164,6 +164,11 @@ impl CoreEngine {
     }
 
     /// `tokens[start..end]` of the request's context (clamped). Returns an Int32Array.
+    #[wasm_bindgen(js_name = requestLogprobs)]
+    pub fn request_logprobs(&self, request_id: u32, start: u32, end: u32) -> Result<JsValue, JsValue> {
+        ops::request_logprobs_impl(&self.engine, request_id, start, end).map(|entries| view(&entries)).map_err(coded)
+    }
+
     #[wasm_bindgen(js_name = requestTokens)]
     pub fn request_tokens(&self, request_id: u32, start: u32, end: u32) -> Result<Vec<i32>, JsValue> {
         ops::request_tokens_impl(&self.engine, request_id, start, end).map_err(coded)

@@ -8,7 +8,7 @@ import type { ServerResponse } from 'node:http'
 import type { Engine } from '../../engine'
 import { OrtexError } from '../../errors'
 import type { Turn } from '../../turn'
-import type { FinishReason, TurnResult } from '../../types'
+import type { FinishReason, TokenLogprob, TurnResult } from '../../types'
 import type { CompletionTracker } from '../metrics'
 import { ApiError } from './errors'
 import type { CompletionJob } from './parse'
@@ -123,12 +123,63 @@ function shapeOf(context: CompletionContext, job: CompletionJob, stream: boolean
   }
 }
 
-function choiceDelta(job: CompletionJob, text: string | null, role: boolean, finish: OpenAiFinishReason | null): object {
-  if (job.kind === 'completion') return { index: 0, text: text ?? '', logprobs: null, finish_reason: finish }
+/** Token log-probabilities in OpenAI's shapes: chat's `{ content: [...] }`, completions'
+ *  parallel lists. Each token's text is its own detokenization. */
+class LogprobWriter {
+  private textOffset = 0
+
+  constructor(
+    private readonly engine: Engine,
+    private readonly job: CompletionJob,
+  ) {}
+
+  private text(token: number): string {
+    try {
+      return this.engine.detokenize([token])
+    } catch {
+      return ''
+    }
+  }
+
+  shape(entries: TokenLogprob[]): object | null {
+    if (this.job.logprobs === null) return null
+    if (this.job.kind === 'chat') {
+      const item = (token: number, logprob: number) => {
+        const text = this.text(token)
+        return { token: text, logprob, bytes: Array.from(Buffer.from(text, 'utf8')) }
+      }
+      return {
+        content: entries.map((e) => ({ ...item(e.token, e.logprob), top_logprobs: e.top.map((t) => item(t.token, t.logprob)) })),
+        refusal: null,
+      }
+    }
+    const tokens = entries.map((e) => this.text(e.token))
+    const offsets = tokens.map((t) => {
+      const at = this.textOffset
+      this.textOffset += t.length
+      return at
+    })
+    return {
+      tokens,
+      token_logprobs: entries.map((e) => e.logprob),
+      top_logprobs: entries.map((e) => Object.fromEntries(e.top.map((t) => [this.text(t.token), t.logprob]))),
+      text_offset: offsets,
+    }
+  }
+}
+
+function choiceDelta(
+  job: CompletionJob,
+  text: string | null,
+  role: boolean,
+  finish: OpenAiFinishReason | null,
+  logprobs: object | null = null,
+): object {
+  if (job.kind === 'completion') return { index: 0, text: text ?? '', logprobs, finish_reason: finish }
   const delta: Record<string, string> = {}
   if (role) delta.role = 'assistant'
   if (text !== null) delta.content = text
-  return { index: 0, delta, logprobs: null, finish_reason: finish }
+  return { index: 0, delta, logprobs, finish_reason: finish }
 }
 
 /** Runs the job; resolves with the status code sent once the response has ended. */
@@ -162,10 +213,11 @@ async function answerTurn(context: CompletionContext, job: CompletionJob, turn: 
   if (res.destroyed) return 499
   const shape = shapeOf(context, job, false)
   const finish = finishReasonOf(result.finishReason)
+  const logprobs = new LogprobWriter(context.engine, job).shape(result.logprobs ?? [])
   const choice =
     job.kind === 'chat'
-      ? { index: 0, message: { role: 'assistant', content: result.text, refusal: null }, logprobs: null, finish_reason: finish }
-      : { index: 0, text: result.text, logprobs: null, finish_reason: finish }
+      ? { index: 0, message: { role: 'assistant', content: result.text, refusal: null }, logprobs, finish_reason: finish }
+      : { index: 0, text: result.text, logprobs, finish_reason: finish }
   sendJson(res, 200, { ...shape, choices: [choice], usage: usageOf(result) })
   return 200
 }
@@ -180,16 +232,30 @@ async function streamTurn(context: CompletionContext, job: CompletionJob, turn: 
   const event = (choices: object[], extra: object = usage): string => `data: ${JSON.stringify({ ...shape, choices, ...extra })}\n\n`
   res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' })
   if (job.kind === 'chat') await write(res, event([choiceDelta(job, '', true, null)]))
+  const logprobs = new LogprobWriter(context.engine, job)
+  // A token whose text is held back (part of a character, a possible stop string) sends its
+  // log-probability with the next chunk that has text.
+  let pending: TokenLogprob[] = []
+  let sent = ''
+  const send = async (text: string): Promise<void> => {
+    await write(res, event([choiceDelta(job, text, false, null, logprobs.shape(pending))]))
+    pending = []
+    sent += text
+  }
   for await (const chunk of turn) {
     context.tracker.token(Date.now())
-    if (chunk.text.length > 0) await write(res, event([choiceDelta(job, chunk.text, false, null)]))
+    if (chunk.logprob !== undefined) pending.push(chunk.logprob)
+    if (chunk.text.length > 0) await send(chunk.text)
   }
   const result = await turn.done
   if (res.destroyed) return 499
+  // Text the turn's end released after its chunk was read (a held-back partial stop string).
+  if (result.text.length > sent.length && result.text.startsWith(sent)) await send(result.text.slice(sent.length))
   if (result.finishReason === 'failed') {
     await write(res, `data: ${JSON.stringify(turnFailed(result).body())}\n\n`)
   } else {
-    await write(res, event([choiceDelta(job, job.kind === 'chat' ? null : '', false, finishReasonOf(result.finishReason))]))
+    const rest = pending.length > 0 ? logprobs.shape(pending) : null
+    await write(res, event([choiceDelta(job, job.kind === 'chat' ? null : '', false, finishReasonOf(result.finishReason), rest)]))
     if (job.includeUsage) await write(res, event([], { usage: usageOf(result) }))
   }
   await write(res, 'data: [DONE]\n\n')

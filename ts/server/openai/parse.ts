@@ -16,7 +16,14 @@ export interface CompletionJob {
   stream: boolean
   includeUsage: boolean
   turn: TurnOptions
+  /** Log-probabilities asked for: chat's `logprobs: true` (with `top_logprobs` alternatives), or
+   *  completions' `logprobs: n`; null when not. */
+  logprobs: { top: number } | null
 }
+
+/** OpenAI's limits on alternatives: 20 for chat, 5 for completions. */
+const MAX_CHAT_TOP_LOGPROBS = 20
+const MAX_COMPLETION_LOGPROBS = 5
 
 /** OpenAI's own limit on stop sequences. */
 export const MAX_STOP_SEQUENCES = 4
@@ -49,18 +56,15 @@ const CHAT_UNSUPPORTED: Record<string, string> = {
   function_call: 'function calling is not supported',
   response_format: 'structured output (response_format) is not supported',
   logit_bias: 'logit_bias is not supported',
-  logprobs: 'logprobs are not supported yet',
-  top_logprobs: 'logprobs are not supported yet',
 }
 const COMPLETION_UNSUPPORTED: Record<string, string> = {
   logit_bias: 'logit_bias is not supported',
-  logprobs: 'logprobs are not supported yet',
   echo: 'echo is not supported',
   suffix: 'suffix is not supported',
   best_of: 'best_of is not supported',
 }
-const CHAT_FIELDS = [...SAMPLING_FIELDS, 'messages', 'max_completion_tokens', ...Object.keys(CHAT_UNSUPPORTED)]
-const COMPLETION_FIELDS = [...SAMPLING_FIELDS, 'prompt', ...Object.keys(COMPLETION_UNSUPPORTED)]
+const CHAT_FIELDS = [...SAMPLING_FIELDS, 'messages', 'max_completion_tokens', 'logprobs', 'top_logprobs', ...Object.keys(CHAT_UNSUPPORTED)]
+const COMPLETION_FIELDS = [...SAMPLING_FIELDS, 'prompt', 'logprobs', ...Object.keys(COMPLETION_UNSUPPORTED)]
 const ROLES = new Set(['system', 'developer', 'user', 'assistant'])
 
 type Body = Record<string, unknown>
@@ -240,12 +244,25 @@ function messages(body: Body): ChatMessage[] {
   })
 }
 
+function chatLogprobs(body: Body): { top: number } | null {
+  const wanted = boolean(body, 'logprobs') ?? false
+  const top = integer(body, 'top_logprobs', 0, MAX_CHAT_TOP_LOGPROBS)
+  if (top !== undefined && !wanted) throw invalidParam('top_logprobs', 'top_logprobs needs logprobs: true')
+  return wanted ? { top: top ?? 0 } : null
+}
+
+function withLogprobs(turn: TurnOptions, logprobs: { top: number } | null): TurnOptions {
+  return logprobs === null ? turn : { ...turn, logprobs: logprobs.top }
+}
+
 export function parseChatRequest(value: unknown): CompletionJob {
   const body = checkObject(value)
   checkKnown(body, CHAT_FIELDS)
   refuseUnsupported(body, CHAT_UNSUPPORTED)
   const maxTokens = integer(body, 'max_completion_tokens', 1, 2 ** 31 - 1) ?? integer(body, 'max_tokens', 1, 2 ** 31 - 1)
-  return { kind: 'chat', ...common(body), messages: messages(body), prompt: null, turn: turnOptions(body, maxTokens) }
+  const logprobs = chatLogprobs(body)
+  const turn = withLogprobs(turnOptions(body, maxTokens), logprobs)
+  return { kind: 'chat', ...common(body), messages: messages(body), prompt: null, turn, logprobs }
 }
 
 /** OpenAI's default for /v1/completions. */
@@ -274,5 +291,8 @@ export function parseCompletionRequest(value: unknown): CompletionJob {
   checkKnown(body, COMPLETION_FIELDS)
   refuseUnsupported(body, COMPLETION_UNSUPPORTED)
   const maxTokens = integer(body, 'max_tokens', 1, 2 ** 31 - 1) ?? COMPLETION_DEFAULT_MAX_TOKENS
-  return { kind: 'completion', ...common(body), messages: null, prompt: prompt(body), turn: turnOptions(body, maxTokens) }
+  const top = integer(body, 'logprobs', 0, MAX_COMPLETION_LOGPROBS)
+  const logprobs = top === undefined ? null : { top }
+  const turn = withLogprobs(turnOptions(body, maxTokens), logprobs)
+  return { kind: 'completion', ...common(body), messages: null, prompt: prompt(body), turn, logprobs }
 }

@@ -250,6 +250,8 @@ describe('the OpenAI-compatible API on the simulated model', () => {
     expect(chunks).toBeGreaterThanOrEqual(5)
     expect(chunks).toBeLessThan(1000)
     await until(() => engine.stats().activeRequests === 0, 'the aborted turn to free its request')
+    // Its KV blocks are back (blocks only the prefix cache holds count as free).
+    expect(engine.stats().freeBlocks).toBe(engine.stats().totalBlocks)
     const generated = engine.stats().generatedTokens
     await new Promise((resolve) => setTimeout(resolve, 50))
     expect(engine.stats().generatedTokens).toBe(generated)

@@ -437,6 +437,17 @@ describe('the OpenAI-compatible API on the tiny ONNX model', () => {
     expect(text).toBe(await engine.generate('The river starts', { maxGeneratedTokens: 10 }).text())
   })
 
+  it('a client that gives up on a non-streamed completion cancels it too', async () => {
+    const generated = engine.stats().generatedTokens
+    const controller = new AbortController()
+    const request = client.chat.completions.create({ model: 'chatml', messages, max_tokens: 1_000_000 }, { signal: controller.signal })
+    await until(() => engine.stats().generatedTokens > generated + 5, 'the completion to be generating')
+    controller.abort()
+    await expect(request).rejects.toThrow()
+    await until(() => engine.stats().activeRequests === 0, 'the abandoned completion to be cancelled')
+    expect(engine.stats().freeBlocks).toBe(engine.stats().totalBlocks)
+  })
+
   it('a seed reproduces a sampled completion on the real model', async () => {
     const body = { model: 'chatml', prompt: 'The river starts', max_tokens: 12, temperature: 1, seed: 9 }
     const [a, b] = await Promise.all([client.completions.create(body), client.completions.create(body)])

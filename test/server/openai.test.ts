@@ -448,6 +448,23 @@ describe('the OpenAI-compatible API on the tiny ONNX model', () => {
     expect(engine.stats().freeBlocks).toBe(engine.stats().totalBlocks)
   })
 
+  it('a folder without a chat template answers chat with a 400 naming it; completions still work', async () => {
+    const plainEngine = await Engine.load(models.dirs.plain, { intraOpThreads: 1 })
+    const plainServer = await startServer(plainEngine, { port: 0, modelName: 'plain' })
+    try {
+      const result = await raw(plainServer, '/v1/chat/completions', { method: 'POST', json: { model: 'plain', messages } })
+      expectOpenAiError(result, 400, 'messages')
+      expect(result.body.error.code).toBe('chat_template_missing')
+      expect(result.body.error.message).toContain('chat_template')
+      const plainClient = new OpenAI({ baseURL: `${plainServer.url}/v1`, apiKey: 'unused', maxRetries: 0 })
+      const completion = await plainClient.completions.create({ model: 'plain', prompt: 'The river starts', max_tokens: 3 })
+      expect(completion.usage!.completion_tokens).toBeGreaterThan(0)
+    } finally {
+      await plainServer.close()
+      await plainEngine.close()
+    }
+  })
+
   it('a seed reproduces a sampled completion on the real model', async () => {
     const body = { model: 'chatml', prompt: 'The river starts', max_tokens: 12, temperature: 1, seed: 9 }
     const [a, b] = await Promise.all([client.completions.create(body), client.completions.create(body)])

@@ -204,9 +204,15 @@ export class Chat {
     const text = render(this.host, messages, { ...this.options, addGenerationPrompt: true })
     const { keep, tokens } = this.plan(text)
     present.set('eosTokenIds', withEndTokens(this.host, present.get('eosTokenIds')))
-    const turnOptions = Object.fromEntries(present)
-    if (keep < this.request.tokenCount) this.request.truncate(keep)
-    const turn = this.request.beginTurn(tokens, turnOptions)
+    // Bad options throw before the context changes.
+    v.turnOptions('options', new Map(present))
+    if (keep < this.request.tokenCount) {
+      this.request.truncate(keep)
+      // Should beginTurn still fail (input past the session limit), the next send compares
+      // tokens: what is resident no longer ends with the last reply.
+      this.last = null
+    }
+    const turn = this.request.beginTurn(tokens, Object.fromEntries(present))
     this.history.push(message)
     this.pending = turn
     void turn.done.then((result) => this.finished(text, result))

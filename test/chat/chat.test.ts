@@ -153,6 +153,23 @@ describe.each(BACKENDS)('chat on the simulated model (%s)', (backend) => {
     expectCode(() => conversation.send('too soon'), 'TURN_ACTIVE')
     conversation.close()
   })
+
+  it('a send refused for its options changes nothing: the next one continues the conversation', async () => {
+    const engine = make({ eosProbability: 0.5 })
+    const conversation = engine.createChat()
+    await conversation.send('one', { maxGeneratedTokens: 40 }).done
+    const before = Array.from(conversation.request.tokens())
+    expectCode(() => conversation.send('two', { temperature: -1 }), 'INVALID_ARGUMENT')
+    expectCode(() => conversation.send('two', { maxGeneratedTokenz: 1 } as never), 'INVALID_ARGUMENT')
+    expect(Array.from(conversation.request.tokens())).toEqual(before)
+    expect(conversation.messages).toHaveLength(2)
+    const second = await conversation.send('two', { maxGeneratedTokens: 3 }).done
+    const full = engine.applyChatTemplate([...conversation.messages.slice(0, 3)] as never)
+    expect(engine.detokenize(conversation.request.tokens(0, conversation.request.tokenCount - second.usage.generatedTokens))).toBe(
+      engine.detokenize(engine.tokenize(full)),
+    )
+    conversation.close()
+  })
 })
 
 describe('chat on a model folder (native, the tiny ONNX model)', () => {

@@ -320,6 +320,24 @@ describe('the OpenAI-compatible API on the simulated model', () => {
     expect(ok.choices[0]!.finish_reason).toBe('length')
   })
 
+  it('a client that hangs up mid-body or mid-headers is forgotten, and the server keeps serving', async () => {
+    const { connect } = await import('node:net')
+    for (const bytes of [
+      `POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{"model":`,
+      'POST /v1/chat/completions HTTP/1.1\r\ncontent-ty',
+      'GARBAGE\r\n\r\n',
+    ]) {
+      const socket = connect(server.port, server.host)
+      await new Promise((resolve) => socket.once('connect', resolve))
+      socket.write(bytes)
+      await new Promise((resolve) => setTimeout(resolve, 20))
+      socket.destroy()
+    }
+    await new Promise((resolve) => setTimeout(resolve, 20))
+    const ok = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 2 })
+    expect(ok.choices[0]!.finish_reason).toBe('length')
+  })
+
   it('/metrics parses as Prometheus text and counts what was served', async () => {
     const before = await scrape(server)
     const completion = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 7 })

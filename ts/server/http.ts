@@ -132,8 +132,16 @@ function readBody(req: IncomingMessage, maxBytes: number): Promise<string> {
       }
       chunks.push(chunk)
     })
-    req.on('end', () => resolve(Buffer.concat(chunks).toString('utf8')))
+    let ended = false
+    req.on('end', () => {
+      ended = true
+      resolve(Buffer.concat(chunks).toString('utf8'))
+    })
     req.on('error', reject)
+    // A client that goes away mid-body: nothing more will come.
+    req.on('close', () => {
+      if (!ended) reject(new ApiError(400, 'the client closed the connection before the body ended', 'invalid_request_error', null, 'incomplete_body'))
+    })
   })
 }
 

@@ -196,6 +196,9 @@ export async function complete(context: CompletionContext, job: CompletionJob, r
   res.on('close', cancel)
   try {
     return job.stream ? await streamTurn(context, job, turn, res) : await answerTurn(context, job, turn, res)
+  } catch (error) {
+    turn.cancel() // whatever went wrong here, the turn stops generating for nobody
+    throw error
   } finally {
     res.off('close', cancel)
     const result = await turn.done

@@ -483,6 +483,34 @@ describe('the OpenAI-compatible API on the tiny ONNX model', () => {
     }
   })
 
+  it('16 concurrent streams share the model steps', async () => {
+    const before = engine.executorStats()!
+    const texts = await Promise.all(
+      Array.from({ length: 16 }, async (_, i) => {
+        const stream = await client.chat.completions.create({
+          model: 'chatml',
+          messages: [{ role: 'user', content: `river ${i}` }],
+          max_tokens: 12,
+          stream: true,
+          stream_options: { include_usage: true },
+        })
+        let text = ''
+        let tokens = 0
+        for await (const chunk of stream) {
+          text += chunk.choices[0]?.delta.content ?? ''
+          if (chunk.usage) tokens = chunk.usage.completion_tokens
+        }
+        return { text, tokens }
+      }),
+    )
+    const after = engine.executorStats()!
+    const generated = texts.reduce((sum, t) => sum + t.tokens, 0)
+    expect(generated).toBeGreaterThan(16)
+    // Rows per model step: well above one when the streams decode together.
+    expect((after.rows - before.rows) / (after.steps - before.steps)).toBeGreaterThan(4)
+    await until(() => engine.stats().activeRequests === 0, 'the streams to close')
+  })
+
   it('a seed reproduces a sampled completion on the real model', async () => {
     const body = { model: 'chatml', prompt: 'The river starts', max_tokens: 12, temperature: 1, seed: 9 }
     const [a, b] = await Promise.all([client.completions.create(body), client.completions.create(body)])

@@ -53,6 +53,9 @@ export default defineConfig([
     // A devDependency that the model tooling may reach (the reference loop): never bundle its
     // native binding.
     external: ['onnxruntime-node'],
+    // The /metrics endpoint's prom-client (Apache-2.0) and its one dependency chain are bundled:
+    // the package's users install only `ws` besides ortex itself (test/packaging.test.ts).
+    noExternal: ['prom-client', 'tdigest', 'bintrees'],
     target: 'node20',
     esbuildOptions: lowerOptionalChaining,
     platform: 'node',

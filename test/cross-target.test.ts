@@ -65,6 +65,11 @@ function buildScript(seed: number): Script {
         if (rng.chance(0.5)) turnOptions.seed = rng.int(0, 1e9)
       }
       if (rng.chance(0.2)) turnOptions.ignoreEos = true
+      // Penalties and min-p: non-round values through the f64 -> f32 penalty path, greedy or sampled.
+      if (rng.chance(0.3)) turnOptions.repetitionPenalty = 0.5 + rng.next() * 2
+      if (rng.chance(0.3)) turnOptions.presencePenalty = -2 + rng.next() * 4
+      if (rng.chance(0.3)) turnOptions.frequencyPenalty = -2 + rng.next() * 4
+      if (rng.chance(0.3)) turnOptions.minP = rng.next() * 0.5
       turns.push({ startRun: rng.int(0, 40), input, options: turnOptions })
     }
     requests.push({ maxSessionTokens: rng.chance(0.3) ? rng.int(120, 256) : undefined, turns })

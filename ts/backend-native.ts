@@ -194,6 +194,10 @@ export const nativeBackend: Backend = {
     checkModelFolder(modelDir)
     return loadBinding().CoreEngine.load(path.resolve(modelDir), options, ortLibraryPath())
   },
+  chat(files) {
+    const factory = loadBinding().CoreChat
+    return files === null ? factory.chatml() : factory.fromFiles(files)
+  },
   run(core, events, capacity) {
     return (core as NativeCoreEngine).run(events, capacity)
   },

@@ -44,6 +44,10 @@ export const wasmBackend: Backend = {
         `use Engine.simulated(), or the native build (import { Engine } from 'ortex') for model folders`,
     )
   },
+  chat(files) {
+    const factory = loadBinding().CoreChat
+    return files === null ? factory.chatml() : factory.fromFiles(files)
+  },
   async run(core: CoreEngine, events, capacity) {
     return core.runSync(events, capacity)
   },

@@ -4,8 +4,8 @@
 import path from 'node:path'
 import { fileURLToPath } from 'node:url'
 
-import type { CoreEngine } from './binding'
-import type { ModelOptionsInput, SimOptionsInput } from './generated/boundary'
+import type { CoreChat, CoreEngine } from './binding'
+import type { ChatFilesInput, ModelOptionsInput, SimOptionsInput } from './generated/boundary'
 import type { BackendKind } from './types'
 
 export interface Backend {
@@ -14,6 +14,9 @@ export interface Backend {
   simulated(options: SimOptionsInput): CoreEngine
   /** An ONNX model folder. Rejects with OrtexError. */
   load(modelDir: string, options: ModelOptionsInput): Promise<CoreEngine>
+  /** A chat template from a model folder's files, or the built-in ChatML one (null). Throws
+   *  OrtexError (CHAT_CONFIG_INVALID, CHAT_TEMPLATE_INVALID). */
+  chat(files: ChatFilesInput | null): CoreChat
   /** Drains retained events or executes one transaction; resolves with the event count. */
   run(core: CoreEngine, events: Int32Array, capacity: number): Promise<number>
 }

@@ -16,6 +16,8 @@
 import type {
   AppendPlanView,
   CancelView,
+  ChatFilesInput,
+  ChatRenderInput,
   CommitView,
   ConfigView,
   ConfigsInput,
@@ -28,6 +30,7 @@ import type {
   SessionsOptionsInput,
   SimOptionsInput,
   StatsView,
+  TokenLogprobsView,
   TurnOptionsInput,
 } from './generated/boundary'
 
@@ -68,6 +71,9 @@ export interface CoreEngine {
   truncate(requestId: number, tokenCount: number): void
   /** tokens[start, end) of the request's whole context (prompts, prefills, generated), clamped. */
   requestTokens(requestId: number, start: number, end: number): Int32Array
+  /** The latest turn's log-probabilities of its generated tokens [start, end), clamped (empty
+   *  unless the turn asked with `logprobs`). */
+  requestLogprobs(requestId: number, start: number, end: number): TokenLogprobsView[]
   /** A full-duplex session manager over ortex-core's session rules. */
   createSessions(options: SessionsOptionsInput): CoreSessions
 }
@@ -122,7 +128,22 @@ export interface NativeCoreEngine extends CoreEngine {
   executorStats(): ExecutorStatsView | null
 }
 
+/** A model's chat template, compiled once (crates/ortex-ops' Chat). render throws with the
+ *  CHAT_* codes (CHAT_TEMPLATE_MISSING, CHAT_TEMPLATE_RAISED, ...) or INVALID_ARGUMENT. */
+export interface CoreChat {
+  render(input: ChatRenderInput): string
+  stopStrings(): string[]
+  hasTemplate(): boolean
+}
+
+export interface CoreChatFactory {
+  /** CHAT_CONFIG_INVALID, CHAT_TEMPLATE_INVALID. */
+  fromFiles(files: ChatFilesInput): CoreChat
+  chatml(): CoreChat
+}
+
 export interface NativeBinding {
+  CoreChat: CoreChatFactory
   CoreEngine: {
     simulated(options: SimOptionsInput): NativeCoreEngine
     /** An ONNX model folder (absolute path). ortLibraryPath: the ONNX Runtime library to open
@@ -133,4 +154,5 @@ export interface NativeBinding {
 
 export interface WasmBinding {
   CoreEngine: { simulated(options: SimOptionsInput): CoreEngine }
+  CoreChat: CoreChatFactory
 }

@@ -10,11 +10,12 @@
 // an EngineLink, the duplex sessions a DuplexHost.
 
 import type { Backend } from './backend'
-import type { CoreEngine, CoreSessions, NativeCoreEngine } from './binding'
+import type { CoreChat, CoreEngine, CoreSessions, NativeCoreEngine } from './binding'
+import * as chat from './chat'
 import { Driver, type DriverHost } from './driver'
 import { OrtexError, toOrtexError } from './errors'
 import { EventBuffer, type EventOwner } from './events'
-import type { ConfigView, RequestOptionsInput, SessionsOptionsInput } from './generated/boundary'
+import type { ConfigView, RequestOptionsInput, SessionsOptionsInput, TokenLogprobsView } from './generated/boundary'
 import type { DuplexHost, EngineEndReason } from './link'
 import { RequestRegistry } from './registry'
 import { Request, type RequestLink, type RequestRecord } from './request'
@@ -22,6 +23,10 @@ import { type RouterHost, anyProgress, dropEventsOfCollected, routeEvents } from
 import type { Turn, TurnState } from './turn'
 import type {
   BackendKind,
+  ChatMessage,
+  ChatOptions,
+  ChatTemplateOptions,
+  CreateChatOptions,
   EngineConfig,
   EngineOptions,
   EngineStats,
@@ -30,6 +35,7 @@ import type {
   GenerateOptions,
   RequestOptions,
   SimulatedOptions,
+  TokenLogprob,
 } from './types'
 import * as v from './validate'
 
@@ -42,6 +48,8 @@ const DRIVER_BUFFER_CAPACITY = 1024
 interface EngineInit {
   core: CoreEngine
   backend: Backend
+  /** The model folder (its chat files); null: the simulated model, whose template is ChatML. */
+  modelDir: string | null
 }
 
 function noop(): void {}
@@ -61,7 +69,7 @@ export class Engine implements EventOwner {
     const core = await backend.load(dir, checked).catch((error: unknown) => {
       throw toOrtexError(error, 'MODEL_LOAD')
     })
-    return new this({ core, backend } satisfies EngineInit as never)
+    return new this({ core, backend, modelDir: dir } satisfies EngineInit as never)
   }
 
   /** The deterministic simulated model. */
@@ -76,7 +84,7 @@ export class Engine implements EventOwner {
       // the core's coded errors is an internal failure, never "unsupported".
       throw toOrtexError(error)
     }
-    return new this({ core, backend } satisfies EngineInit as never)
+    return new this({ core, backend, modelDir: null } satisfies EngineInit as never)
   }
 
   readonly backend: BackendKind
@@ -87,6 +95,11 @@ export class Engine implements EventOwner {
 
   private readonly core: CoreEngine
   private readonly backendImpl: Backend
+  /** Addition: the model folder this engine loaded; null for the simulated model. */
+  readonly modelDir: string | null
+  /** Made on the first chat call: the folder's template (or ChatML) and its end-of-turn tokens. */
+  private chatTemplate: CoreChat | null = null
+  private chatEndTokens: Map<number, string> | null = null
   private closed = false
   /** Set by an engine-level Failed event (or an internal error): the engine is unhealthy and
    *  this is the event's error code. */
@@ -107,9 +120,10 @@ export class Engine implements EventOwner {
 
   /** Engines are made by Engine.simulated() and Engine.load(). */
   protected constructor(init: never) {
-    const { core, backend } = init as EngineInit
+    const { core, backend, modelDir } = init as EngineInit
     this.core = core
     this.backendImpl = backend
+    this.modelDir = modelDir
     this.backend = backend.kind
     this.config = Object.freeze(frozenConfig(core.config()))
     this.registry = new RequestRegistry({ onRequestCollected: (record) => this.onRequestCollected(record) })
@@ -232,6 +246,45 @@ export class Engine implements EventOwner {
     return turn
   }
 
+  /** The text the model reads for `messages`, rendered with the model folder's chat template
+   *  (the simulated model's: ChatML). CHAT_TEMPLATE_MISSING names what a folder lacks. */
+  applyChatTemplate(messages: ChatMessage[], options?: ChatTemplateOptions): string {
+    const checked = chat.checkMessages('messages', messages)
+    const present = v.options('options', options, chat.CHAT_TEMPLATE_KEYS)
+    const templateOptions = chat.templateOptions('options', present)
+    this.checkOpen()
+    return chat.render(this.chatHost(), checked, templateOptions)
+  }
+
+  /** One chat turn on its own request (closed when it finishes), as generate: the messages are
+   *  rendered with a generation prompt; the template's end-of-turn token ends it with 'eos'. */
+  chat(messages: ChatMessage[], options?: ChatOptions): Turn {
+    const checked = chat.checkMessages('messages', messages)
+    const present = v.options('options', options, [...v.REQUEST_KEYS, ...v.TURN_KEYS, ...chat.CHAT_TEMPLATE_KEYS])
+    if (present.has('addGenerationPrompt')) throw v.invalidArgumentFor('options.addGenerationPrompt', 'is not a chat option')
+    const templateOptions = chat.templateOptions('options', chat.takeTemplateKeys(present))
+    this.checkUsable()
+    const host = this.chatHost()
+    const text = chat.render(host, checked, templateOptions)
+    present.set('eosTokenIds', chat.withEndTokens(host, present.get('eosTokenIds')))
+    return this.generate(host.tokenize(text), Object.fromEntries(present))
+  }
+
+  /** A conversation on one request: `send(content)` returns the reply's Turn and prefills only
+   *  what the new message adds. */
+  createChat(options?: CreateChatOptions): chat.Chat {
+    const present = v.options('options', options, ['system', ...v.REQUEST_KEYS, ...chat.CHAT_TEMPLATE_KEYS])
+    if (present.has('addGenerationPrompt')) throw v.invalidArgumentFor('options.addGenerationPrompt', 'is not a chat option')
+    const system = present.has('system') ? v.string('options.system', present.get('system')) : null
+    present.delete('system')
+    const templateOptions = chat.templateOptions('options', chat.takeTemplateKeys(present))
+    const host = this.chatHost()
+    // Fail now, not at the first send, on a folder without a template.
+    host.template()
+    const request = this.createRequest(Object.fromEntries(present))
+    return new chat.Chat({ host, request, system, templateOptions, start: () => this.driver.start() })
+  }
+
   /**
    * Closes every request (pending `done` promises resolve 'cancelled'); afterwards every call but
    * close() and Request.close() throws ENGINE_CLOSED. Resolves once a transaction in flight has
@@ -287,6 +340,7 @@ export class Engine implements EventOwner {
       turnBegun: (state, request) => this.turnBegun(state, request),
       turnFinished: (state) => this.turnFinished(state as TurnState),
       detokenizeQuietly: (tokens) => this.quietly(() => this.core.detokenize(tokens), ''),
+      logprobQuietly: (requestId, index) => this.quietly(() => logprobOf(this.core.requestLogprobs(requestId, index, index + 1)[0]), null),
       cancelTurnQuietly: (requestId, turnId) => this.endTurnQuietly(() => this.core.cancelTurn(requestId, turnId)),
       stopTurnQuietly: (requestId, turnId, index) => this.endTurnQuietly(() => this.core.stopTurn(requestId, turnId, index)),
     }
@@ -304,6 +358,45 @@ export class Engine implements EventOwner {
       onEnd: (listener) => this.onEnd(listener),
       closeRequest: (requestId) => this.registry.request(requestId)?.close(),
     }
+  }
+
+  private chatHost(): chat.ChatHost {
+    return {
+      template: () => this.loadChatTemplate(),
+      tokenize: (text) => this.call(() => this.core.tokenize(text)),
+      endTokens: () => this.loadChatEndTokens(),
+    }
+  }
+
+  private loadChatTemplate(): CoreChat {
+    if (this.chatTemplate === null) {
+      const files = this.modelDir === null ? null : chat.readChatFiles(this.modelDir)
+      this.chatTemplate = this.call(() => this.backendImpl.chat(files))
+      if (!this.chatTemplate.hasTemplate()) {
+        const template = this.chatTemplate
+        this.chatTemplate = null
+        // The core's message names the files it looked in.
+        try {
+          template.render({ messages: [{ role: 'user', content: '' }] })
+        } catch (error) {
+          throw chat.toChatError(error)
+        }
+      }
+    }
+    return this.chatTemplate!
+  }
+
+  /** The template's end-of-turn strings that are one token: they end a chat turn with 'eos'. */
+  private loadChatEndTokens(): Map<number, string> {
+    if (this.chatEndTokens === null) {
+      const ends = new Map<number, string>()
+      for (const text of this.loadChatTemplate().stopStrings()) {
+        const ids = this.call(() => this.core.tokenize(text))
+        if (ids.length === 1 && !ends.has(ids[0]!)) ends.set(ids[0]!, text)
+      }
+      this.chatEndTokens = ends
+    }
+    return this.chatEndTokens
   }
 
   /** Calls the binding and converts what it throws into an OrtexError. */
@@ -540,4 +633,10 @@ function unhealthyError(code: EventErrorCode): OrtexError {
 
 function frozenConfig(view: ConfigView): EngineConfig {
   return { ...view, eosTokenIds: Object.freeze([...view.eosTokenIds]) as number[] }
+}
+
+/** The core's view of one token's log-probabilities as the public shape. */
+function logprobOf(view: TokenLogprobsView | undefined): TokenLogprob | null {
+  if (view === undefined) return null
+  return { token: view.token, logprob: view.logprob, top: view.topTokens.map((token, i) => ({ token, logprob: view.topLogprobs[i]! })) }
 }

@@ -7,6 +7,7 @@
 // The Engine implements them (engine.ts); this file imports nothing of engine, request or turn,
 // so those modules form no import circle.
 
+import type { TokenLogprob } from './types'
 import type { CoreEngine, CoreSessions } from './binding'
 import type { SessionsOptionsInput } from './generated/boundary'
 import type { EventErrorCode } from './types'
@@ -20,6 +21,9 @@ export interface TurnLink {
   detokenizeQuietly(tokens: Int32Array): string
   /** Cancels the turn in the core; false when it was no longer running there. */
   cancelTurnQuietly(requestId: number, turnId: number): boolean
+  /** The log-probabilities of generated token `index` of the request's latest turn; null when
+   *  there are none (the turn did not ask, or the core is gone). */
+  logprobQuietly(requestId: number, index: number): TokenLogprob | null
   /** Ends the turn in the core because stop string `stopIndex` appeared in its text. */
   stopTurnQuietly(requestId: number, turnId: number, stopIndex: number): boolean
   /** The turn ended: the engine stops routing to it (and closes a generate() request). */

@@ -136,6 +136,7 @@ export class Request {
     const tokens = this.link.inputTokens(input)
     const turnId = this.link.call(() => this.link.core.beginTurn(this.id, tokens, checked.core))
     const state = new TurnState(this.link, { requestId: this.id, turnId }, tokens.length, checked.stop, owned ? this : null)
+    if (checked.core.logprobs !== undefined) state.recordLogprobs()
     const turn = Turn._create(this, state, this.link)
     this._turn = turn
     this.link.turnBegun(state, this)

@@ -8,9 +8,14 @@ export { ERROR_CODES, OrtexError } from './errors'
 export type { ErrorCode } from './errors'
 export { Request } from './request'
 export { Turn } from './turn'
+export { Chat } from './chat'
 export type {
   BackendKind,
   Batching,
+  ChatMessage,
+  ChatOptions,
+  ChatTemplateOptions,
+  CreateChatOptions,
   EngineConfig,
   EngineOptions,
   EngineStats,
@@ -26,6 +31,7 @@ export type {
   TurnOptions,
   TurnResult,
   StopMatch,
+  TokenLogprob,
   TurnUsage,
 } from './types'
 export { DuplexSessionManager } from './duplex/manager'
@@ -51,4 +57,6 @@ export type {
   SessionState,
 } from './duplex/events'
 export { DuplexServer, startDuplexServer } from './server/server'
+export { OrtexServer, startServer } from './server/http'
+export type { ServerOptions } from './server/http'
 export type { DuplexServerOptions, DuplexServerStats } from './server/server'

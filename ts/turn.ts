@@ -27,7 +27,7 @@ import type { TurnLink } from './link'
 // Type only: at run time this module imports nothing of request.ts (which imports this one).
 import type { Request } from './request'
 import { StopMatcher, StreamingDetokenizer } from './text'
-import type { EventErrorCode, FinishReason, StopMatch, TurnChunk, TurnResult, TurnUsage } from './types'
+import type { EventErrorCode, FinishReason, StopMatch, TokenLogprob, TurnChunk, TurnResult, TurnUsage } from './types'
 
 /** Streaming state, present once someone iterates or the turn has `stop` strings. */
 interface TextStream {
@@ -62,6 +62,8 @@ export class TurnState {
   readonly ownedRequest: { close(): void } | null
   tokens = new Int32Array(16)
   count = 0
+  /** logprobs[i]: token i's, when the turn asked for them (read from the core as it arrives). */
+  logprobs: TokenLogprob[] | null = null
   private stream: TextStream | null = null
   private readonly link: TurnLink
   private resolveDone!: (result: TurnResult) => void
@@ -132,8 +134,21 @@ export class TurnState {
       this.tokens = grown
     }
     this.tokens[this.count++] = token
+    if (this.logprobs !== null) this.recordLogprob(token)
     if (this.stream !== null) this.streamToken()
     this.wake()
+  }
+
+  /** The turn asked for log-probabilities: each token's is read as its event arrives. */
+  recordLogprobs(): void {
+    this.logprobs = []
+  }
+
+  private recordLogprob(token: number): void {
+    const entry = this.link.logprobQuietly(this.requestId, this.count - 1)
+    // The core's entry is this very token's (a closed core has none: a placeholder keeps the
+    // indices aligned).
+    this.logprobs!.push(entry !== null && entry.token === token ? entry : { token, logprob: Number.NaN, top: [] })
   }
 
   /** Ends the turn: by its finish event (a Token it carried already pushed), by a close or a
@@ -197,6 +212,7 @@ export class TurnState {
       tokens: this.tokens.slice(0, this.count),
       text,
       stop,
+      ...(this.logprobs === null ? {} : { logprobs: this.logprobs.slice(0, this.count) }),
     }
   }
 
@@ -261,7 +277,8 @@ export class TurnCursor {
     if (this.position >= state.count) return null
     const i = this.position++
     this.lastReadText = state.chunkText(i)
-    return { token: state.tokens[i]!, text: this.lastReadText }
+    const logprob = state.logprobs?.[i]
+    return logprob === undefined ? { token: state.tokens[i]!, text: this.lastReadText } : { token: state.tokens[i]!, text: this.lastReadText, logprob }
   }
 
   /** Every chunk was read and no more will come. */

@@ -87,12 +87,27 @@ export interface TurnOptions {
   temperature?: number
   topK?: number
   topP?: number
+  /** Addition: in [0, 1]; drops tokens less likely than minP times the most likely one. 0 = off. */
+  minP?: number
+  /** Addition: in (0, 100]; a token anywhere in the request's context has its logit divided by
+   *  this (multiplied when negative). 1 = off. Applies to greedy decoding too. */
+  repetitionPenalty?: number
+  /** Addition: in [-2, 2]; subtracted from the logit of every token this turn generated. */
+  presencePenalty?: number
+  /** Addition: in [-2, 2]; subtracted once per time this turn generated the token. */
+  frequencyPenalty?: number
   /** Sampler seed; unseeded sampled turns derive one from (engine seed, request id, turn id). */
   seed?: number
   /** Keep generating past EOS. */
   ignoreEos?: boolean
   /** Token sequences that end the turn with finishReason 'stop' (matched by the core). */
   stopTokenIds?: number[][]
+  /** Addition: tokens that end the turn with finishReason 'eos' besides the model's own (a chat
+   *  template's end-of-turn token; engine.chat passes them itself). ignoreEos ignores them too. */
+  eosTokenIds?: number[]
+  /** Addition: record each generated token's log-probability and this many of the most likely
+   *  alternatives (0..20): chunks carry `logprob`, the result `logprobs`. Absent: none (free). */
+  logprobs?: number
   /** Strings that end the turn with finishReason 'stop' (matched by the facade in the streamed
    *  text; the text is cut before the stop string). */
   stop?: string[]
@@ -101,6 +116,38 @@ export interface TurnOptions {
 }
 
 export type GenerateOptions = TurnOptions & RequestOptions
+
+/** A chat message as Hugging Face's `apply_chat_template` takes it: `role` and `content` (a
+ *  string or a list of parts such as `{ type: 'text', text }`), and whatever else the model's
+ *  template reads (`tool_calls`, `tool_call_id`, `reasoning_content`, ...). */
+export interface ChatMessage {
+  role: string
+  content?: string | unknown[] | null
+  [key: string]: unknown
+}
+
+/** How a conversation is rendered (the keyword arguments of `apply_chat_template`). */
+export interface ChatTemplateOptions {
+  /** End with the header of an assistant turn; default true. */
+  addGenerationPrompt?: boolean
+  /** Tool definitions (JSON schemas) for templates that take them. */
+  tools?: unknown[]
+  /** Documents for retrieval-augmented templates. */
+  documents?: unknown[]
+  /** A template by name when the folder has several (`tool_use`); default `default`. */
+  templateName?: string
+  /** Further template variables (`enable_thinking`, `date_string`). */
+  variables?: Record<string, unknown>
+}
+
+/** engine.chat: a one-shot chat turn on its own request. */
+export type ChatOptions = GenerateOptions & Omit<ChatTemplateOptions, 'addGenerationPrompt'>
+
+/** engine.createChat: a conversation on one request. */
+export interface CreateChatOptions extends RequestOptions, Omit<ChatTemplateOptions, 'addGenerationPrompt'> {
+  /** The system message the conversation starts with. */
+  system?: string
+}
 
 export interface EngineConfig {
   batching: Batching
@@ -188,6 +235,17 @@ export interface TurnUsage {
 export interface TurnChunk {
   token: number
   text: string
+  /** Present when the turn asked for `logprobs`. */
+  logprob?: TokenLogprob
+}
+
+/** A generated token's natural-log probability under the model's own distribution (the softmax
+ *  of its raw logits, before penalties, temperature and cuts; the simulated model's over its 8
+ *  candidates), with the most likely alternatives, best first. */
+export interface TokenLogprob {
+  token: number
+  logprob: number
+  top: { token: number; logprob: number }[]
 }
 
 /** Which stop sequence ended a turn: `stopTokenIds[index]` ('token-ids', matched by the core) or
@@ -205,4 +263,6 @@ export interface TurnResult {
   text: string
   /** Set when finishReason is 'stop': which stop sequence it was (addition). */
   stop: StopMatch | null
+  /** With `logprobs`: one entry per token of `tokens` (addition). */
+  logprobs?: TokenLogprob[]
 }

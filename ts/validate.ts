@@ -27,6 +27,8 @@ export const MAX_INT32 = 2 ** 31 - 1
 export const MAX_EVENT_CAPACITY = 65_536
 /** Most stop strings / stop token sequences per turn (the core's limit). */
 export const MAX_STOP_ENTRIES = LIMITS.maxStopEntries
+const MAX_REPETITION_PENALTY = LIMITS.maxRepetitionPenalty
+const MAX_ABS_OPENAI_PENALTY = LIMITS.maxAbsPresenceFrequencyPenalty
 
 /** INVALID_ARGUMENT for argument `name`: "`name` `what`". */
 export function invalidArgumentFor(name: string, what: string): ReturnType<typeof invalidArgument> {
@@ -244,7 +246,21 @@ const FAULT_KEYS = [
 
 export const REQUEST_KEYS = ['maxSessionTokens'] as const
 
-const CORE_TURN_KEYS = ['maxGeneratedTokens', 'temperature', 'topK', 'topP', 'seed', 'ignoreEos', 'stopTokenIds'] as const
+const CORE_TURN_KEYS = [
+  'maxGeneratedTokens',
+  'temperature',
+  'topK',
+  'topP',
+  'minP',
+  'repetitionPenalty',
+  'presencePenalty',
+  'frequencyPenalty',
+  'seed',
+  'ignoreEos',
+  'stopTokenIds',
+  'eosTokenIds',
+  'logprobs',
+] as const
 
 export const TURN_KEYS = [...CORE_TURN_KEYS, 'stop', 'signal'] as const
 
@@ -422,6 +438,16 @@ export function turnOptions(name: string, present: Map<string, unknown>): Checke
       case 'topP':
         core.topP = finite(arg, value, 0, 1, true)
         break
+      case 'minP':
+        core.minP = finite(arg, value, 0, 1)
+        break
+      case 'repetitionPenalty':
+        core.repetitionPenalty = finite(arg, value, 0, MAX_REPETITION_PENALTY, true)
+        break
+      case 'presencePenalty':
+      case 'frequencyPenalty':
+        core[key] = finite(arg, value, -MAX_ABS_OPENAI_PENALTY, MAX_ABS_OPENAI_PENALTY)
+        break
       case 'seed':
         core.seed = seed(arg, value)
         break
@@ -430,6 +456,14 @@ export function turnOptions(name: string, present: Map<string, unknown>): Checke
         break
       case 'stopTokenIds':
         core.stopTokenIds = stopTokenIds(arg, value)
+        break
+      case 'logprobs':
+        core.logprobs = integer(arg, value, 0, LIMITS.maxTopLogprobs)
+        break
+      case 'eosTokenIds':
+        if (!Array.isArray(value)) throw invalidArgument(`${arg} must be an array of token ids, got ${describe(value)}`)
+        if (value.length > MAX_STOP_ENTRIES) throw invalidArgument(`${arg} holds at most ${MAX_STOP_ENTRIES} ids`)
+        core.eosTokenIds = Array.from(tokens(arg, value))
         break
       case 'stop':
         checked.stop = stopStrings(arg, value)

@@ -83,6 +83,49 @@ describeContract(({ mod, make, referenceTokens }) => {
     })
   })
 
+  describe('penalties and min-p', () => {
+    // The simulated model offers 8 candidates per step with logits 4.0, 3.5, ..., 0.5.
+    it('a repetition penalty of 100 keeps greedy decoding off every token of the context', () => {
+      const engine = make({ seed: 5, vocabSize: 300 })
+      const prompt = [10, 11, 12, 13, 14, 15, 16, 17]
+      const plain = referenceTokens(prompt, 40, { seed: 5, vocabSize: 300 })
+      expect(new Set(plain).size, 'this seed repeats tokens without the penalty').toBeLessThan(plain.length)
+      const request = engine.createRequest()
+      request.beginTurn(prompt, { maxGeneratedTokens: 40, repetitionPenalty: 100 })
+      const penalized = tokensOf(drain(engine, engine.createEventBuffer(8)), request)
+      expect(penalized).toHaveLength(40)
+      // A seen token scores 4.0 / 100 at best, below the weakest unseen candidate (0.5).
+      expect(new Set(penalized).size).toBe(penalized.length)
+      expect(penalized.filter((t) => prompt.includes(t))).toEqual([])
+    })
+
+    it('presence and frequency penalties keep greedy decoding off what this turn generated', () => {
+      const engine = make({ seed: 5, vocabSize: 300 })
+      const request = engine.createRequest()
+      const plain = referenceTokens([1, 2, 3], 40, { seed: 5, vocabSize: 300 })
+      // Nothing generated yet: the first token is the plain one. Afterwards a generated token
+      // scores 4.0 - 2 - 2 = 0 at best, below the weakest unseen candidate (0.5).
+      request.beginTurn([1, 2, 3], { maxGeneratedTokens: 40, presencePenalty: 2, frequencyPenalty: 2 })
+      const penalized = tokensOf(drain(engine, engine.createEventBuffer(8)), request)
+      expect(penalized[0]).toBe(plain[0])
+      expect(new Set(penalized).size).toBe(penalized.length)
+      expect(penalized).not.toEqual(plain)
+    })
+
+    it('minP near 1 leaves only the best candidate: sampling equals greedy', () => {
+      const engine = make({ seed: 9 })
+      const greedy = referenceTokens('min p', 24, { seed: 9 })
+      const run = (options: Record<string, unknown>) => {
+        const request = engine.createRequest()
+        request.beginTurn('min p', { maxGeneratedTokens: 24, temperature: 1.5, seed: 3, ...options })
+        return tokensOf(drain(engine, engine.createEventBuffer(8)), request)
+      }
+      expect(run({}), 'temperature 1.5 alone strays from greedy').not.toEqual(greedy)
+      // The runner-up's weight is exp(-0.5 / 1.5) = 0.72 of the best one's.
+      expect(run({ minP: 0.75 })).toEqual(greedy)
+    })
+  })
+
   describe('finish reasons', () => {
     it('per-turn maxGeneratedTokens ends with max-generated-tokens', () => {
       const engine = make()

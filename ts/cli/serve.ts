@@ -1,14 +1,18 @@
-// `ortex serve`: the WebSocket server of docs/duplex-protocol.md over a model folder or the
-// simulated model, until SIGINT / SIGTERM.
+// `ortex serve`: the OpenAI-compatible HTTP API, /metrics and the WebSocket sessions of
+// docs/duplex-protocol.md, on one port, over a model folder or the simulated model, until
+// SIGINT / SIGTERM.
 
 import { parseArgs } from 'node:util'
 
-import { DEFAULT_PORT, startDuplexServer } from '../server/server'
+import { startServer } from '../server/http'
+import { DEFAULT_PORT } from '../server/server'
 import { ENGINE_FLAGS, engineChoice, integerFlag, openEngine } from './args'
 
 export const SERVE_HELP = `Usage: ortex serve (--model DIR | --simulated) [options]
 
-Serves full-duplex sessions over WebSocket (protocol: docs/duplex-protocol.md).
+Serves, on one port: the OpenAI-compatible API (POST /v1/chat/completions, POST /v1/completions,
+GET /v1/models), GET /health, GET /metrics (Prometheus), and full-duplex sessions over WebSocket
+(protocol: docs/duplex-protocol.md).
 
 Options:
   --model DIR              an ONNX model folder (genai_config.json, model.onnx, tokenizer.json)
@@ -19,6 +23,10 @@ Options:
   --disconnect-grace-ms N  how long a dropped session waits for a resume (default 30000)
   --idle-ttl-ms N          idle sessions expire after this (default 300000; 0 disables)
   --max-output-tokens N    tokens per response unless a client asks otherwise (default 256)
+  --api-key KEY            /v1 requests need 'Authorization: Bearer KEY' (default: none);
+                           also read from ORTEX_API_KEY
+  --model-name NAME        the model's name in /v1/models (default: the folder's name, or
+                           'ortex-simulated')
   --seed N                 the simulated model's seed (default 0)
   --backend NAME           'native' (default) or 'wasm' (simulated model only)
   -h, --help               show this help
@@ -51,6 +59,8 @@ export async function runServeCommand(argv: string[]): Promise<void> {
       'disconnect-grace-ms': { type: 'string' },
       'idle-ttl-ms': { type: 'string' },
       'max-output-tokens': { type: 'string' },
+      'api-key': { type: 'string' },
+      'model-name': { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
   })
@@ -65,16 +75,26 @@ export async function runServeCommand(argv: string[]): Promise<void> {
   const idleTtl = integerFlag('idle-ttl-ms', values['idle-ttl-ms'], undefined, 0, Number.MAX_SAFE_INTEGER)
   const maxOutputTokens = integerFlag('max-output-tokens', values['max-output-tokens'], 256, 1, 1 << 24)
   const engine = await openEngine(choice, {}, { eosProbability: 0.02, maxBatchSize: 64 })
-  const server = await startDuplexServer(engine, {
+  const apiKey = values['api-key'] ?? process.env.ORTEX_API_KEY
+  const server = await startServer(engine, {
     port,
     host: values.host ?? '127.0.0.1',
-    maxSessions,
-    disconnectGraceMs,
-    idleTtlMs: idleTtl === undefined ? undefined : idleTtl === 0 ? null : idleTtl,
-    turn: { maxGeneratedTokens: maxOutputTokens },
+    apiKey: apiKey === undefined || apiKey.length === 0 ? undefined : apiKey,
+    modelName: values['model-name'],
+    defaultMaxTokens: maxOutputTokens,
+    duplex: {
+      maxSessions,
+      disconnectGraceMs,
+      idleTtlMs: idleTtl === undefined ? undefined : idleTtl === 0 ? null : idleTtl,
+      turn: { maxGeneratedTokens: maxOutputTokens },
+    },
+  }).catch(async (error: unknown) => {
+    await engine.close()
+    throw error
   })
   const model = choice.model === undefined ? `simulated model, ${engine.backend}` : choice.model
-  process.stdout.write(`ortex serve: listening on ${server.url} (${model})\n`)
+  const ws = server.url.replace('http://', 'ws://')
+  process.stdout.write(`ortex serve: listening on ${server.url} (${model}): OpenAI API at ${server.url}/v1, sessions at ${ws}\n`)
   await untilSignal()
   process.stdout.write('ortex serve: shutting down\n')
   await server.close()

@@ -50,7 +50,7 @@ export type RequestOptionsInput = { maxSessionTokens?: number, };
  * `TurnOptions` as the core takes them: the facade keeps `stop` strings and `signal` itself.
  */
 
-export type TurnOptionsInput = { maxGeneratedTokens?: number, temperature?: number, topK?: number, topP?: number, seed?: number, ignoreEos?: boolean, stopTokenIds?: Array<Array<number>>, };
+export type TurnOptionsInput = { maxGeneratedTokens?: number, temperature?: number, topK?: number, topP?: number, minP?: number, repetitionPenalty?: number, presencePenalty?: number, frequencyPenalty?: number, seed?: number, ignoreEos?: boolean, stopTokenIds?: Array<Array<number>>, eosTokenIds?: Array<number>, logprobs?: number, };
 
 /**
  * The session manager's options. Absent fields take the core's defaults (limits.rs); an
@@ -58,6 +58,30 @@ export type TurnOptionsInput = { maxGeneratedTokens?: number, temperature?: numb
  */
 
 export type SessionsOptionsInput = { maxSessions?: number, idleTtlMs?: number | null, disconnectGraceMs?: number, completedAppendLimit?: number, };
+
+/**
+ * The text of a model folder's chat files; absent where the folder lacks one.
+ */
+
+export type ChatFilesInput = { chatTemplateJinja?: string, tokenizerConfigJson?: string, generationConfigJson?: string, genaiConfigJson?: string, };
+
+/**
+ * One render: what Hugging Face's `apply_chat_template` takes.
+ */
+
+export type ChatRenderInput = { messages: unknown[], addGenerationPrompt?: boolean, tools?: unknown[], documents?: unknown[], 
+/**
+ * A template by name (`tool_use`); absent: `default` (or `tool_use` when tools are given).
+ */
+templateName?: string, 
+/**
+ * Further template variables (`enable_thinking`, `date_string`).
+ */
+variables?: Record<string, unknown>, 
+/**
+ * The time `strftime_now` prints, in whole seconds since the Unix epoch (UTC).
+ */
+nowUnixSeconds?: number, };
 
 /**
  * A fence as JavaScript names it.
@@ -149,15 +173,25 @@ export type CancelView = { cancelled: FenceView, fence: FenceView, advanced: boo
 
 export type ExpiryView = { sessionId: string, fence: FenceView, leaseGeneration: number, reason: 'disconnect_grace_expired' | 'idle_ttl_expired', submittedRequestIds: Array<number>, reservedRequestIds: Array<number>, };
 
+/**
+ * One generated token's log-probability and its best alternatives (`topTokens[i]` has
+ * `topLogprobs[i]`, best first).
+ */
+
+export type TokenLogprobsView = { token: number, logprob: number, topTokens: Array<number>, topLogprobs: Array<number>, };
+
 /** Limits and defaults, defined once in ortex-core. */
 export const LIMITS = {
   "defaultCompletedAppendLimit": 256,
   "defaultDisconnectGraceMs": 30000,
   "defaultIdleTtlMs": 300000,
+  "maxAbsPresenceFrequencyPenalty": 2.0,
   "maxCloseReasonChars": 256,
   "maxOperationIdChars": 256,
+  "maxRepetitionPenalty": 100.0,
   "maxSessionIdChars": 128,
-  "maxStopEntries": 1024
+  "maxStopEntries": 1024,
+  "maxTopLogprobs": 20
 } as const
 
 /** 32-bit words per event record. */
@@ -236,7 +270,13 @@ export const ERROR_CODES = [
   "STALE_RESERVATION",
   "LEASE_GENERATION_MISMATCH",
   "OPERATION_REUSED",
-  "RUN_IN_PROGRESS"
+  "RUN_IN_PROGRESS",
+  "CHAT_TEMPLATE_MISSING",
+  "CHAT_TEMPLATE_INVALID",
+  "CHAT_TEMPLATE_RAISED",
+  "CHAT_TEMPLATE_FAILED",
+  "CHAT_TIME_MISSING",
+  "CHAT_CONFIG_INVALID"
 ] as const
 
 /** The codes of errors a caller may retry. */

@@ -518,8 +518,14 @@ function rawText(data: RawData): string {
   return Buffer.from(data as ArrayBuffer).toString('utf8')
 }
 
-/** Starts a server over `engine` (driven: the server calls engine.start()). */
-export async function startDuplexServer(engine: Engine, options?: DuplexServerOptions): Promise<DuplexServer> {
+/** Starts a server over `engine` (driven: the server calls engine.start()). `httpServer`: an
+ *  HTTP server already listening whose upgrade requests the sessions take (startServer's, which
+ *  serves the HTTP API on the same port); absent, the WebSocket layer listens on its own. */
+export async function startDuplexServer(
+  engine: Engine,
+  options?: DuplexServerOptions,
+  httpServer?: import('node:http').Server,
+): Promise<DuplexServer> {
   const present = v.options('options', options, [
     'port',
     'host',
@@ -561,6 +567,10 @@ export async function startDuplexServer(engine: Engine, options?: DuplexServerOp
   const ws = await import('ws')
   const wss = await new Promise<WebSocketServer>((resolve, reject) => {
     const maxPayload = Math.max(1 << 20, 4 * settings.maxMessageBytes)
+    if (httpServer !== undefined) {
+      resolve(new ws.WebSocketServer({ server: httpServer, maxPayload }))
+      return
+    }
     const server = new ws.WebSocketServer({ port, host, maxPayload })
     server.once('listening', () => resolve(server))
     server.once('error', reject)

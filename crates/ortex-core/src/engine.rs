@@ -11,7 +11,7 @@ use crate::executor::{ExecError, Executor, KvGeometry, StepOutput, StepPlan};
 use crate::ids::{RequestId, TurnId};
 use crate::kv::{KvManager, PagedKv, StepReservation};
 use crate::options::{EngineConfig, EngineOptions, RequestOptions, SimOptions, TurnOptions, MAX_STOP_ENTRIES};
-use crate::request::{Lifecycle, Request, RequestState};
+use crate::request::{Lifecycle, Request, RequestState, TurnSlot};
 use crate::request_table::RequestTable;
 use crate::rng::{hash2, Rng};
 use crate::sampling;
@@ -100,7 +100,8 @@ pub struct Engine {
     /// check_invariants).
     num_abandoned: u32,
     num_closed: u32,
-    sample_scratch: Vec<(u32, f32)>,
+    sample_scratch: sampling::SamplerScratch,
+    logprob_scratch: Vec<(u32, f32)>,
     next_request_id: u32,
     in_flight: Option<InFlight>,
     health: Health,
@@ -133,7 +134,8 @@ impl Engine {
             staged: Vec::new(),
             num_abandoned: 0,
             num_closed: 0,
-            sample_scratch: Vec::new(),
+            sample_scratch: sampling::SamplerScratch::default(),
+            logprob_scratch: Vec::new(),
             next_request_id: 1,
             in_flight: None,
             health: Health::Healthy,
@@ -212,6 +214,7 @@ impl Engine {
             self.scheduler.enqueue(id);
         }
         request.tokens.extend_from_slice(tokens);
+        request.logprobs.clear();
         Ok(request.transition_to_queued(resolved, tokens.len() as u32, Rng::new(rng_seed)))
     }
 
@@ -339,6 +342,12 @@ impl Engine {
     }
 
     /// The request's whole context (prompts, prefills and generated tokens).
+    /// The latest turn's log-probabilities (empty unless it asked for them with `logprobs`).
+    pub fn request_logprobs(&self, id: RequestId) -> Result<&[sampling::TokenLogprobs]> {
+        self.check_known(id)?;
+        Ok(self.requests.get(&id).map_or(&[][..], |r| &r.logprobs))
+    }
+
     pub fn request_tokens(&self, id: RequestId) -> Result<&[i32]> {
         self.check_known(id)?;
         Ok(self.requests.get(&id).map_or(&[][..], |r| &r.tokens))
@@ -735,9 +744,15 @@ impl Engine {
             if request.is_closed() || request.running_turn().map(|t| t.id) != Some(planned_turn) {
                 continue; // closed or cancelled while the step was in flight
             }
-            let turn = request.running_turn_mut().expect("checked");
+            let TurnSlot::Running(turn) = &mut request.turn else { unreachable!("checked above") };
+            let history = sampling::History { context: &request.tokens, generated: turn.generated_tokens as usize };
             let token =
-                sampling::sample(logits, &turn.options.sampling, &mut turn.rng, &mut self.sample_scratch) as i32;
+                sampling::sample(logits, &turn.options.sampling, history, &mut turn.rng, &mut self.sample_scratch)
+                    as i32;
+            if let Some(top) = turn.options.logprobs {
+                let entry = sampling::logprobs(logits, token as u32, top, &mut self.logprob_scratch);
+                request.logprobs.push(entry);
+            }
             turn.generated_tokens += 1;
             request.tokens.push(token);
             self.stats.generated_tokens += 1;

@@ -24,11 +24,21 @@ pub enum ErrorCode {
     OperationReused,
     /// A second `run` was started while a transaction is still executing off-thread.
     RunInProgress,
+    /// Chat templates (crates/ortex-chat's codes, carried as they are): the model folder has no
+    /// template (or not the one named), the template does not parse, the template rejected the
+    /// conversation (`raise_exception`), rendering failed otherwise, the template needs the time
+    /// and none was given, or the chat files are malformed JSON.
+    ChatTemplateMissing,
+    ChatTemplateInvalid,
+    ChatTemplateRaised,
+    ChatTemplateFailed,
+    ChatTimeMissing,
+    ChatConfigInvalid,
 }
 
 impl ErrorCode {
     /// Every code, in the order the TypeScript side lists them.
-    pub const ALL: [ErrorCode; 18] = [
+    pub const ALL: [ErrorCode; 24] = [
         ErrorCode::InvalidArgument,
         ErrorCode::RequestClosed,
         ErrorCode::TurnActive,
@@ -47,6 +57,12 @@ impl ErrorCode {
         ErrorCode::LeaseGenerationMismatch,
         ErrorCode::OperationReused,
         ErrorCode::RunInProgress,
+        ErrorCode::ChatTemplateMissing,
+        ErrorCode::ChatTemplateInvalid,
+        ErrorCode::ChatTemplateRaised,
+        ErrorCode::ChatTemplateFailed,
+        ErrorCode::ChatTimeMissing,
+        ErrorCode::ChatConfigInvalid,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -69,6 +85,12 @@ impl ErrorCode {
             ErrorCode::LeaseGenerationMismatch => "LEASE_GENERATION_MISMATCH",
             ErrorCode::OperationReused => "OPERATION_REUSED",
             ErrorCode::RunInProgress => "RUN_IN_PROGRESS",
+            ErrorCode::ChatTemplateMissing => "CHAT_TEMPLATE_MISSING",
+            ErrorCode::ChatTemplateInvalid => "CHAT_TEMPLATE_INVALID",
+            ErrorCode::ChatTemplateRaised => "CHAT_TEMPLATE_RAISED",
+            ErrorCode::ChatTemplateFailed => "CHAT_TEMPLATE_FAILED",
+            ErrorCode::ChatTimeMissing => "CHAT_TIME_MISSING",
+            ErrorCode::ChatConfigInvalid => "CHAT_CONFIG_INVALID",
         }
     }
 

@@ -95,9 +95,18 @@ pub struct TurnOptions {
     pub temperature: Option<f64>,
     pub top_k: Option<u32>,
     pub top_p: Option<f64>,
+    pub min_p: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
     pub seed: Option<u64>,
     pub ignore_eos: Option<bool>,
     pub stop_token_ids: Option<Vec<Vec<i32>>>,
+    /// Tokens that end this turn with reason eos besides the model's own (a chat template's
+    /// end-of-turn token such as `<|im_end|>`); `ignore_eos` ignores them too.
+    pub eos_token_ids: Option<Vec<i32>>,
+    /// Log-probabilities of each generated token and of this many alternatives (0..=20).
+    pub logprobs: Option<u32>,
 }
 
 /// The resolved configuration an engine runs with.
@@ -179,6 +188,9 @@ pub struct ResolvedTurnOptions {
     pub seed: Option<u64>,
     pub ignore_eos: bool,
     pub stop_token_ids: Vec<Vec<i32>>,
+    pub eos_token_ids: Vec<i32>,
+    /// None: no log-probabilities recorded (the default, and free).
+    pub logprobs: Option<u32>,
 }
 
 impl TurnOptions {
@@ -187,7 +199,15 @@ impl TurnOptions {
         if max_generated_tokens > MAX_COUNT {
             return Err(OrtexError::invalid("maxGeneratedTokens is too large"));
         }
-        let sampling = crate::sampling::SamplingParams::new(self.temperature, self.top_k, self.top_p)?;
+        let sampling = crate::sampling::SamplingParams::from_input(&crate::sampling::SamplingInput {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+        })?;
         let stop_token_ids = self.stop_token_ids.clone().unwrap_or_default();
         for sequence in &stop_token_ids {
             if sequence.is_empty() {
@@ -202,12 +222,29 @@ impl TurnOptions {
         if stop_token_ids.len() > MAX_STOP_ENTRIES {
             return Err(OrtexError::invalid(format!("stopTokenIds holds at most {MAX_STOP_ENTRIES} sequences")));
         }
+        let eos_token_ids = self.eos_token_ids.clone().unwrap_or_default();
+        if eos_token_ids.len() > MAX_STOP_ENTRIES {
+            return Err(OrtexError::invalid(format!("eosTokenIds holds at most {MAX_STOP_ENTRIES} ids")));
+        }
+        if let Some(bad) = eos_token_ids.iter().find(|&&t| t < 0 || t as u32 >= vocab_size) {
+            return Err(OrtexError::invalid(format!(
+                "eosTokenIds contains {bad}, outside the vocabulary of {vocab_size}"
+            )));
+        }
+        if let Some(top) = self.logprobs.filter(|&top| top > crate::sampling::MAX_TOP_LOGPROBS) {
+            return Err(OrtexError::invalid(format!(
+                "logprobs asks for at most {} alternatives, got {top}",
+                crate::sampling::MAX_TOP_LOGPROBS
+            )));
+        }
         Ok(ResolvedTurnOptions {
             max_generated_tokens,
             sampling,
             seed: self.seed,
             ignore_eos: self.ignore_eos.unwrap_or(false),
             stop_token_ids,
+            eos_token_ids,
+            logprobs: self.logprobs,
         })
     }
 }

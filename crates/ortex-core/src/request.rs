@@ -115,6 +115,9 @@ pub struct Request {
     /// `prefill()` asked for the KV of `tokens[..prefill_target]` without a turn.
     pub prefill_target: u32,
     pub lifecycle: Lifecycle,
+    /// The latest turn's log-probabilities, one per generated token, when it asked for them;
+    /// kept until the next turn begins (the facade reads them as the token events arrive).
+    pub logprobs: Vec<crate::sampling::TokenLogprobs>,
 }
 
 impl Request {
@@ -129,6 +132,7 @@ impl Request {
             last_turn_id: 0,
             prefill_target: 0,
             lifecycle: Lifecycle::Open,
+            logprobs: Vec::new(),
         }
     }
 
@@ -275,7 +279,8 @@ impl Request {
     /// max-generated-tokens, max-session-tokens.
     pub fn finish_reason_after(&self, token: i32, eos_token_ids: &[i32]) -> Option<FinishReason> {
         let turn = self.running_turn()?;
-        if !turn.options.ignore_eos && eos_token_ids.contains(&token) {
+        let ends_turn = eos_token_ids.contains(&token) || turn.options.eos_token_ids.contains(&token);
+        if !turn.options.ignore_eos && ends_turn {
             return Some(FinishReason::Eos);
         }
         let generated = &self.tokens[self.tokens.len() - turn.generated_tokens as usize..];

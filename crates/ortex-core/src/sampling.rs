@@ -1,6 +1,6 @@
-//! Greedy, temperature, top-k and top-p sampling over one row of logits, with the request's own
-//! seeded generator. The math goes through `libm` so native and wasm agree bit for bit; ties are
-//! broken by the lower token id.
+//! Penalties (repetition, presence, frequency), then greedy, or temperature with top-k, top-p and
+//! min-p, over one row of logits, with the request's own seeded generator. The math goes through
+//! `libm` so native and wasm agree bit for bit; ties are broken by the lower token id.
 
 use crate::error::{OrtexError, Result};
 use crate::rng::Rng;
@@ -13,23 +13,100 @@ pub struct SamplingParams {
     pub top_k: u32,
     /// 1.0: no nucleus cut.
     pub top_p: f64,
+    /// 0.0: no cut. Drops every token whose probability is below `min_p` times the best one's
+    /// (after temperature), as llama.cpp and vLLM do.
+    pub min_p: f64,
+    pub penalties: Penalties,
+}
+
+/// Penalties on tokens already seen, applied to the logits before anything else (so greedy
+/// decoding feels them too). The neutral values (1, 0, 0) leave the logits untouched.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Penalties {
+    /// Above 0; 1.0: none. A token anywhere in the request's context (prompts and generated tokens)
+    /// has its logit divided by this when positive and multiplied when negative (CTRL, as Hugging
+    /// Face's `repetition_penalty` and llama.cpp's `repeat_penalty`).
+    pub repetition: f64,
+    /// In [-2, 2]; subtracted once from the logit of each token this turn has generated (OpenAI's
+    /// `presence_penalty`).
+    pub presence: f64,
+    /// In [-2, 2]; subtracted once per occurrence of a token this turn has generated (OpenAI's
+    /// `frequency_penalty`).
+    pub frequency: f64,
+}
+
+impl Penalties {
+    pub const NONE: Penalties = Penalties { repetition: 1.0, presence: 0.0, frequency: 0.0 };
+
+    pub fn is_none(&self) -> bool {
+        *self == Penalties::NONE
+    }
+}
+
+/// The sampling options as a turn gives them, each absent one at its neutral value.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SamplingInput {
+    pub temperature: Option<f64>,
+    pub top_k: Option<u32>,
+    pub top_p: Option<f64>,
+    pub min_p: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+}
+
+/// Largest repetition penalty accepted: past it every seen token is as good as banned already.
+pub const MAX_REPETITION_PENALTY: f64 = 100.0;
+/// OpenAI's range for presence and frequency penalties.
+pub const MAX_ABS_OPENAI_PENALTY: f64 = 2.0;
+
+fn in_range(name: &str, value: Option<f64>, min: f64, max: f64, neutral: f64) -> Result<f64> {
+    match value {
+        None => Ok(neutral),
+        Some(v) if v.is_finite() && v >= min && v <= max => Ok(v),
+        Some(v) => Err(OrtexError::invalid(format!("{name} must be a number in [{min}, {max}], got {v}"))),
+    }
 }
 
 impl SamplingParams {
     pub fn new(temperature: Option<f64>, top_k: Option<u32>, top_p: Option<f64>) -> Result<Self> {
-        if let Some(t) = temperature {
+        Self::from_input(&SamplingInput { temperature, top_k, top_p, ..SamplingInput::default() })
+    }
+
+    pub fn from_input(input: &SamplingInput) -> Result<Self> {
+        if let Some(t) = input.temperature {
             if !t.is_finite() || t < 0.0 {
                 return Err(OrtexError::invalid(format!("temperature must be a finite number >= 0, got {t}")));
             }
         }
-        let top_p = top_p.unwrap_or(1.0);
+        let top_p = input.top_p.unwrap_or(1.0);
         if !top_p.is_finite() || top_p <= 0.0 || top_p > 1.0 {
             return Err(OrtexError::invalid(format!("topP must be in (0, 1], got {top_p}")));
         }
-        Ok(SamplingParams { temperature: temperature.filter(|&t| t > 0.0), top_k: top_k.unwrap_or(0), top_p })
+        let min_p = in_range("minP", input.min_p, 0.0, 1.0, 0.0)?;
+        let repetition = match input.repetition_penalty {
+            None => 1.0,
+            Some(v) if v.is_finite() && v > 0.0 && v <= MAX_REPETITION_PENALTY => v,
+            Some(v) => {
+                return Err(OrtexError::invalid(format!(
+                    "repetitionPenalty must be a number in (0, {MAX_REPETITION_PENALTY}], got {v}"
+                )))
+            }
+        };
+        let m = MAX_ABS_OPENAI_PENALTY;
+        let presence = in_range("presencePenalty", input.presence_penalty, -m, m, 0.0)?;
+        let frequency = in_range("frequencyPenalty", input.frequency_penalty, -m, m, 0.0)?;
+        Ok(SamplingParams {
+            temperature: input.temperature.filter(|&t| t > 0.0),
+            top_k: input.top_k.unwrap_or(0),
+            top_p,
+            min_p,
+            penalties: Penalties { repetition, presence, frequency },
+        })
     }
 
-    pub const GREEDY: SamplingParams = SamplingParams { temperature: None, top_k: 0, top_p: 1.0 };
+    pub const GREEDY: SamplingParams =
+        SamplingParams { temperature: None, top_k: 0, top_p: 1.0, min_p: 0.0, penalties: Penalties::NONE };
 
     pub fn is_greedy(&self) -> bool {
         self.temperature.is_none()
@@ -97,14 +174,107 @@ fn argmax_of(candidates: impl Iterator<Item = (u32, f32)>) -> u32 {
     }
 }
 
-/// Samples one token id. `scratch` is reused across calls to avoid allocation on the hot path.
-pub fn sample(row: RowLogits<'_>, params: &SamplingParams, rng: &mut Rng, scratch: &mut Vec<(u32, f32)>) -> u32 {
-    let Some(temperature) = params.temperature else {
+/// What a row's penalties look at: the request's whole context, whose last `generated` tokens are
+/// this turn's output.
+#[derive(Debug, Clone, Copy)]
+pub struct History<'a> {
+    pub context: &'a [i32],
+    pub generated: usize,
+}
+
+impl History<'_> {
+    pub const EMPTY: History<'static> = History { context: &[], generated: 0 };
+}
+
+/// Buffers reused across calls so that the hot path does not allocate.
+#[derive(Debug, Default)]
+pub struct SamplerScratch {
+    candidates: Vec<(u32, f32)>,
+    /// (token id, times this turn generated it), sorted by id, one entry per id seen.
+    seen: Vec<(u32, u32)>,
+}
+
+/// Samples one token id.
+pub fn sample(
+    row: RowLogits<'_>,
+    params: &SamplingParams,
+    history: History<'_>,
+    rng: &mut Rng,
+    scratch: &mut SamplerScratch,
+) -> u32 {
+    if params.penalties.is_none() && params.temperature.is_none() {
         return argmax(row);
+    }
+    fill_candidates(row, &params.penalties, history, scratch);
+    let Some(temperature) = params.temperature else {
+        return argmax_of(scratch.candidates.iter().copied());
     };
-    scratch.clear();
-    scratch.extend((0..row.len()).map(|i| row.get(i)));
-    scratch.sort_by(|a, b| {
+    sample_candidates(&mut scratch.candidates, params, temperature, rng)
+}
+
+/// `scratch.candidates` = the row's (id, logit) pairs with the penalties applied.
+fn fill_candidates(row: RowLogits<'_>, penalties: &Penalties, history: History<'_>, scratch: &mut SamplerScratch) {
+    let candidates = &mut scratch.candidates;
+    candidates.clear();
+    candidates.extend((0..row.len()).map(|i| row.get(i)));
+    if penalties.is_none() {
+        return;
+    }
+    collect_seen(penalties, history, &mut scratch.seen);
+    match row {
+        // Dense rows are indexed by id: touch only the seen ids.
+        RowLogits::Dense(_) => {
+            for &(id, generated_count) in &scratch.seen {
+                if let Some(candidate) = candidates.get_mut(id as usize) {
+                    candidate.1 = penalized(candidate.1, generated_count, penalties);
+                }
+            }
+        }
+        RowLogits::Sparse { .. } => {
+            for candidate in candidates.iter_mut() {
+                if let Ok(at) = scratch.seen.binary_search_by_key(&candidate.0, |&(id, _)| id) {
+                    candidate.1 = penalized(candidate.1, scratch.seen[at].1, penalties);
+                }
+            }
+        }
+    }
+}
+
+/// The ids the penalties apply to, with this turn's count of each. The repetition penalty looks at
+/// the whole context; presence and frequency at this turn's output only (as vLLM does).
+fn collect_seen(penalties: &Penalties, history: History<'_>, seen: &mut Vec<(u32, u32)>) {
+    let generated_start = history.context.len() - history.generated.min(history.context.len());
+    let (earlier, generated) = history.context.split_at(generated_start);
+    seen.clear();
+    if penalties.repetition != 1.0 {
+        seen.extend(earlier.iter().map(|&t| (t as u32, 0)));
+    }
+    seen.extend(generated.iter().map(|&t| (t as u32, 1)));
+    seen.sort_unstable();
+    seen.dedup_by(|later, kept| {
+        let same = later.0 == kept.0;
+        if same {
+            kept.1 += later.1;
+        }
+        same
+    });
+}
+
+/// One seen token's logit after the penalties; f64 arithmetic rounded once, the same on every target.
+fn penalized(logit: f32, generated_count: u32, penalties: &Penalties) -> f32 {
+    let mut value = f64::from(logit);
+    if penalties.repetition != 1.0 {
+        value = if value > 0.0 { value / penalties.repetition } else { value * penalties.repetition };
+    }
+    if generated_count > 0 {
+        value -= penalties.presence + f64::from(generated_count) * penalties.frequency;
+    }
+    value as f32
+}
+
+/// Temperature, top-k, top-p and min-p over the candidates, then one draw.
+fn sample_candidates(candidates: &mut [(u32, f32)], params: &SamplingParams, temperature: f64, rng: &mut Rng) -> u32 {
+    candidates.sort_by(|a, b| {
         if ranks_before(*a, *b) {
             std::cmp::Ordering::Less
         } else if ranks_before(*b, *a) {
@@ -113,32 +283,92 @@ pub fn sample(row: RowLogits<'_>, params: &SamplingParams, rng: &mut Rng, scratc
             std::cmp::Ordering::Equal
         }
     });
-    if params.top_k > 0 && (params.top_k as usize) < scratch.len() {
-        scratch.truncate(params.top_k as usize);
+    let mut kept = candidates.len();
+    if params.top_k > 0 && (params.top_k as usize) < kept {
+        kept = params.top_k as usize;
     }
-    let max_score = f64::from(scratch[0].1);
-    let weights_total: f64 = scratch.iter().map(|c| weight(c.1, max_score, temperature)).sum();
-    // Nucleus: keep the smallest prefix whose probability mass reaches top_p.
-    let mut kept = scratch.len();
+    let max_score = f64::from(candidates[0].1);
     if params.top_p < 1.0 {
-        let mut mass = 0.0;
-        for (i, c) in scratch.iter().enumerate() {
-            mass += weight(c.1, max_score, temperature) / weights_total;
-            if mass >= params.top_p {
-                kept = i + 1;
-                break;
-            }
-        }
+        kept = nucleus_len(&candidates[..kept], max_score, temperature, params.top_p);
     }
-    let kept_total: f64 = scratch[..kept].iter().map(|c| weight(c.1, max_score, temperature)).sum();
+    if params.min_p > 0.0 {
+        // The best candidate's weight is exp(0) = 1, so min_p compares against the weight itself;
+        // weights fall along the sorted order, so the kept ones are a prefix.
+        let below = candidates[..kept].iter().position(|c| weight(c.1, max_score, temperature) < params.min_p);
+        kept = below.unwrap_or(kept).max(1);
+    }
+    let kept_total: f64 = candidates[..kept].iter().map(|c| weight(c.1, max_score, temperature)).sum();
     let mut target = rng.next_f64() * kept_total;
-    for c in &scratch[..kept] {
+    for c in &candidates[..kept] {
         target -= weight(c.1, max_score, temperature);
         if target < 0.0 {
             return c.0;
         }
     }
-    scratch[kept - 1].0
+    candidates[kept - 1].0
+}
+
+/// The smallest prefix whose probability mass reaches `top_p`.
+fn nucleus_len(sorted: &[(u32, f32)], max_score: f64, temperature: f64, top_p: f64) -> usize {
+    let weights_total: f64 = sorted.iter().map(|c| weight(c.1, max_score, temperature)).sum();
+    let mut mass = 0.0;
+    for (i, c) in sorted.iter().enumerate() {
+        mass += weight(c.1, max_score, temperature) / weights_total;
+        if mass >= top_p {
+            return i + 1;
+        }
+    }
+    sorted.len()
+}
+
+/// Most alternatives a turn may ask log-probabilities for (OpenAI's `top_logprobs` limit).
+pub const MAX_TOP_LOGPROBS: u32 = 20;
+
+/// One generated token's log-probability under the model's own distribution (the log-softmax of
+/// the row's raw logits: before penalties, temperature and cuts, as vLLM reports by default), and
+/// the most likely alternatives, best first, ties to the lower id. A sparse row (the simulated
+/// model) is a distribution over its candidates.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprobs {
+    pub token: u32,
+    pub logprob: f64,
+    pub top: Vec<(u32, f64)>,
+}
+
+/// `token`'s entry of `row` (which must hold it) with the `top` best alternatives.
+pub fn logprobs(row: RowLogits<'_>, token: u32, top: u32, best: &mut Vec<(u32, f32)>) -> TokenLogprobs {
+    let score = |s: f32| if s.is_nan() { f32::NEG_INFINITY } else { s };
+    let max = (0..row.len()).map(|i| score(row.get(i).1)).fold(f32::NEG_INFINITY, f32::max);
+    let max = f64::from(max);
+    let mut sum = 0.0;
+    let mut token_score = f32::NEG_INFINITY;
+    best.clear();
+    for i in 0..row.len() {
+        let (id, s) = row.get(i);
+        let s = score(s);
+        sum += libm::exp(f64::from(s) - max);
+        if id == token {
+            token_score = s;
+        }
+        keep_best(best, (id, s), top as usize);
+    }
+    let log_total = max + libm::log(sum);
+    TokenLogprobs {
+        token,
+        logprob: f64::from(token_score) - log_total,
+        top: best.iter().map(|&(id, s)| (id, f64::from(s) - log_total)).collect(),
+    }
+}
+
+/// Inserts `candidate` into `best` (sorted, best first, at most `limit` long): O(limit) per call,
+/// and `limit` is at most MAX_TOP_LOGPROBS.
+fn keep_best(best: &mut Vec<(u32, f32)>, candidate: (u32, f32), limit: usize) {
+    if limit == 0 || (best.len() == limit && !ranks_before(candidate, best[limit - 1])) {
+        return;
+    }
+    let at = best.iter().position(|&b| ranks_before(candidate, b)).unwrap_or(best.len());
+    best.insert(at, candidate);
+    best.truncate(limit);
 }
 
 fn weight(score: f32, max_score: f64, temperature: f64) -> f64 {
@@ -176,9 +406,9 @@ mod tests {
         let logits = [0.1f32, 0.3, 0.2];
         let p = SamplingParams::new(Some(1.0), Some(1), None).unwrap();
         let mut rng = Rng::new(3);
-        let mut s = Vec::new();
+        let mut s = SamplerScratch::default();
         for _ in 0..50 {
-            assert_eq!(sample(RowLogits::Dense(&logits), &p, &mut rng, &mut s), 1);
+            assert_eq!(sample(RowLogits::Dense(&logits), &p, History::EMPTY, &mut rng, &mut s), 1);
         }
     }
 
@@ -187,9 +417,9 @@ mod tests {
         let logits = [0.0f32, 5.0, 1.0];
         let p = SamplingParams::new(Some(1.0), None, Some(0.01)).unwrap();
         let mut rng = Rng::new(5);
-        let mut s = Vec::new();
+        let mut s = SamplerScratch::default();
         for _ in 0..50 {
-            assert_eq!(sample(RowLogits::Dense(&logits), &p, &mut rng, &mut s), 1);
+            assert_eq!(sample(RowLogits::Dense(&logits), &p, History::EMPTY, &mut rng, &mut s), 1);
         }
     }
 
@@ -199,8 +429,8 @@ mod tests {
         let p = SamplingParams::new(Some(1.0), None, None).unwrap();
         let run = |seed| {
             let mut rng = Rng::new(seed);
-            let mut s = Vec::new();
-            (0..64).map(|_| sample(RowLogits::Dense(&logits), &p, &mut rng, &mut s)).collect::<Vec<_>>()
+            let mut s = SamplerScratch::default();
+            (0..64).map(|_| sample(RowLogits::Dense(&logits), &p, History::EMPTY, &mut rng, &mut s)).collect::<Vec<_>>()
         };
         assert_eq!(run(11), run(11));
         let seen: std::collections::BTreeSet<u32> = run(11).into_iter().collect();
@@ -214,5 +444,102 @@ mod tests {
         assert!(SamplingParams::new(None, None, Some(0.0)).is_err());
         assert!(SamplingParams::new(None, None, Some(1.5)).is_err());
         assert!(SamplingParams::new(Some(0.0), None, None).unwrap().is_greedy());
+    }
+
+    #[test]
+    fn repetition_penalty_steers_greedy_away_from_seen_tokens() {
+        let logits = [1.0f32, 3.0, 2.9, -1.0];
+        let input = SamplingInput { repetition_penalty: Some(1.5), ..SamplingInput::default() };
+        let p = SamplingParams::from_input(&input).unwrap();
+        let mut rng = Rng::new(1);
+        let mut s = SamplerScratch::default();
+        // Token 1 is in the prompt: 3.0 / 1.5 = 2.0 < 2.9.
+        let history = History { context: &[1, 3], generated: 0 };
+        assert_eq!(sample(RowLogits::Dense(&logits), &p, history, &mut rng, &mut s), 2);
+        assert_eq!(sample(RowLogits::Dense(&logits), &p, History::EMPTY, &mut rng, &mut s), 1);
+        // A negative logit is multiplied: token 3 falls further.
+        assert!((penalized(-1.0, 0, &p.penalties) - -1.5).abs() < 1e-6);
+    }
+
+    #[test]
+    fn presence_and_frequency_count_only_this_turns_output() {
+        let input =
+            SamplingInput { presence_penalty: Some(0.5), frequency_penalty: Some(0.25), ..SamplingInput::default() };
+        let p = SamplingParams::from_input(&input).unwrap();
+        let logits = [0.0f32, 2.0, 1.0];
+        let mut rng = Rng::new(1);
+        let mut s = SamplerScratch::default();
+        // Token 1 in the prompt only: no penalty.
+        let prompt_only = History { context: &[1, 1, 1], generated: 0 };
+        assert_eq!(sample(RowLogits::Dense(&logits), &p, prompt_only, &mut rng, &mut s), 1);
+        // Generated twice: 2.0 - 0.5 - 2 * 0.25 = 1.0, tied with token 2, which loses the tie to... token 1 (lower id).
+        let twice = History { context: &[1, 1], generated: 2 };
+        assert_eq!(sample(RowLogits::Dense(&logits), &p, twice, &mut rng, &mut s), 1);
+        let thrice = History { context: &[1, 1, 1], generated: 3 };
+        assert_eq!(sample(RowLogits::Dense(&logits), &p, thrice, &mut rng, &mut s), 2);
+        // Sparse rows (the simulated model) are penalized by id too.
+        let ids = [7u32, 9];
+        let sparse = [2.0f32, 1.0];
+        let seen_seven = History { context: &[7, 7, 7], generated: 3 };
+        assert_eq!(sample(RowLogits::Sparse { ids: &ids, logits: &sparse }, &p, seen_seven, &mut rng, &mut s), 9);
+    }
+
+    #[test]
+    fn min_p_drops_unlikely_tokens() {
+        // At temperature 1, token 0 has weight 1 and token 1 exp(-3) ~ 0.05 of it.
+        let logits = [3.0f32, 0.0];
+        let input = SamplingInput { temperature: Some(1.0), min_p: Some(0.1), ..SamplingInput::default() };
+        let p = SamplingParams::from_input(&input).unwrap();
+        let mut rng = Rng::new(9);
+        let mut s = SamplerScratch::default();
+        for _ in 0..200 {
+            assert_eq!(sample(RowLogits::Dense(&logits), &p, History::EMPTY, &mut rng, &mut s), 0);
+        }
+        let loose = SamplingParams::from_input(&SamplingInput { min_p: Some(0.01), ..input }).unwrap();
+        let picks: Vec<u32> =
+            (0..400).map(|_| sample(RowLogits::Dense(&logits), &loose, History::EMPTY, &mut rng, &mut s)).collect();
+        assert!(picks.contains(&1), "min_p 0.01 keeps a token of relative weight 0.05");
+    }
+
+    #[test]
+    fn bad_penalties_and_min_p_are_refused() {
+        let bad = [
+            SamplingInput { repetition_penalty: Some(0.0), ..SamplingInput::default() },
+            SamplingInput { repetition_penalty: Some(f64::INFINITY), ..SamplingInput::default() },
+            SamplingInput { presence_penalty: Some(2.5), ..SamplingInput::default() },
+            SamplingInput { frequency_penalty: Some(-2.01), ..SamplingInput::default() },
+            SamplingInput { frequency_penalty: Some(f64::NAN), ..SamplingInput::default() },
+            SamplingInput { min_p: Some(1.5), ..SamplingInput::default() },
+            SamplingInput { min_p: Some(-0.1), ..SamplingInput::default() },
+        ];
+        for input in bad {
+            let error = SamplingParams::from_input(&input).err().unwrap_or_else(|| panic!("{input:?} accepted"));
+            assert_eq!(error.code, crate::error::ErrorCode::InvalidArgument);
+        }
+        let neutral = SamplingInput {
+            repetition_penalty: Some(1.0),
+            presence_penalty: Some(0.0),
+            frequency_penalty: Some(0.0),
+            min_p: Some(0.0),
+            ..SamplingInput::default()
+        };
+        assert_eq!(SamplingParams::from_input(&neutral).unwrap(), SamplingParams::GREEDY);
+    }
+
+    #[test]
+    fn logprobs_are_a_log_softmax_with_the_best_alternatives_first() {
+        let logits = [1.0f32, 3.0, 2.0, 3.0];
+        let mut best = Vec::new();
+        let entry = logprobs(RowLogits::Dense(&logits), 2, 3, &mut best);
+        let total: f64 = logits.iter().map(|&l| libm::exp(f64::from(l))).sum();
+        assert!((entry.logprob - (2.0 - libm::log(total))).abs() < 1e-12);
+        assert_eq!(entry.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 3, 2]);
+        let mass: f64 = (0..4).map(|t| libm::exp(logprobs(RowLogits::Dense(&logits), t, 0, &mut best).logprob)).sum();
+        assert!((mass - 1.0).abs() < 1e-12);
+        let ids = [9u32, 4];
+        let sparse = [0.0f32, 0.0];
+        let entry = logprobs(RowLogits::Sparse { ids: &ids, logits: &sparse }, 9, 20, &mut best);
+        assert!((entry.logprob - libm::log(0.5)).abs() < 1e-12);
+        assert_eq!(entry.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![4, 9]);
     }
 }

@@ -17,6 +17,7 @@
 //! applies them at the transaction boundary. The engine sits in an `Arc<Mutex<_>>` only so the
 //! commit can find it again; the lock is never taken off the JS thread, so it is never contended.
 
+mod chat;
 mod completions;
 mod model;
 mod step_thread;
@@ -352,6 +353,12 @@ impl CoreEngine {
     }
 
     /// `tokens[start..end]` of the request's context (clamped).
+    /// The latest turn's log-probabilities of generated tokens [start, end) (TokenLogprobsView[]).
+    #[napi(ts_return_type = "TokenLogprobsView[]")]
+    pub fn request_logprobs(&self, request_id: u32, start: u32, end: u32) -> napi::Result<Value, String> {
+        self.call(|engine| ops::request_logprobs_impl(engine, request_id, start, end)).map(view)
+    }
+
     #[napi]
     pub fn request_tokens(&self, request_id: u32, start: u32, end: u32) -> napi::Result<Int32Array, String> {
         self.call(|engine| ops::request_tokens_impl(engine, request_id, start, end)).map(Int32Array::new)

@@ -182,9 +182,15 @@ pub struct TurnOptionsInput {
     pub temperature: Option<f64>,
     pub top_k: Option<u32>,
     pub top_p: Option<f64>,
+    pub min_p: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
     pub seed: Option<f64>,
     pub ignore_eos: Option<bool>,
     pub stop_token_ids: Option<Vec<Vec<i32>>>,
+    pub eos_token_ids: Option<Vec<i32>>,
+    pub logprobs: Option<u32>,
 }
 
 impl TryFrom<TurnOptionsInput> for TurnOptions {
@@ -196,9 +202,15 @@ impl TryFrom<TurnOptionsInput> for TurnOptions {
             temperature: input.temperature,
             top_k: input.top_k,
             top_p: input.top_p,
+            min_p: input.min_p,
+            repetition_penalty: input.repetition_penalty,
+            presence_penalty: input.presence_penalty,
+            frequency_penalty: input.frequency_penalty,
             seed: input.seed.map(|s| exact_u64("seed", s)).transpose()?,
             ignore_eos: input.ignore_eos,
             stop_token_ids: input.stop_token_ids,
+            eos_token_ids: input.eos_token_ids,
+            logprobs: input.logprobs,
         })
     }
 }

@@ -12,6 +12,7 @@
 //! The TypeScript side's types for every input and view, and the constants in [`limits`], are
 //! generated from this crate (crates/ortex-typegen, ts/generated/boundary.ts): one definition.
 
+pub mod chat;
 pub mod inputs;
 pub mod limits;
 pub mod sessions;
@@ -21,6 +22,7 @@ use ortex_core::options::{RequestOptions, SimOptions, TurnOptions};
 use ortex_core::{Engine, OrtexError, RequestId, Result, TurnId};
 use serde::de::DeserializeOwned;
 
+pub use chat::{Chat, ChatFilesInput, ChatRenderInput};
 pub use inputs::*;
 pub use sessions::Sessions;
 pub use views::*;
@@ -121,6 +123,14 @@ pub fn check_invariants_impl(engine: &Engine) {
 
 pub fn truncate_impl(engine: &mut Engine, request_id: u32, token_count: u32) -> Result<()> {
     engine.truncate(RequestId(request_id), token_count)
+}
+
+/// Log-probabilities of the latest turn's generated tokens `[start, end)`, clamped.
+pub fn request_logprobs_impl(engine: &Engine, request_id: u32, start: u32, end: u32) -> Result<Vec<TokenLogprobsView>> {
+    let entries = engine.request_logprobs(RequestId(request_id))?;
+    let end = (end as usize).min(entries.len());
+    let start = (start as usize).min(end);
+    Ok(entries[start..end].iter().map(TokenLogprobsView::from).collect())
 }
 
 /// `tokens[start..end]` of the request's context, clamped to its length.

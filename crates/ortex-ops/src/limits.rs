@@ -4,6 +4,7 @@
 
 use ortex_core::events::{flags, word, FinishReason, StopMatch};
 use ortex_core::options::MAX_STOP_ENTRIES;
+use ortex_core::sampling::{MAX_ABS_OPENAI_PENALTY, MAX_REPETITION_PENALTY, MAX_TOP_LOGPROBS};
 use ortex_core::session::{
     DEFAULT_COMPLETED_APPEND_LIMIT, DEFAULT_DISCONNECT_GRACE_MS, DEFAULT_IDLE_TTL_MS, MAX_CLOSE_REASON_CHARS,
     MAX_OPERATION_ID_CHARS, MAX_SESSION_ID_CHARS,
@@ -23,6 +24,12 @@ pub struct Limits {
     pub default_idle_ttl_ms: u64,
     pub default_disconnect_grace_ms: u64,
     pub default_completed_append_limit: u32,
+    /// `repetitionPenalty` is in (0, this].
+    pub max_repetition_penalty: f64,
+    /// `presencePenalty` and `frequencyPenalty` are in [-this, this] (OpenAI's range).
+    pub max_abs_presence_frequency_penalty: f64,
+    /// `logprobs` asks for at most this many alternatives per token.
+    pub max_top_logprobs: u32,
 }
 
 pub const LIMITS: Limits = Limits {
@@ -33,6 +40,9 @@ pub const LIMITS: Limits = Limits {
     default_idle_ttl_ms: DEFAULT_IDLE_TTL_MS,
     default_disconnect_grace_ms: DEFAULT_DISCONNECT_GRACE_MS,
     default_completed_append_limit: DEFAULT_COMPLETED_APPEND_LIMIT,
+    max_repetition_penalty: MAX_REPETITION_PENALTY,
+    max_abs_presence_frequency_penalty: MAX_ABS_OPENAI_PENALTY,
+    max_top_logprobs: MAX_TOP_LOGPROBS,
 };
 
 /// The event record's layout and code names (events.rs), as the TypeScript side decodes them.

@@ -4,6 +4,7 @@
 //! record's layout and code names). `cargo test -p ortex-typegen` fails when the committed file
 //! differs from what this renders; `ORTEX_WRITE_TS=1 cargo test -p ortex-typegen` rewrites it.
 
+use ortex_ops::chat::{ChatFilesInput, ChatRenderInput};
 use ortex_ops::inputs::*;
 use ortex_ops::limits::{event_layout, LIMITS};
 use ortex_ops::views::*;
@@ -99,6 +100,8 @@ pub fn render() -> String {
         declaration::<RequestOptionsInput>(),
         declaration::<TurnOptionsInput>(),
         declaration::<SessionsOptionsInput>(),
+        declaration::<ChatFilesInput>(),
+        declaration::<ChatRenderInput>(),
         declaration::<FenceInput>(),
         declaration::<ConfigsInput>(),
         declaration::<ConfigView>(),
@@ -111,6 +114,7 @@ pub fn render() -> String {
         declaration::<CommitView>(),
         declaration::<CancelView>(),
         declaration::<ExpiryView>(),
+        declaration::<TokenLogprobsView>(),
     ];
     format!("{HEADER}\n{}\n{}", types.join("\n"), constants())
 }

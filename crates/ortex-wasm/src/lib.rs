@@ -164,6 +164,11 @@ impl CoreEngine {
     }
 
     /// `tokens[start..end]` of the request's context (clamped). Returns an Int32Array.
+    #[wasm_bindgen(js_name = requestLogprobs)]
+    pub fn request_logprobs(&self, request_id: u32, start: u32, end: u32) -> Result<JsValue, JsValue> {
+        ops::request_logprobs_impl(&self.engine, request_id, start, end).map(|entries| view(&entries)).map_err(coded)
+    }
+
     #[wasm_bindgen(js_name = requestTokens)]
     pub fn request_tokens(&self, request_id: u32, start: u32, end: u32) -> Result<Vec<i32>, JsValue> {
         ops::request_tokens_impl(&self.engine, request_id, start, end).map_err(coded)
@@ -291,5 +296,38 @@ impl CoreSessions {
     #[wasm_bindgen(js_name = checkInvariants)]
     pub fn check_invariants(&self) {
         self.sessions.check_invariants();
+    }
+}
+
+/// A model's chat template (ops::Chat), compiled once: the same calls as the native addon's.
+#[wasm_bindgen]
+pub struct CoreChat {
+    chat: ops::Chat,
+}
+
+#[wasm_bindgen]
+impl CoreChat {
+    #[wasm_bindgen(js_name = fromFiles)]
+    pub fn from_files(files: JsValue) -> Result<CoreChat, JsValue> {
+        let chat = ops::Chat::from_files(&input("chat files", files)?).map_err(coded)?;
+        Ok(CoreChat { chat })
+    }
+
+    pub fn chatml() -> CoreChat {
+        CoreChat { chat: ops::Chat::chatml() }
+    }
+
+    pub fn render(&self, render_input: JsValue) -> Result<String, JsValue> {
+        self.chat.render(input("chat template input", render_input)?).map_err(coded)
+    }
+
+    #[wasm_bindgen(js_name = stopStrings)]
+    pub fn stop_strings(&self) -> Vec<String> {
+        self.chat.stop_strings()
+    }
+
+    #[wasm_bindgen(js_name = hasTemplate)]
+    pub fn has_template(&self) -> bool {
+        self.chat.has_template()
     }
 }

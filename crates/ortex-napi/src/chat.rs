@@ -1,0 +1,60 @@
+//! `CoreChat`: a model's chat template (ops::Chat), compiled once. Objects in, text out; a panic
+//! inside the renderer becomes a CHAT_TEMPLATE_FAILED error, never an abort.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use napi_derive::napi;
+use ortex_core::{ErrorCode, OrtexError};
+use ortex_ops as ops;
+use serde_json::Value;
+
+use crate::{coded, input};
+
+#[napi]
+pub struct CoreChat {
+    chat: ops::Chat,
+}
+
+fn guarded<T>(call: impl FnOnce() -> ortex_core::Result<T>) -> napi::Result<T, String> {
+    catch_unwind(AssertUnwindSafe(call))
+        .unwrap_or_else(|payload| {
+            Err(OrtexError::new(
+                ErrorCode::ChatTemplateFailed,
+                format!("the chat template renderer panicked: {}", ops::panic_message(payload.as_ref())),
+            ))
+        })
+        .map_err(coded)
+}
+
+#[napi]
+impl CoreChat {
+    /// A model folder's chat files (ChatFilesInput: their text, absent where missing).
+    #[napi(factory)]
+    pub fn from_files(files: Value) -> napi::Result<Self, String> {
+        let chat = guarded(|| ops::Chat::from_files(&input("chat files", files)?))?;
+        Ok(CoreChat { chat })
+    }
+
+    /// The built-in ChatML template.
+    #[napi(factory)]
+    pub fn chatml() -> Self {
+        CoreChat { chat: ops::Chat::chatml() }
+    }
+
+    /// Renders a conversation (ChatRenderInput) to the text the model reads.
+    #[napi]
+    pub fn render(&self, render_input: Value) -> napi::Result<String, String> {
+        guarded(|| self.chat.render(input("chat template input", render_input)?))
+    }
+
+    /// The strings that end a generated turn.
+    #[napi]
+    pub fn stop_strings(&self) -> Vec<String> {
+        self.chat.stop_strings()
+    }
+
+    #[napi]
+    pub fn has_template(&self) -> bool {
+        self.chat.has_template()
+    }
+}

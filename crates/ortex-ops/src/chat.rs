@@ -1,0 +1,158 @@
+//! Chat templates for both bindings: a model folder's chat files (read by the facade, passed as
+//! text) or the built-in ChatML template become one [`Chat`]; rendering a conversation is a call on
+//! it. The rendering itself is crates/ortex-chat's (minijinja, as Hugging Face renders); this
+//! module only converts inputs and errors.
+
+use ortex_chat::{ChatConfig, ChatError, ChatErrorCode, DateTime, ModelFiles, RenderInput};
+use ortex_core::{ErrorCode, OrtexError, Result};
+use serde::Deserialize;
+#[cfg(feature = "typescript")]
+use ts_rs::TS;
+
+/// The text of a model folder's chat files; absent where the folder lacks one.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[cfg_attr(feature = "typescript", derive(TS), ts(optional_fields))]
+pub struct ChatFilesInput {
+    pub chat_template_jinja: Option<String>,
+    pub tokenizer_config_json: Option<String>,
+    pub generation_config_json: Option<String>,
+    pub genai_config_json: Option<String>,
+}
+
+/// One render: what Hugging Face's `apply_chat_template` takes.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[cfg_attr(feature = "typescript", derive(TS), ts(optional_fields))]
+pub struct ChatRenderInput {
+    #[cfg_attr(feature = "typescript", ts(type = "unknown[]"))]
+    pub messages: serde_json::Value,
+    pub add_generation_prompt: Option<bool>,
+    #[cfg_attr(feature = "typescript", ts(type = "unknown[]", optional))]
+    pub tools: Option<serde_json::Value>,
+    #[cfg_attr(feature = "typescript", ts(type = "unknown[]", optional))]
+    pub documents: Option<serde_json::Value>,
+    /// A template by name (`tool_use`); absent: `default` (or `tool_use` when tools are given).
+    pub template_name: Option<String>,
+    /// Further template variables (`enable_thinking`, `date_string`).
+    #[cfg_attr(feature = "typescript", ts(type = "Record<string, unknown>", optional))]
+    pub variables: Option<serde_json::Map<String, serde_json::Value>>,
+    /// The time `strftime_now` prints, in whole seconds since the Unix epoch (UTC).
+    pub now_unix_seconds: Option<f64>,
+}
+
+/// A model's chat setup, compiled once.
+#[derive(Debug, Clone)]
+pub struct Chat {
+    config: ChatConfig,
+}
+
+pub fn chat_error(error: ChatError) -> OrtexError {
+    let code = match error.code {
+        ChatErrorCode::TemplateMissing => ErrorCode::ChatTemplateMissing,
+        ChatErrorCode::TemplateInvalid => ErrorCode::ChatTemplateInvalid,
+        ChatErrorCode::TemplateRaised => ErrorCode::ChatTemplateRaised,
+        ChatErrorCode::TemplateFailed => ErrorCode::ChatTemplateFailed,
+        ChatErrorCode::TimeMissing => ErrorCode::ChatTimeMissing,
+        ChatErrorCode::ConfigInvalid => ErrorCode::ChatConfigInvalid,
+        ChatErrorCode::InputInvalid => ErrorCode::InvalidArgument,
+    };
+    OrtexError::new(code, error.message)
+}
+
+impl Chat {
+    /// A folder's files. A folder without a template loads: rendering then fails with
+    /// CHAT_TEMPLATE_MISSING naming the files it looked in.
+    pub fn from_files(files: &ChatFilesInput) -> Result<Chat> {
+        let files = ModelFiles {
+            chat_template_jinja: files.chat_template_jinja.as_deref(),
+            tokenizer_config_json: files.tokenizer_config_json.as_deref(),
+            generation_config_json: files.generation_config_json.as_deref(),
+            genai_config_json: files.genai_config_json.as_deref(),
+        };
+        Ok(Chat { config: ChatConfig::load(&files).map_err(chat_error)? })
+    }
+
+    /// The built-in ChatML template (the simulated engine's).
+    pub fn chatml() -> Chat {
+        Chat { config: ChatConfig::chatml() }
+    }
+
+    pub fn render(&self, input: ChatRenderInput) -> Result<String> {
+        let with_tools = input.tools.as_ref().is_some_and(|t| t.as_array().is_some_and(|a| !a.is_empty()));
+        let template = self.config.template(input.template_name.as_deref(), with_tools).map_err(chat_error)?;
+        let now = match input.now_unix_seconds {
+            None => None,
+            Some(s) if s.is_finite() && s.fract() == 0.0 && s.abs() < 1e15 => {
+                Some(DateTime::from_unix_seconds(s as i64))
+            }
+            Some(s) => return Err(OrtexError::invalid(format!("nowUnixSeconds must be whole seconds, got {s}"))),
+        };
+        let render = RenderInput {
+            messages: input.messages,
+            add_generation_prompt: input.add_generation_prompt.unwrap_or(true),
+            tools: input.tools,
+            documents: input.documents,
+            extra: input.variables.unwrap_or_default(),
+            now,
+        };
+        template.render(&render).map_err(chat_error)
+    }
+
+    /// The strings that end a generated turn (the eos token, the template's end-of-turn markers).
+    pub fn stop_strings(&self) -> Vec<String> {
+        self.config.stop_strings().to_vec()
+    }
+
+    /// Whether a template is there at all (a folder without one still loads).
+    pub fn has_template(&self) -> bool {
+        self.config.template_names().next().is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn render_input(messages: serde_json::Value) -> ChatRenderInput {
+        ChatRenderInput { messages, ..ChatRenderInput::default() }
+    }
+
+    #[test]
+    fn chatml_renders_with_a_generation_prompt_by_default() {
+        let text = Chat::chatml().render(render_input(json!([{"role": "user", "content": "Hi"}]))).unwrap();
+        assert_eq!(text, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+        assert_eq!(Chat::chatml().stop_strings(), vec!["<|im_end|>".to_owned()]);
+    }
+
+    #[test]
+    fn a_folder_without_a_template_fails_rendering_with_a_stable_code() {
+        let chat = Chat::from_files(&ChatFilesInput::default()).unwrap();
+        assert!(!chat.has_template());
+        let error = chat.render(render_input(json!([{"role": "user", "content": "Hi"}]))).unwrap_err();
+        assert_eq!(error.code, ErrorCode::ChatTemplateMissing);
+        assert!(error.message.contains("chat_template"), "{}", error.message);
+    }
+
+    #[test]
+    fn bad_inputs_have_codes() {
+        let bad_json = ChatFilesInput { tokenizer_config_json: Some("{".into()), ..ChatFilesInput::default() };
+        assert_eq!(Chat::from_files(&bad_json).unwrap_err().code, ErrorCode::ChatConfigInvalid);
+        let bad_template = ChatFilesInput { chat_template_jinja: Some("{% if %}".into()), ..ChatFilesInput::default() };
+        assert_eq!(Chat::from_files(&bad_template).unwrap_err().code, ErrorCode::ChatTemplateInvalid);
+        let raising = ChatFilesInput {
+            chat_template_jinja: Some("{{ raise_exception('roles must alternate') }}".into()),
+            ..ChatFilesInput::default()
+        };
+        let hi = json!([{"role": "user", "content": "Hi"}]);
+        let error = Chat::from_files(&raising).unwrap().render(render_input(hi.clone())).unwrap_err();
+        assert_eq!(error.code, ErrorCode::ChatTemplateRaised);
+        assert!(error.message.contains("roles must alternate"));
+        let not_a_list = Chat::chatml().render(render_input(json!({"role": "user"}))).unwrap_err();
+        assert_eq!(not_a_list.code, ErrorCode::InvalidArgument);
+        let mut fractional = render_input(hi);
+        fractional.now_unix_seconds = Some(1.5);
+        assert_eq!(Chat::chatml().render(fractional).unwrap_err().code, ErrorCode::InvalidArgument);
+    }
+}

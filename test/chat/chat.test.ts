@@ -1,0 +1,281 @@
+// Chat: templates rendered through either binding as Hugging Face renders them (the fixtures of
+// crates/ortex-chat, made by transformers' apply_chat_template), engine.chat, and conversations
+// on one Request that prefill only what each message adds. The simulated model (ChatML) runs on
+// both backends; the real-folder path runs on the tiny ONNX model.
+import { cpSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import path from 'node:path'
+import { afterAll, describe, expect, it } from 'vitest'
+import { BACKENDS, ortex } from '../helpers/backends'
+import { useTinyModels } from '../helpers/tiny-models'
+
+const FIXTURES = path.resolve(__dirname, '../../crates/ortex-chat/tests/fixtures')
+
+interface FixtureCase {
+  name: string
+  messages: unknown[]
+  add_generation_prompt: boolean
+  tools?: unknown[]
+  extra?: Record<string, unknown>
+  date?: string
+  expected?: string
+  expected_error?: string
+}
+interface Fixture {
+  template: string
+  bos_token: string | null
+  eos_token: string | null
+  other_special_tokens: Record<string, string>
+  cases: FixtureCase[]
+}
+
+/** The error `fn` throws, which must be an OrtexError with `code`. */
+function expectCode(fn: () => unknown, code: string): Error & { code: string } {
+  try {
+    fn()
+  } catch (error) {
+    expect((error as { code?: string }).code, String(error)).toBe(code)
+    expect(error).toBeInstanceOf(ortex('native').OrtexError)
+    return error as Error & { code: string }
+  }
+  throw new Error(`expected ${code} to be thrown`)
+}
+
+function fixture(name: string): Fixture {
+  return JSON.parse(readFileSync(path.join(FIXTURES, `${name}.json`), 'utf8')) as Fixture
+}
+
+describe.each(BACKENDS)('chat on the simulated model (%s)', (backend) => {
+  const { Engine } = ortex(backend)
+  const engines: ReturnType<typeof Engine.simulated>[] = []
+  const make = (options: Record<string, unknown> = {}) => {
+    const engine = Engine.simulated({ seed: 3, ...options })
+    engines.push(engine)
+    return engine
+  }
+  afterAll(async () => {
+    for (const engine of engines) await engine.close()
+  })
+
+  it('renders ChatML exactly as Hugging Face does', () => {
+    const engine = make()
+    const { cases } = fixture('chatml')
+    let compared = 0
+    for (const c of cases) {
+      if (c.expected === undefined || c.tools !== undefined) continue
+      const text = engine.applyChatTemplate(c.messages as never, { addGenerationPrompt: c.add_generation_prompt })
+      expect(text, c.name).toBe(c.expected)
+      compared++
+    }
+    expect(compared).toBeGreaterThanOrEqual(3)
+  })
+
+  it('engine.chat generates from the rendered conversation', async () => {
+    const engine = make()
+    const messages = [
+      { role: 'system', content: 'Be brief.' },
+      { role: 'user', content: 'Hello' },
+    ]
+    const text = engine.applyChatTemplate(messages)
+    expect(text.endsWith('<|im_start|>assistant\n')).toBe(true)
+    const chat = await engine.chat(messages, { maxGeneratedTokens: 12 }).done
+    const plain = await engine.generate(text, { maxGeneratedTokens: 12 }).done
+    expect(chat.usage.promptTokens).toBe(engine.tokenize(text).length)
+    expect(Array.from(chat.tokens)).toEqual(Array.from(plain.tokens))
+    expect(chat.finishReason).toBe('max-generated-tokens')
+  })
+
+  it('a conversation prefills only what each message adds, on one request', async () => {
+    const engine = make()
+    const conversation = engine.createChat({ system: 'You are terse.' })
+    const first = await conversation.send('Hi!', { maxGeneratedTokens: 8 }).done
+    const afterFirst = Array.from(conversation.request.tokens())
+    const second = conversation.send('And then?', { maxGeneratedTokens: 8 })
+    const secondResult = await second.done
+    expect(second.request).toBe(conversation.request)
+    const messages = conversation.messages
+    expect(messages.map((m) => m.role)).toEqual(['system', 'user', 'assistant', 'user', 'assistant'])
+    expect(messages[2]!.content).toBe(first.text)
+    // What turn 2 appended: the template's text after the first reply, tokenized on its own.
+    const before = engine.applyChatTemplate(messages.slice(0, 2) as never) + first.text
+    const full = engine.applyChatTemplate(messages.slice(0, 4) as never)
+    expect(full.startsWith(before)).toBe(true)
+    const added = Array.from(engine.tokenize(full.slice(before.length)))
+    expect(secondResult.usage.promptTokens).toBe(added.length)
+    expect(secondResult.usage.promptTokens).toBeLessThan(engine.tokenize(full).length / 2)
+    expect(Array.from(conversation.request.tokens())).toEqual([...afterFirst, ...added, ...secondResult.tokens])
+    // The reply is what a fresh request with that very context generates.
+    const reference = await engine.generate(new Int32Array([...afterFirst, ...added]), { maxGeneratedTokens: 8 }).done
+    expect(Array.from(secondResult.tokens)).toEqual(Array.from(reference.tokens))
+    conversation.close()
+    expect(engine.stats().activeRequests).toBe(0)
+  })
+
+  it('a reply that ended on the model EOS drops it: the template writes its own end', async () => {
+    const engine = make({ eosProbability: 0.5 })
+    const conversation = engine.createChat()
+    const first = await conversation.send('Short answer please', { maxGeneratedTokens: 64 }).done
+    expect(first.finishReason).toBe('eos')
+    const resident = conversation.request.tokenCount
+    const second = await conversation.send('Thanks', { maxGeneratedTokens: 4 }).done
+    const tokens = Array.from(conversation.request.tokens())
+    // Turn 2's prompt starts where the EOS token was.
+    expect(tokens.length).toBe(resident - 1 + second.usage.promptTokens + second.usage.generatedTokens)
+    expect(tokens.slice(0, resident - 1)).toEqual(Array.from(conversation.request.tokens(0, resident - 1)))
+    expect(tokens[resident - 1]).not.toBe(engine.config.eosTokenIds[0])
+    conversation.close()
+  })
+
+  it('a history the template rewrites is truncated to the common prefix', async () => {
+    const engine = make()
+    const conversation = engine.createChat()
+    await conversation.send('one', { maxGeneratedTokens: 6, stop: ['a', 'e', 'i', 'o', 'u'] as never }).done
+    // A stop string cut the reply's text short of its tokens: the next send compares tokens.
+    const second = await conversation.send('two', { maxGeneratedTokens: 3 }).done
+    const full = engine.applyChatTemplate(conversation.messages.slice(0, 3) as never)
+    const context = Array.from(conversation.request.tokens())
+    expect(context.slice(0, context.length - second.usage.generatedTokens)).toEqual(Array.from(engine.tokenize(full)))
+    conversation.close()
+  })
+
+  it('refuses bad input with stable codes', () => {
+    const engine = make()
+    expectCode(() => engine.applyChatTemplate('hi' as never), 'INVALID_ARGUMENT')
+    expectCode(() => engine.applyChatTemplate([]), 'INVALID_ARGUMENT')
+    expectCode(() => engine.applyChatTemplate([{ content: 'no role' } as never]), 'INVALID_ARGUMENT')
+    expectCode(() => engine.applyChatTemplate([{ role: 7, content: 'x' } as never]), 'INVALID_ARGUMENT')
+    expectCode(() => engine.applyChatTemplate([{ role: 'user', content: 'x' }], { addGenerationPromt: true } as never), 'INVALID_ARGUMENT')
+    expectCode(() => engine.chat([{ role: 'user', content: 'x' }], { maxTokens: 3 } as never), 'INVALID_ARGUMENT')
+    expectCode(() => engine.chat([{ role: 'user', content: 'x' }], { addGenerationPrompt: false } as never), 'INVALID_ARGUMENT')
+    expectCode(() => engine.createChat({ system: 3 } as never), 'INVALID_ARGUMENT')
+    expectCode(() => engine.applyChatTemplate([{ role: 'user', content: 'x' }], { templateName: 'tool_use' }), 'CHAT_TEMPLATE_MISSING')
+    const conversation = engine.createChat()
+    conversation.send('first', { maxGeneratedTokens: 50 })
+    expectCode(() => conversation.send('too soon'), 'TURN_ACTIVE')
+    conversation.close()
+  })
+
+  it('a send refused for its options changes nothing: the next one continues the conversation', async () => {
+    const engine = make({ eosProbability: 0.5 })
+    const conversation = engine.createChat()
+    await conversation.send('one', { maxGeneratedTokens: 40 }).done
+    const before = Array.from(conversation.request.tokens())
+    expectCode(() => conversation.send('two', { temperature: -1 }), 'INVALID_ARGUMENT')
+    expectCode(() => conversation.send('two', { maxGeneratedTokenz: 1 } as never), 'INVALID_ARGUMENT')
+    expect(Array.from(conversation.request.tokens())).toEqual(before)
+    expect(conversation.messages).toHaveLength(2)
+    const second = await conversation.send('two', { maxGeneratedTokens: 3 }).done
+    const full = engine.applyChatTemplate([...conversation.messages.slice(0, 3)] as never)
+    expect(engine.detokenize(conversation.request.tokens(0, conversation.request.tokenCount - second.usage.generatedTokens))).toBe(
+      engine.detokenize(engine.tokenize(full)),
+    )
+    conversation.close()
+  })
+})
+
+describe('chat on a model folder (native, the tiny ONNX model)', () => {
+  const models = useTinyModels('chat', { plain: {} })
+  const { Engine } = ortex('native')
+  const folders: string[] = []
+  afterAll(() => {
+    for (const dir of folders) rmSync(dir, { recursive: true, force: true })
+  })
+
+  /** The tiny folder with a template and the special tokens a fixture's tokenizer_config names. */
+  function folderWith(name: string, template: string, tokens: Record<string, string | null>): string {
+    const dir = path.join(models.root(), `with-${name}`)
+    cpSync(models.dirs.plain, dir, { recursive: true })
+    writeFileSync(path.join(dir, 'chat_template.jinja'), template)
+    const config = JSON.parse(readFileSync(path.join(dir, 'tokenizer_config.json'), 'utf8')) as Record<string, unknown>
+    for (const [key, value] of Object.entries(tokens)) {
+      if (value === null) delete config[key]
+      else config[key] = value
+    }
+    // added_tokens_decoder names only the tiny vocabulary's tokens; these templates' are others.
+    delete config.added_tokens_decoder
+    writeFileSync(path.join(dir, 'tokenizer_config.json'), JSON.stringify(config))
+    folders.push(dir)
+    return dir
+  }
+
+  it('a folder without a chat template fails chat calls with CHAT_TEMPLATE_MISSING naming the files', async () => {
+    const engine = await Engine.load(models.dirs.plain, { intraOpThreads: 1 })
+    try {
+      const error = expectCode(() => engine.applyChatTemplate([{ role: 'user', content: 'x' }]), 'CHAT_TEMPLATE_MISSING')
+      expect(error.message).toContain('chat_template')
+      expectCode(() => engine.chat([{ role: 'user', content: 'x' }]), 'CHAT_TEMPLATE_MISSING')
+      expectCode(() => engine.createChat(), 'CHAT_TEMPLATE_MISSING')
+    } finally {
+      await engine.close()
+    }
+  })
+
+  for (const name of ['llama3', 'qwen3', 'gemma3', 'smollm2', 'phi3_5', 'mistral_nemo']) {
+    it(`renders the ${name} template from the folder as Hugging Face does`, async () => {
+      const f = fixture(name)
+      const tokens = { bos_token: f.bos_token, eos_token: f.eos_token, ...f.other_special_tokens }
+      const engine = await Engine.load(folderWith(name, f.template, tokens), { intraOpThreads: 1 })
+      try {
+        let compared = 0
+        for (const c of f.cases) {
+          if (c.date !== undefined) continue // the engine passes today's date
+          const render = () =>
+            engine.applyChatTemplate(c.messages as never, { addGenerationPrompt: c.add_generation_prompt, tools: c.tools, variables: c.extra })
+          if (c.expected_error !== undefined) {
+            expect(expectCode(render, 'CHAT_TEMPLATE_RAISED').message, c.name).toContain(c.expected_error)
+          } else {
+            expect(render(), c.name).toBe(c.expected)
+          }
+          compared++
+        }
+        expect(compared).toBeGreaterThanOrEqual(4)
+      } finally {
+        await engine.close()
+      }
+    })
+  }
+
+  it("the template's end token ends a turn with eos, and the next message keeps it resident", async () => {
+    // The tiny model is random: find a token X that greedy decoding of this chat emits, make X's
+    // text the folder's eos_token, and the same chat must end with 'eos' right on X.
+    // eos_token follows assistant messages only, so both folders render the first prompt alike.
+    const template =
+      "{% for m in messages %}{{ m.role }}: {{ m.content }}{% if m.role == 'assistant' %}{{ eos_token }}{% else %}\n{% endif %}{% endfor %}" +
+      '{% if add_generation_prompt %}assistant: {% endif %}'
+    const messages = [{ role: 'user', content: 'the river' }]
+    const probe = await Engine.load(folderWith('probe', template, { eos_token: '</s>' }), { intraOpThreads: 1 })
+    let endToken = -1
+    let endText = ''
+    let probeTokens: number[] = []
+    try {
+      probeTokens = Array.from((await probe.chat(messages, { maxGeneratedTokens: 24, ignoreEos: true }).done).tokens)
+      for (const token of probeTokens.slice(2)) {
+        const text = probe.detokenize([token])
+        const again = Array.from(probe.tokenize(text))
+        if (text.trim().length > 0 && again.length === 1 && again[0] === token && !probe.config.eosTokenIds.includes(token)) {
+          endToken = token
+          endText = text
+          break
+        }
+      }
+    } finally {
+      await probe.close()
+    }
+    expect(endToken, `no single-token text among ${probeTokens}`).toBeGreaterThan(2)
+    const engine = await Engine.load(folderWith('end-token', template, { eos_token: endText }), { intraOpThreads: 1 })
+    try {
+      const result = await engine.chat(messages, { maxGeneratedTokens: 24 }).done
+      expect(result.finishReason).toBe('eos')
+      expect(Array.from(result.tokens)).toEqual(probeTokens.slice(0, probeTokens.indexOf(endToken) + 1))
+      const conversation = engine.createChat()
+      const first = await conversation.send('the river', { maxGeneratedTokens: 24 }).done
+      expect(first.finishReason).toBe('eos')
+      const resident = conversation.request.tokenCount
+      const second = await conversation.send('more', { maxGeneratedTokens: 4 }).done
+      expect(conversation.request.tokenCount).toBe(resident + second.usage.promptTokens + second.usage.generatedTokens)
+      expect(Array.from(conversation.request.tokens(resident - 1, resident))).toEqual([endToken])
+      conversation.close()
+    } finally {
+      await engine.close()
+    }
+  })
+})

@@ -208,29 +208,8 @@ impl TurnOptions {
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
         })?;
-        let stop_token_ids = self.stop_token_ids.clone().unwrap_or_default();
-        for sequence in &stop_token_ids {
-            if sequence.is_empty() {
-                return Err(OrtexError::invalid("stopTokenIds may not contain an empty sequence"));
-            }
-            if let Some(bad) = sequence.iter().find(|&&t| t < 0 || t as u32 >= vocab_size) {
-                return Err(OrtexError::invalid(format!(
-                    "stopTokenIds contains {bad}, outside the vocabulary of {vocab_size}"
-                )));
-            }
-        }
-        if stop_token_ids.len() > MAX_STOP_ENTRIES {
-            return Err(OrtexError::invalid(format!("stopTokenIds holds at most {MAX_STOP_ENTRIES} sequences")));
-        }
-        let eos_token_ids = self.eos_token_ids.clone().unwrap_or_default();
-        if eos_token_ids.len() > MAX_STOP_ENTRIES {
-            return Err(OrtexError::invalid(format!("eosTokenIds holds at most {MAX_STOP_ENTRIES} ids")));
-        }
-        if let Some(bad) = eos_token_ids.iter().find(|&&t| t < 0 || t as u32 >= vocab_size) {
-            return Err(OrtexError::invalid(format!(
-                "eosTokenIds contains {bad}, outside the vocabulary of {vocab_size}"
-            )));
-        }
+        let stop_token_ids = checked_stop_token_ids(self.stop_token_ids.clone().unwrap_or_default(), vocab_size)?;
+        let eos_token_ids = checked_eos_token_ids(self.eos_token_ids.clone().unwrap_or_default(), vocab_size)?;
         if let Some(top) = self.logprobs.filter(|&top| top > crate::sampling::MAX_TOP_LOGPROBS) {
             return Err(OrtexError::invalid(format!(
                 "logprobs asks for at most {} alternatives, got {top}",
@@ -247,4 +226,33 @@ impl TurnOptions {
             logprobs: self.logprobs,
         })
     }
+}
+
+/// `stopTokenIds`: non-empty sequences of ids in the vocabulary, at most MAX_STOP_ENTRIES.
+fn checked_stop_token_ids(sequences: Vec<Vec<i32>>, vocab_size: u32) -> Result<Vec<Vec<i32>>> {
+    for sequence in &sequences {
+        if sequence.is_empty() {
+            return Err(OrtexError::invalid("stopTokenIds may not contain an empty sequence"));
+        }
+        if let Some(bad) = sequence.iter().find(|&&t| t < 0 || t as u32 >= vocab_size) {
+            return Err(OrtexError::invalid(format!(
+                "stopTokenIds contains {bad}, outside the vocabulary of {vocab_size}"
+            )));
+        }
+    }
+    if sequences.len() > MAX_STOP_ENTRIES {
+        return Err(OrtexError::invalid(format!("stopTokenIds holds at most {MAX_STOP_ENTRIES} sequences")));
+    }
+    Ok(sequences)
+}
+
+/// `eosTokenIds`: ids in the vocabulary, at most MAX_STOP_ENTRIES.
+fn checked_eos_token_ids(ids: Vec<i32>, vocab_size: u32) -> Result<Vec<i32>> {
+    if ids.len() > MAX_STOP_ENTRIES {
+        return Err(OrtexError::invalid(format!("eosTokenIds holds at most {MAX_STOP_ENTRIES} ids")));
+    }
+    if let Some(bad) = ids.iter().find(|&&t| t < 0 || t as u32 >= vocab_size) {
+        return Err(OrtexError::invalid(format!("eosTokenIds contains {bad}, outside the vocabulary of {vocab_size}")));
+    }
+    Ok(ids)
 }

@@ -131,7 +131,7 @@ function executorLines(report: ThroughputReport): string[] {
  * Resident memory: each process after its first model load (and after all its loads: ortex's
  * process holds a second engine and the naive loop's session, onnxruntime-genai's a second
  * og.Model), then per batched run its peak and what the peak adds over the process's memory after
- * all its loads, per live token (prompt + generated of the requests in flight at the peak).
+ * all its loads, per live token (prompt + generated of the requests in flight): at most, and at the peak.
  */
 function memoryLines(report: ThroughputReport): string[] {
   const memory = report.memory
@@ -148,11 +148,12 @@ function memoryLines(report: ThroughputReport): string[] {
     if ('error' in row || row.memory === undefined) continue
     const m = row.memory
     const base = row.system.startsWith('genai') ? memory.genai?.rssAfterAllLoadsMb : memory.ortex.rssAfterAllLoadsMb
-    const perToken =
-      base === undefined || m.liveTokensAtPeak === 0 ? '-' : `${fixed(((m.rssPeakMb - base) * 1024) / m.liveTokensAtPeak, 1)} KiB`
+    const perToken = (live: number) =>
+      base === undefined || live === 0 ? '-' : `${fixed(((m.rssPeakMb - base) * 1024) / live, 1)} KiB`
     lines.push(
       `  ${row.system.padEnd(15)} concurrency ${String(row.concurrency).padStart(2)}: peak ${fixed(m.rssPeakMb, 0)} MiB ` +
-        `with ${m.liveTokensAtPeak} live tokens (at most ${m.liveTokensMax}); over after-load: ${perToken} per live token`,
+        `(+${base === undefined ? '-' : fixed(m.rssPeakMb - base, 0)} over after all loads) with ${m.liveTokensAtPeak} live tokens, ` +
+        `at most ${m.liveTokensMax}: ${perToken(m.liveTokensMax)} per live token at most (${perToken(m.liveTokensAtPeak)} at the peak)`,
     )
   }
   return lines

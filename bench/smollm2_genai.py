@@ -140,8 +140,14 @@ def main() -> int:
     gguf = Path(args.gguf).expanduser().resolve()
     if not gguf.exists():
         fail(f"{gguf} is missing (scripts/real-model.ts fetches it: see bench/README.md)")
-    ensure_venv(__file__, VENV, ROOT / "bench" / "requirements-builder.txt",
-                ["torch", "transformers", "onnxruntime_genai", "gguf"], fail, log)
+    requirements = ROOT / "bench" / "requirements-builder.txt"
+
+    def venv_fail(message: str):
+        # A venv that bench/model_coverage.py made before gguf and accelerate joined the file.
+        fail(f"{message}; to update it: {VENV}/bin/pip install -r {requirements}")
+
+    ensure_venv(__file__, VENV, requirements, ["torch", "transformers", "onnxruntime_genai", "gguf", "accelerate"],
+                venv_fail, log)
     key = cache_key(gguf)
     base = CACHE / key
     base.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,14 @@ Protocol: JSON lines. The script loads both systems' models, warms them up and w
 - `{"run": "request", "mode": "engine" | "generator", "index": i}`: one request alone (prompt i),
   `{"ok": true, "tokenMs": [...]}` with its token times in ms from its start.
 - `{"run": "closed-loop", "mode": ..., "concurrency": c, "requests": r}`: the closed-loop workload
-  below, `{"ok": true, "requests", "tokens", "wallMs", "tokensPerSecond", "ttftMs", "itlMs"}`.
+  below, `{"ok": true, "requests", "tokens", "wallMs", "tokensPerSecond", "ttftMs", "itlMs", "memory"}`
+  (memory: VmRSS in MiB at the run's start and its peak, sampled after every step, with the live
+  tokens, prompt + generated of the requests in flight, at the peak and at most).
+
+The ready line also carries `memory` (VmRSS before and after the Engine's model loaded, and after
+the Generator's model and the warm-ups) and, when the spec has `promptText` and `promptIds` (the
+benchmark's text and ortex's ids for it), `tokenizerCheck`: whether this folder's tokenizer gives
+the same ids (the benchmark refuses to compare when it does not; the prompts are token ids).
 
 A failed command replies `{"ok": false, "error": ...}`. Progress goes to stderr, and so does
 anything a library prints once the script runs (stdout carries only the protocol lines). EOF on stdin ends the script.
@@ -93,6 +100,37 @@ def percentile(values: list[float], p: float) -> float | None:
     return s[int(rank) - 1]
 
 
+def rss_mb() -> float:
+    """This process's resident memory (VmRSS) in MiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+class Memory:
+    """Resident memory over one run: at its start, its peak (sampled after every engine step or
+    generated token), the live tokens (prompt + generated of the requests in flight) at that peak
+    and their maximum."""
+
+    def __init__(self) -> None:
+        self.start = rss_mb()
+        self.peak = self.start
+        self.live_at_peak = 0
+        self.live_max = 0
+
+    def sample(self, live: int) -> None:
+        rss = rss_mb()
+        self.live_max = max(self.live_max, live)
+        if rss >= self.peak:
+            self.peak, self.live_at_peak = rss, live
+
+    def report(self) -> dict:
+        return {"rssStartMb": self.start, "rssPeakMb": self.peak, "liveTokensAtPeak": self.live_at_peak,
+                "liveTokensMax": self.live_max}
+
+
 class Clock:
     def __init__(self) -> None:
         self.t0 = time.perf_counter()
@@ -157,7 +195,9 @@ class Genai:
         overlay = session_overlay(spec)
         overlay["engine"] = {"static_batching": {"max_batch_size": spec["maxBatchSize"]}}
         overlay["search"] = {"max_length": max_prompt + self.n}
+        self.memory = {"rssBeforeLoadMb": rss_mb()}
         self.engine_model = load_model(og, spec, overlay)
+        self.memory["rssAfterLoadMb"] = rss_mb()
         self.engine = og.Engine(self.engine_model)
         self.buffer = self.engine.create_event_buffer(max(64, 4 * spec["maxBatchSize"]))
         self.generator_model = load_model(og, spec, session_overlay(spec))
@@ -168,6 +208,8 @@ class Genai:
             self.engine.run(self.buffer)
         warm.close()
         self.generate([prompt_of(spec, 0)[:8]], lambda: None)
+        self.memory["rssAfterAllLoadsMb"] = rss_mb()
+        self.run_memory: Memory | None = None
 
     def begin(self, prompt: list[int]):
         og, n = self.og, self.n
@@ -222,6 +264,11 @@ class Genai:
                     next_index = record.index + concurrency
                     if next_index < first + requests:
                         arrivals.append((now, client, next_index))
+            if self.run_memory is not None:
+                # requests that finished in this step were live during it
+                finished_now = [r for r in records if len(r.token_ms) == self.n and r.token_ms[-1] == now]
+                in_flight = [entry[1] for entry in live.values()] + finished_now
+                self.run_memory.sample(sum(len(r.prompt) + len(r.token_ms) for r in in_flight))
         return records
 
     def generate(self, prompts: list[list[int]], on_step) -> list[list[str]]:
@@ -265,6 +312,10 @@ class Genai:
                 now = clock.ms()
                 for r in group:
                     r.token_ms.append(now)
+                if self.run_memory is not None:
+                    # the batch's rows are left-padded to its longest prompt
+                    width = max(len(r.prompt) for r in group)
+                    self.run_memory.sample(len(group) * (width + len(group[0].token_ms)))
 
             for record, text in zip(group, self.generate([r.prompt for r in group], on_step)):
                 record.text = text
@@ -281,8 +332,12 @@ class Genai:
                 raise RuntimeError(f"request {record.index} generated {len(record.token_ms)} tokens, not {self.n}")
             return {"tokenMs": record.token_ms}
         if cmd.get("run") == "closed-loop":
-            records = run(int(cmd["concurrency"]), int(cmd["requests"]))
-            return summarize(records, max(r.token_ms[-1] for r in records), self.n)
+            self.run_memory = Memory()
+            try:
+                records = run(int(cmd["concurrency"]), int(cmd["requests"]))
+            finally:
+                memory, self.run_memory = self.run_memory, None
+            return {**summarize(records, max(r.token_ms[-1] for r in records), self.n), "memory": memory.report()}
         raise ValueError(f"unknown run {cmd.get('run')!r}")
 
 
@@ -311,6 +366,17 @@ def main() -> int:
         genai = Genai(og, np, spec)
     except Exception as e:  # noqa: BLE001 -- reported to the benchmark in place of numbers
         fail(f"loading {spec['modelDir']}: {e}")
+    ready["memory"] = genai.memory
+    if "promptText" in spec:
+        ids = [int(t) for t in genai.tokenizer.encode(spec["promptText"])]
+        theirs = [int(t) for t in spec["promptIds"]]
+        same = ids == theirs
+        check: dict = {"same": same, "tokens": len(ids)}
+        if not same:
+            first = next((i for i, (a, b) in enumerate(zip(ids, theirs)) if a != b), min(len(ids), len(theirs)))
+            check.update(firstDifference=first, genai=ids[max(0, first - 3):first + 5],
+                         ortex=theirs[max(0, first - 3):first + 5], genaiTokens=len(ids), ortexTokens=len(theirs))
+        ready["tokenizerCheck"] = check
     reply(ready)
     for line in sys.stdin:
         if line.strip() == "":

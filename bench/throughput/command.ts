@@ -33,6 +33,9 @@ Options:
   --out DIR       where to write throughput.json (default: bench/out)
   --svg FILE      where to write the chart (default: OUT/throughput.svg)
   --threads N     ONNX Runtime intra-op threads for every system (default 2)
+  --genai-model DIR  run onnxruntime-genai on this folder instead of --model's (one its own builder
+                  made from the same weights: bench/smollm2_genai.py); refused unless its tokenizer
+                  gives ortex's ids for the prompt text
   --no-naive      skip the naive onnxruntime-node loop (needs the onnxruntime-node package)
   --no-genai      skip onnxruntime-genai (needs python3; installs onnxruntime-genai 0.18 into
                   .cache/genai-venv with pip on first use, see bench/requirements.txt)
@@ -50,6 +53,7 @@ export interface BenchCommandHooks {
 
 interface BenchArgs {
   model: string | undefined
+  genaiModel: string | undefined
   quick: boolean
   out: string
   svg: string | undefined
@@ -68,6 +72,7 @@ function parseBench(argv: string[], hooks: BenchCommandHooks): BenchArgs | 'help
     allowPositionals: false,
     options: {
       model: { type: 'string' },
+      'genai-model': { type: 'string' },
       quick: { type: 'boolean' },
       out: { type: 'string' },
       svg: { type: 'string' },
@@ -81,7 +86,7 @@ function parseBench(argv: string[], hooks: BenchCommandHooks): BenchArgs | 'help
     },
   })
   if (values.help) return 'help'
-  for (const name of ['model', 'out', 'svg', 'python'] as const) {
+  for (const name of ['model', 'genai-model', 'out', 'svg', 'python'] as const) {
     if (values[name] === '') throw hooks.usageError(`--${name} needs a value`)
   }
   const integer = (name: string, value: string | undefined, fallback: number, max: number): number => {
@@ -95,6 +100,7 @@ function parseBench(argv: string[], hooks: BenchCommandHooks): BenchArgs | 'help
   const quick = values.quick === true
   return {
     model: values.model,
+    genaiModel: values['genai-model'],
     quick,
     out: values.out ?? join('bench', 'out'),
     svg: values.svg,
@@ -147,8 +153,13 @@ export async function runBenchCommand(argv: string[], hooks: BenchCommandHooks):
   else if (!existsSync(join(modelDir, 'genai_config.json'))) {
     throw hooks.usageError(`--model ${args.model}: no genai_config.json there (make one with ortex make-model)`)
   }
+  const genaiModelDir = args.genaiModel === undefined ? undefined : resolve(args.genaiModel)
+  if (genaiModelDir !== undefined && !existsSync(join(genaiModelDir, 'genai_config.json'))) {
+    throw hooks.usageError(`--genai-model ${args.genaiModel}: no genai_config.json there`)
+  }
   const report = await runThroughput({
     modelDir,
+    ...(genaiModelDir !== undefined ? { genaiModelDir } : {}),
     quick: args.quick,
     rounds: args.rounds,
     concurrencies: args.concurrencies,

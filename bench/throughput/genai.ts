@@ -9,6 +9,7 @@ import { join } from 'node:path'
 import { createInterface } from 'node:readline'
 
 import type { RunSummary } from './stats'
+import type { GenaiLoadMemory, TokenizerCheck } from './throughput'
 
 /** Where the script lives, the Python that runs it, and where its progress lines go. */
 export interface GenaiSettings {
@@ -26,6 +27,9 @@ export interface GenaiSpec {
   intraOpThreads: number
   maxBatchSize: number
   padTokenId: number
+  /** The text the prompts were cut from and ortex's ids for it: the script checks its tokenizer. */
+  promptText?: string
+  promptIds?: number[]
 }
 
 export type GenaiMode = 'engine' | 'generator'
@@ -42,6 +46,8 @@ export class GenaiProcess {
   private exited: string | null = null
   version: string | undefined
   onnxruntimeVersion: string | undefined
+  memory: GenaiLoadMemory | undefined
+  tokenizerCheck: TokenizerCheck | undefined
 
   private constructor(
     private readonly child: ChildProcessWithoutNullStreams,
@@ -86,6 +92,8 @@ export class GenaiProcess {
     }
     genai.version = typeof ready.version === 'string' ? ready.version : undefined
     genai.onnxruntimeVersion = typeof ready.onnxruntimeVersion === 'string' ? ready.onnxruntimeVersion : undefined
+    genai.memory = ready.memory as GenaiLoadMemory | undefined
+    genai.tokenizerCheck = ready.tokenizerCheck as TokenizerCheck | undefined
     return genai
   }
 

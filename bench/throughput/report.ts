@@ -33,6 +33,7 @@ export function formatTable(report: ThroughputReport): string {
     '',
     ...resultLines(report),
     ...executorLines(report),
+    ...memoryLines(report),
     ...baselineLines(report),
     '',
     'goals:',
@@ -126,12 +127,52 @@ function executorLines(report: ThroughputReport): string[] {
   ]
 }
 
+/**
+ * Resident memory: each process after its first model load (and after all its loads: ortex's
+ * process holds a second engine and the naive loop's session, onnxruntime-genai's a second
+ * og.Model), then per batched run its peak and what the peak adds over the process's memory after
+ * all its loads, per live token (prompt + generated of the requests in flight): at most, and at the peak.
+ */
+function memoryLines(report: ThroughputReport): string[] {
+  const memory = report.memory
+  if (memory === undefined) return []
+  const loads = (what: string, m: { rssBeforeLoadMb: number; rssAfterLoadMb: number; rssAfterAllLoadsMb: number }) =>
+    `  ${what}: ${fixed(m.rssBeforeLoadMb, 0)} MiB before the load, ${fixed(m.rssAfterLoadMb, 0)} MiB after it ` +
+    `(+${fixed(m.rssAfterLoadMb - m.rssBeforeLoadMb, 0)}), ${fixed(m.rssAfterAllLoadsMb, 0)} MiB after all its loads`
+  const lines = ['', 'resident memory (RSS, MiB):', loads('ortex process (first engine)', memory.ortex)]
+  if (memory.ortex.kvPositionBytes !== null) {
+    lines.push(`  ortex KV per live token: ${(memory.ortex.kvPositionBytes / 1024).toFixed(1)} KiB (executorStats().kvPositionBytes)`)
+  }
+  if (memory.genai !== undefined) lines.push(loads('onnxruntime-genai process (Engine model)', memory.genai))
+  for (const row of report.summary) {
+    if ('error' in row || row.memory === undefined) continue
+    const m = row.memory
+    const base = row.system.startsWith('genai') ? memory.genai?.rssAfterAllLoadsMb : memory.ortex.rssAfterAllLoadsMb
+    const perToken = (live: number) =>
+      base === undefined || live === 0 ? '-' : `${fixed(((m.rssPeakMb - base) * 1024) / live, 1)} KiB`
+    lines.push(
+      `  ${row.system.padEnd(15)} concurrency ${String(row.concurrency).padStart(2)}: peak ${fixed(m.rssPeakMb, 0)} MiB ` +
+        `(+${base === undefined ? '-' : fixed(m.rssPeakMb - base, 0)} over after all loads) with ${m.liveTokensAtPeak} live tokens, ` +
+        `at most ${m.liveTokensMax}: ${perToken(m.liveTokensMax)} per live token at most (${perToken(m.liveTokensAtPeak)} at the peak)`,
+    )
+  }
+  return lines
+}
+
 /** Whether the systems ortex is compared with were measured (and which onnxruntime-genai). */
 function baselineLines(report: ThroughputReport): string[] {
   const lines: string[] = []
   if (!report.naive.ok) lines.push(`naive loop: not measured (${report.naive.error ?? 'unavailable'})`)
   if (!report.genai.ok) lines.push(`onnxruntime-genai: not measured (${report.genai.error ?? 'unavailable'})`)
-  else lines.push(`onnxruntime-genai ${report.genai.version ?? '?'} (onnxruntime ${report.genai.onnxruntimeVersion ?? '?'})`)
+  else {
+    const dir = report.workload.genaiModelDir
+    const check = report.genai.tokenizerCheck
+    lines.push(
+      `onnxruntime-genai ${report.genai.version ?? '?'} (onnxruntime ${report.genai.onnxruntimeVersion ?? '?'})` +
+        (dir !== undefined ? ` on its own folder ${dir}` : '') +
+        (check?.same === true ? `; its tokenizer gives ortex's ${check.tokens} ids for the prompt text` : ''),
+    )
+  }
   return lines
 }
 

@@ -23,6 +23,17 @@ export interface RunSummary {
   ttftMs: Percentiles
   /** Gaps between a request's successive tokens, pooled over all requests. */
   itlMs: Percentiles
+  /** The process's resident memory over the run (batched runs only). */
+  memory?: RunMemory
+}
+
+/** Resident memory (RSS, MiB) over one run: at its start and its peak (sampled as tokens come),
+ *  and the live tokens (prompt + generated of the requests in flight) at the peak and at most. */
+export interface RunMemory {
+  rssStartMb: number
+  rssPeakMb: number
+  liveTokensAtPeak: number
+  liveTokensMax: number
 }
 
 /** Nearest-rank percentile: the smallest value with at least p% of the values at or below it. */

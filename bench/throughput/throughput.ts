@@ -26,7 +26,7 @@ import * as os from 'node:os'
 
 import type { ExecutorStats } from '../../ts/types'
 import { GenaiProcess, readPadTokenId } from './genai'
-import { type RequestRecord, type RunSummary, summarize } from './stats'
+import { type RequestRecord, type RunMemory, type RunSummary, summarize } from './stats'
 
 /** What the benchmark needs of an Engine (the package's, or the sources' under the CLI). */
 export interface BenchTurn extends AsyncIterable<unknown> {
@@ -53,6 +53,9 @@ export interface BenchEngineClass {
 
 export interface ThroughputOptions {
   modelDir: string
+  /** onnxruntime-genai's folder when it is not modelDir (one its own builder made from the same
+   *  weights): its tokenizer must give ortex's ids for the prompt text, or genai is not measured. */
+  genaiModelDir?: string
   /** 32 tokens per request and fewer requests at concurrency 1 (about half a minute). */
   quick: boolean
   /** Times the whole interleaved sequence of configurations runs; goals take the median. */
@@ -73,6 +76,8 @@ export interface ThroughputOptions {
 
 export interface Workload {
   modelDir: string
+  /** onnxruntime-genai's folder, when not modelDir. */
+  genaiModelDir?: string
   promptLengths: number[]
   prompts: number[][]
   generatedTokens: number
@@ -119,6 +124,33 @@ export interface Goal {
   detail: string
 }
 
+/** ortex's process (RSS, MiB): before the first engine loaded, after it (the number to compare),
+ *  and after its second engine (blocking threads) and the naive loop's session loaded too. */
+export interface OrtexLoadMemory {
+  rssBeforeLoadMb: number
+  rssAfterLoadMb: number
+  rssAfterAllLoadsMb: number
+  /** The executor's KV bytes per live token (all layers, keys and values). */
+  kvPositionBytes: number | null
+}
+
+/** onnxruntime-genai's process (VmRSS, MiB): before its Engine's model loaded, after it, and after
+ *  the Generator's model (a second og.Model) and the warm-ups. */
+export interface GenaiLoadMemory {
+  rssBeforeLoadMb: number
+  rssAfterLoadMb: number
+  rssAfterAllLoadsMb: number
+}
+
+/** Whether onnxruntime-genai's tokenizer gives ortex's ids for the prompt text. */
+export interface TokenizerCheck {
+  same: boolean
+  tokens: number
+  firstDifference?: number
+  genai?: number[]
+  ortex?: number[]
+}
+
 export interface OrtexWeights {
   system: 'ortex' | 'ortex-blocking'
   hugePageBytes: number
@@ -136,7 +168,9 @@ export interface ThroughputReport {
   /** Per configuration, the median over the rounds of each number (round 0). */
   summary: Row[]
   naive: { ok: boolean; error?: string }
-  genai: { ok: boolean; version?: string; onnxruntimeVersion?: string; error?: string }
+  genai: { ok: boolean; version?: string; onnxruntimeVersion?: string; error?: string; tokenizerCheck?: TokenizerCheck }
+  /** Resident memory after the loads, per process (the runs' own are on their rows). */
+  memory?: { ortex: OrtexLoadMemory; genai?: GenaiLoadMemory }
   /** Per ortex engine, how much of the model's weights went on huge pages and into weight chunks
    *  (they move the concurrency-1 numbers by a few percent: docs/performance.md). */
   ortexWeights: OrtexWeights[]
@@ -152,12 +186,17 @@ const FULL_TOKENS = 128
 const QUICK_TOKENS = 32
 const MAX_BATCH_SIZE = 16
 const BLOCK_SIZE = 16
-const PROMPT_TEXT =
+export const PROMPT_TEXT =
   'The river starts as a thin line of water high in the hills. In the morning the air is cold and the ' +
   'grass is wet, and the water runs fast over the stones. By noon the sun has warmed the valley, and the ' +
   'river is wider and slower. Farmers walk along the bank to check their fields, and children throw small ' +
   'stones to see how far they can skip across the surface. A good kitchen is a quiet place before the day ' +
   'begins. The bread goes into the oven, the pots are washed, and the cook writes the list of what to buy. '
+
+/** The text every prompt is cut from (as token ids). */
+export function promptText(): string {
+  return PROMPT_TEXT.repeat(8)
+}
 
 /** The concurrencies the benchmark measures (its goals are at 1 and 16). */
 export const CONCURRENCIES: readonly number[] = [1, 4, 16]
@@ -169,7 +208,7 @@ export function makeWorkload(
   tokenize: (text: string) => Int32Array,
   concurrencies: readonly number[] = CONCURRENCIES,
 ): Workload {
-  const text = PROMPT_TEXT.repeat(8)
+  const text = promptText()
   const ids = Array.from(tokenize(text))
   const longest = Math.max(...PROMPT_LENGTHS)
   if (ids.length < longest + PROMPT_LENGTHS.length * 7) throw new Error('the prompt text is too short for the tokenizer')
@@ -229,14 +268,53 @@ async function runOrtex(
 ): Promise<Row> {
   const n = w.generatedTokens
   const before = engine.executorStats()
-  const records = await closedLoop(w, concurrency, (record, prompt, now) =>
-    ortexRequest(engine, prompt, n, () => record.tokenMs.push(now())),
-  )
+  const memory = new MemoryProbe()
+  let live = 0
+  const records = await closedLoop(w, concurrency, async (record, prompt, now) => {
+    live += prompt.length
+    try {
+      await ortexRequest(engine, prompt, n, () => {
+        record.tokenMs.push(now())
+        memory.sample(++live)
+      })
+    } finally {
+      live -= prompt.length + record.tokenMs.length
+    }
+  })
   const after = engine.executorStats()
   const summary = summarize(records, n)
-  const row: Row = { system: 'ortex', concurrency, round, ...summary }
+  const row: Row = { system: 'ortex', concurrency, round, ...summary, memory: memory.report() }
   if (before !== null && after !== null) row.executor = executorShare(before, after, summary.wallMs)
   return row
+}
+
+/** This process's resident set in MiB. */
+export function rssMb(): number {
+  return process.memoryUsage.rss() / 2 ** 20
+}
+
+/** Resident memory over one run, sampled every SAMPLE_EVERY tokens (a sample reads /proc). */
+class MemoryProbe {
+  private static readonly SAMPLE_EVERY = 4
+  private readonly start = rssMb()
+  private peak = this.start
+  private liveAtPeak = 0
+  private liveMax = 0
+  private tokens = 0
+
+  sample(live: number): void {
+    this.liveMax = Math.max(this.liveMax, live)
+    if (this.tokens++ % MemoryProbe.SAMPLE_EVERY !== 0) return
+    const rss = rssMb()
+    if (rss >= this.peak) {
+      this.peak = rss
+      this.liveAtPeak = live
+    }
+  }
+
+  report(): RunMemory {
+    return { rssStartMb: this.start, rssPeakMb: this.peak, liveTokensAtPeak: this.liveAtPeak, liveTokensMax: this.liveMax }
+  }
 }
 
 function executorShare(before: ExecutorStats, after: ExecutorStats, wallMs: number): OrtexExecutorShare {
@@ -471,6 +549,11 @@ export function summarizeRounds(rows: Row[]): Row[] {
       ttftMs: { p50: m((r) => r.ttftMs.p50), p99: m((r) => r.ttftMs.p99) },
       itlMs: { p50: m((r) => r.itlMs.p50), p99: m((r) => r.itlMs.p99) },
     }
+    const withMemory = ok.filter((r) => r.memory !== undefined)
+    if (withMemory.length > 0) {
+      // The round whose run reached the highest resident memory (the first touches the KV pages).
+      row.memory = withMemory.reduce((a, b) => (b.memory!.rssPeakMb > a.memory!.rssPeakMb ? b : a)).memory
+    }
     if (ok.every((r) => r.executor !== undefined)) {
       const e = (k: keyof OrtexExecutorShare) => m((r) => r.executor![k])!
       row.executor = {
@@ -494,14 +577,24 @@ export function summarizeRounds(rows: Row[]): Row[] {
 export async function runThroughput(options: ThroughputOptions): Promise<ThroughputReport> {
   const started = performance.now()
   const loadAverageStart = os.loadavg()
-  const { engine, blocking, w } = await loadOrtex(options)
+  const rssBeforeLoadMb = rssMb()
+  const { engine, blocking, w, rssAfterLoadMb } = await loadOrtex(options)
   const ortexWeights = [weightsOf('ortex', engine), weightsOf('ortex-blocking', blocking)].flatMap((x) => x ?? [])
   const { naive, loop } = await loadNaiveLoop(options, w)
+  const memory: ThroughputReport['memory'] = {
+    ortex: {
+      rssBeforeLoadMb,
+      rssAfterLoadMb,
+      rssAfterAllLoadsMb: rssMb(),
+      kvPositionBytes: engine.executorStats()?.kvPositionBytes ?? null,
+    },
+  }
   const genai: ThroughputReport['genai'] = options.genai ? { ok: true } : { ok: false, error: 'skipped (--no-genai)' }
   let genaiProcess: GenaiProcess | null = null
   let rows: Row[] = []
   try {
-    if (options.genai) genaiProcess = await startGenai(options, w, genai)
+    if (options.genai) genaiProcess = await startGenai(options, w, genai, engine)
+    if (genaiProcess !== null && genaiProcess.memory !== undefined) memory.genai = genaiProcess.memory
     const systems: Systems = { w, engine, blocking, loop, genai: genaiProcess }
     await warmUp(systems)
     rows = await runRounds(options, systems)
@@ -522,6 +615,7 @@ export async function runThroughput(options: ThroughputOptions): Promise<Through
     summary: summarizeRounds(rows),
     naive,
     genai,
+    memory,
     ortexWeights,
     goals: goals(rows, options.rounds),
     elapsedS: (performance.now() - started) / 1000,
@@ -545,7 +639,9 @@ interface Systems {
 }
 
 /** ortex's two engines and the workload (its prompts come from ortex's tokenizer). */
-async function loadOrtex(options: ThroughputOptions): Promise<{ engine: BenchEngine; blocking: BenchEngine; w: Workload }> {
+async function loadOrtex(
+  options: ThroughputOptions,
+): Promise<{ engine: BenchEngine; blocking: BenchEngine; w: Workload; rssAfterLoadMb: number }> {
   options.onProgress(`loading ${options.modelDir} in ortex`)
   const longest = Math.max(...PROMPT_LENGTHS) + (options.quick ? QUICK_TOKENS : FULL_TOKENS)
   const load = (intraOpSpinning: boolean) =>
@@ -558,9 +654,11 @@ async function loadOrtex(options: ThroughputOptions): Promise<{ engine: BenchEng
       blockSize: BLOCK_SIZE,
     })
   const engine = await load(true)
+  const rssAfterLoadMb = rssMb()
   try {
     const w = makeWorkload(options.modelDir, options.quick, options.intraOpThreads, (text) => engine.tokenize(text), options.concurrencies)
-    return { engine, blocking: await load(false), w }
+    if (options.genaiModelDir !== undefined) w.genaiModelDir = options.genaiModelDir
+    return { engine, blocking: await load(false), w, rssAfterLoadMb }
   } catch (error) {
     await engine.close()
     throw error
@@ -585,15 +683,41 @@ async function loadNaiveLoop(options: ThroughputOptions, w: Workload): Promise<{
 }
 
 /** onnxruntime-genai's process, or null with the reason in `genai`. */
-async function startGenai(options: ThroughputOptions, w: Workload, genai: ThroughputReport['genai']): Promise<GenaiProcess | null> {
-  options.onProgress('starting onnxruntime-genai (Python): loading the model for its Engine and Generator')
-  const started = await GenaiProcess.start(options, { ...w, padTokenId: readPadTokenId(options.modelDir) })
-  if (typeof started === 'string') {
+async function startGenai(
+  options: ThroughputOptions,
+  w: Workload,
+  genai: ThroughputReport['genai'],
+  engine: BenchEngine,
+): Promise<GenaiProcess | null> {
+  const modelDir = w.genaiModelDir ?? w.modelDir
+  options.onProgress(`starting onnxruntime-genai (Python): loading ${modelDir} for its Engine and Generator`)
+  const text = promptText()
+  const started = await GenaiProcess.start(options, {
+    ...w,
+    modelDir,
+    padTokenId: readPadTokenId(modelDir),
+    promptText: text,
+    promptIds: Array.from(engine.tokenize(text)),
+  })
+  const refuse = (why: string): null => {
     genai.ok = false
-    genai.error = started
-    options.onProgress(`onnxruntime-genai: ${started}`)
+    genai.error = why
+    options.onProgress(`onnxruntime-genai: ${why}`)
     return null
   }
+  if (typeof started === 'string') return refuse(started)
+  genai.tokenizerCheck = started.tokenizerCheck
+  const check = started.tokenizerCheck
+  if (check === undefined || !check.same) {
+    started.close()
+    return refuse(
+      check === undefined
+        ? 'its process did not check the tokenizer'
+        : `not compared: its tokenizer (${modelDir}) gives other ids than ortex's for the prompt text ` +
+            `(first difference at token ${check.firstDifference}: genai ${JSON.stringify(check.genai)}, ortex ${JSON.stringify(check.ortex)})`,
+    )
+  }
+  options.onProgress(`onnxruntime-genai: its tokenizer gives ortex's ${check.tokens} ids for the prompt text`)
   genai.version = started.version
   genai.onnxruntimeVersion = started.onnxruntimeVersion
   return started

@@ -270,8 +270,16 @@ impl Engine {
         }
         let request = self.requests.get_mut(&id).expect("checked");
         request.truncate_to(token_count);
-        // A truncation inside a block that other requests share keeps less: the rest is computed again.
-        request.kv_len = self.kv.truncate(request.kv, request.kv_len);
+        // A truncation inside a block that other requests share keeps less: what it had computed
+        // past the block's start is prefilled again, as caching off would have kept it.
+        let computed = request.kv_len;
+        request.kv_len = self.kv.truncate(request.kv, computed);
+        if request.kv_len < computed {
+            if !request.needs_compute() {
+                self.scheduler.enqueue(id);
+            }
+            request.prefill_target = request.prefill_target.max(computed);
+        }
         Ok(())
     }
 

@@ -232,3 +232,34 @@ fn a_conversation_resent_whole_computes_only_its_new_tokens() {
         engine.close_request(id).unwrap();
     }
 }
+
+#[test]
+fn a_truncation_into_a_shared_block_prefills_again_what_it_kept() {
+    // Block size 4: A's first two blocks are shared with B; A's pending prefill is dropped by the
+    // truncation to 7 tokens, and the shared second block cannot stay A's to write, so A keeps 4
+    // computed tokens and must compute 4..7 again before its next turn (as with the cache off).
+    let mut outcomes = Vec::new();
+    for caching in [false, true] {
+        let mut engine =
+            sim(&format!(r#"{{"seed":6,"blockSize":4,"numBlocks":32,"maxLength":64,"prefixCaching":{caching}}}"#));
+        let (a, b) = (req(&mut engine), req(&mut engine));
+        let context: Vec<i32> = (0..8).map(|i| 40 + i).collect();
+        engine.prefill(a, &context).unwrap();
+        run_all(&mut engine, 8);
+        engine.prefill(b, &[context.as_slice(), &[90]].concat()).unwrap();
+        run_all(&mut engine, 8);
+        engine.prefill(a, &[91, 92, 93, 94]).unwrap();
+        engine.truncate(a, 7).unwrap();
+        run_all(&mut engine, 8);
+        let before = engine.stats().prompt_tokens;
+        let turn = engine.begin_turn(a, &[95], &turn_opts(r#"{"maxGeneratedTokens":3}"#)).unwrap();
+        let events = run_all(&mut engine, 8);
+        outcomes.push((engine.stats().prompt_tokens - before, tokens_of(&events, a, turn)));
+    }
+    assert_eq!(outcomes[0], outcomes[1], "the same tokens, and the turn computes only its own prompt token");
+    assert_eq!(outcomes[1].0, 1);
+}
+
+fn req(engine: &mut Engine) -> RequestId {
+    engine.create_request(&RequestOptions::default()).unwrap()
+}

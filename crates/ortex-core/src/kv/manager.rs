@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 
 use super::prefix_cache::{chain_hash, BlockHash, PrefixCache, ROOT_HASH};
-use super::{blocks_for_tokens, BlockPool};
+use super::{blocks_for_tokens, BlockPool, BlockState};
 use crate::ids::{BlockId, RequestId};
 
 /// Whether a request's next tokens fit the pool.
@@ -288,9 +288,9 @@ impl KvManager for PagedKv {
         if !self.can_ever_hold(target) {
             return Admission::Never;
         }
-        let reachable_blocks = self.entry(kv).blocks.len() as u32 + self.num_free_blocks();
-        let capacity_tokens = (reachable_blocks * self.block_size).saturating_sub(computed);
-        match wanted.min(capacity_tokens) {
+        let reachable_blocks = u64::from(self.entry(kv).blocks.len() as u32 + self.num_free_blocks());
+        let capacity_tokens = (reachable_blocks * u64::from(self.block_size)).saturating_sub(u64::from(computed));
+        match wanted.min(capacity_tokens.min(u64::from(u32::MAX)) as u32) {
             0 => Admission::Later,
             count => Admission::Fits(count),
         }
@@ -366,6 +366,7 @@ impl KvManager for PagedKv {
                 request_of(table.owner).unwrap_or_else(|| panic!("request {} has a table but is gone", table.owner.0));
             self.check_table(table, computed, tokens);
             for block in &table.blocks {
+                assert_ne!(self.pool.state(*block), BlockState::Free, "block {} is in a table and free", block.0);
                 *refs.entry(*block).or_default() += 1;
             }
         }

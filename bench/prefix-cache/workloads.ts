@@ -5,8 +5,9 @@
 //   64 generated tokens (EOS ignored);
 // - multi-turn: 8 conversations x 6 turns, each turn a new request carrying the whole conversation
 //   so far (what a stateless chat API receives);
-// - distinct prompts: the throughput benchmark's prompts (no two share a prefix), at concurrency 16
-//   and 1: the cache must not slow the common case.
+// - distinct prompts: the throughput benchmark's prompt lengths (no two share a prefix), at
+//   concurrency 16 and at 1 (8 requests, the engines taking turns request by request, as the
+//   throughput benchmark runs concurrency 1): the cache must not slow the common case.
 //
 // Every run draws its prompts from a stream no earlier run used, so each run meets a cold cache.
 
@@ -26,7 +27,7 @@ export interface CacheEngine {
 
 export const SHARED = { requests: 16, staggerMs: 5, systemTokens: 384, questionTokens: 32, generatedTokens: 64 }
 export const MULTI_TURN = { conversations: 8, turns: 6, systemTokens: 64, userTokens: 24, generatedTokens: 32 }
-export const DISTINCT = { generatedTokens: 64, requestsAt1: 4 }
+export const DISTINCT = { generatedTokens: 64, requestsAt1: 8 }
 
 /** Prompt token ids: deterministic pseudo-random ids of the vocabulary, a stream per salt, so that
  *  no two questions or messages share a prefix by chance. */
@@ -152,4 +153,33 @@ export async function runDistinct(engine: CacheEngine, prompts: number[][], conc
   }
   await Promise.all(Array.from({ length: Math.min(concurrency, requests) }, (_, k) => client(k)))
   return summarize(records, DISTINCT.generatedTokens)
+}
+
+/** Concurrency 1 as the throughput benchmark runs it: request i alone on each engine in turn
+ *  (the first to go alternates), so that both see the same moments of the machine. */
+export async function runDistinctInterleaved<K extends string>(engines: Record<K, CacheEngine>, prompts: number[][], requests: number): Promise<Record<K, RunSummary>> {
+  const names = Object.keys(engines) as K[]
+  const records = Object.fromEntries(names.map((name) => [name, [] as RequestRecord[]])) as Record<K, RequestRecord[]>
+  for (let index = 0; index < requests; index++) {
+    const order = index % 2 === 0 ? names : [...names].reverse()
+    for (const name of order) {
+      const t0 = performance.now()
+      const record: RequestRecord = { index, arrivalMs: 0, tokenMs: [] }
+      await streamed(engines[name], prompts[index % prompts.length]!, DISTINCT.generatedTokens, record.tokenMs, () => performance.now() - t0)
+      records[name].push(record)
+    }
+  }
+  return Object.fromEntries(names.map((name) => [name, summarizeSolo(records[name])])) as Record<K, RunSummary>
+}
+
+/** Requests run one after another, each timed from its own start: tokens/s over their summed time. */
+function summarizeSolo(records: RequestRecord[]): RunSummary {
+  const each = records.map((r) => summarize([r], DISTINCT.generatedTokens))
+  const wallMs = each.reduce((sum, r) => sum + r.wallMs, 0)
+  const tokens = each.reduce((sum, r) => sum + r.tokens, 0)
+  const pooled = summarize(
+    records.map((r, i) => ({ ...r, index: i })),
+    DISTINCT.generatedTokens,
+  )
+  return { ...pooled, wallMs, tokens, tokensPerSecond: (tokens * 1000) / wallMs }
 }

@@ -430,6 +430,17 @@ export class Engine implements EventOwner {
     if (this.closed) throw closedError()
   }
 
+  /** Addition: false once the engine is closed or an engine-level failure made it unhealthy
+   *  (then every call but close() throws); what a health probe reports. */
+  get healthy(): boolean {
+    return !this.closed && this.failure === null
+  }
+
+  /** Addition: the code of the engine-level failure that made it unhealthy; null while healthy. */
+  get failureCode(): EventErrorCode | null {
+    return this.failure
+  }
+
   /** Open and healthy: what createRequest, beginTurn and a queued run need. */
   private checkUsable(): void {
     this.checkOpen()

@@ -390,6 +390,37 @@ function value(metrics: any[], name: string): number {
   return Number(metric.metrics[0].value)
 }
 
+describe('/health', () => {
+  it('answers 503 with the reason once the engine failed, and once it is closed', async () => {
+    const engine = Engine.simulated({ seed: 2, faults: { fatalSteps: [0] } })
+    const server = await startServer(engine, { port: 0 })
+    try {
+      expect(await raw(server, '/health')).toEqual({ status: 200, body: { status: 'ok' } })
+      const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'unused', maxRetries: 0 })
+      const failed = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 4 }).catch((e: unknown) => e)
+      expect(failed).toBeInstanceOf(OpenAI.APIError)
+      expect(engine.healthy).toBe(false)
+      expect(engine.failureCode).toBe('engine-execution-failure')
+      expect(await raw(server, '/health')).toEqual({
+        status: 503,
+        body: { status: 'unavailable', reason: 'the engine failed (engine-execution-failure)' },
+      })
+    } finally {
+      await server.close()
+      await engine.close()
+    }
+    const healthy = Engine.simulated({ seed: 3 })
+    const closing = await startServer(healthy, { port: 0 })
+    try {
+      await healthy.close()
+      expect(healthy.healthy).toBe(false)
+      expect(await raw(closing, '/health')).toEqual({ status: 503, body: { status: 'unavailable', reason: 'the engine is closed' } })
+    } finally {
+      await closing.close()
+    }
+  })
+})
+
 describe('bearer auth', () => {
   it('needs the key on /v1 (compared in constant time), not on /health and /metrics', async () => {
     const engine = Engine.simulated({ seed: 1 })

@@ -221,14 +221,14 @@ class ApiHandler {
   }
 
   private health(res: ServerResponse): number {
-    try {
-      this.engine.stats()
+    if (this.engine.healthy) {
       sendJson(res, 200, { status: 'ok' })
       return 200
-    } catch (error) {
-      sendJson(res, 503, { status: 'unavailable', reason: (error as Error).message })
-      return 503
     }
+    const failure = this.engine.failureCode
+    const reason = failure === null ? 'the engine is closed' : `the engine failed (${failure})`
+    sendJson(res, 503, { status: 'unavailable', reason })
+    return 503
   }
 
   private model(): object {

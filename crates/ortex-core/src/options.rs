@@ -199,15 +199,7 @@ impl TurnOptions {
         if max_generated_tokens > MAX_COUNT {
             return Err(OrtexError::invalid("maxGeneratedTokens is too large"));
         }
-        let sampling = crate::sampling::SamplingParams::from_input(&crate::sampling::SamplingInput {
-            temperature: self.temperature,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            min_p: self.min_p,
-            repetition_penalty: self.repetition_penalty,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-        })?;
+        let sampling = crate::sampling::SamplingParams::from_options(self)?;
         let stop_token_ids = checked_stop_token_ids(self.stop_token_ids.clone().unwrap_or_default(), vocab_size)?;
         let eos_token_ids = checked_eos_token_ids(self.eos_token_ids.clone().unwrap_or_default(), vocab_size)?;
         if let Some(top) = self.logprobs.filter(|&top| top > crate::sampling::MAX_TOP_LOGPROBS) {

@@ -3,6 +3,7 @@
 //! `libm` so native and wasm agree bit for bit; ties are broken by the lower token id.
 
 use crate::error::{OrtexError, Result};
+use crate::options::TurnOptions;
 use crate::rng::Rng;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -43,18 +44,6 @@ impl Penalties {
     }
 }
 
-/// The sampling options as a turn gives them, each absent one at its neutral value.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct SamplingInput {
-    pub temperature: Option<f64>,
-    pub top_k: Option<u32>,
-    pub top_p: Option<f64>,
-    pub min_p: Option<f64>,
-    pub repetition_penalty: Option<f64>,
-    pub presence_penalty: Option<f64>,
-    pub frequency_penalty: Option<f64>,
-}
-
 /// Largest repetition penalty accepted: past it every seen token is as good as banned already.
 pub const MAX_REPETITION_PENALTY: f64 = 100.0;
 /// OpenAI's range for presence and frequency penalties.
@@ -70,21 +59,22 @@ fn in_range(name: &str, value: Option<f64>, min: f64, max: f64, neutral: f64) ->
 
 impl SamplingParams {
     pub fn new(temperature: Option<f64>, top_k: Option<u32>, top_p: Option<f64>) -> Result<Self> {
-        Self::from_input(&SamplingInput { temperature, top_k, top_p, ..SamplingInput::default() })
+        Self::from_options(&TurnOptions { temperature, top_k, top_p, ..TurnOptions::default() })
     }
 
-    pub fn from_input(input: &SamplingInput) -> Result<Self> {
-        if let Some(t) = input.temperature {
+    /// A turn's sampling options, checked; each absent one at its neutral value.
+    pub fn from_options(options: &TurnOptions) -> Result<Self> {
+        if let Some(t) = options.temperature {
             if !t.is_finite() || t < 0.0 {
                 return Err(OrtexError::invalid(format!("temperature must be a finite number >= 0, got {t}")));
             }
         }
-        let top_p = input.top_p.unwrap_or(1.0);
+        let top_p = options.top_p.unwrap_or(1.0);
         if !top_p.is_finite() || top_p <= 0.0 || top_p > 1.0 {
             return Err(OrtexError::invalid(format!("topP must be in (0, 1], got {top_p}")));
         }
-        let min_p = in_range("minP", input.min_p, 0.0, 1.0, 0.0)?;
-        let repetition = match input.repetition_penalty {
+        let min_p = in_range("minP", options.min_p, 0.0, 1.0, 0.0)?;
+        let repetition = match options.repetition_penalty {
             None => 1.0,
             Some(v) if v.is_finite() && v > 0.0 && v <= MAX_REPETITION_PENALTY => v,
             Some(v) => {
@@ -94,11 +84,11 @@ impl SamplingParams {
             }
         };
         let m = MAX_ABS_OPENAI_PENALTY;
-        let presence = in_range("presencePenalty", input.presence_penalty, -m, m, 0.0)?;
-        let frequency = in_range("frequencyPenalty", input.frequency_penalty, -m, m, 0.0)?;
+        let presence = in_range("presencePenalty", options.presence_penalty, -m, m, 0.0)?;
+        let frequency = in_range("frequencyPenalty", options.frequency_penalty, -m, m, 0.0)?;
         Ok(SamplingParams {
-            temperature: input.temperature.filter(|&t| t > 0.0),
-            top_k: input.top_k.unwrap_or(0),
+            temperature: options.temperature.filter(|&t| t > 0.0),
+            top_k: options.top_k.unwrap_or(0),
             top_p,
             min_p,
             penalties: Penalties { repetition, presence, frequency },
@@ -449,8 +439,8 @@ mod tests {
     #[test]
     fn repetition_penalty_steers_greedy_away_from_seen_tokens() {
         let logits = [1.0f32, 3.0, 2.9, -1.0];
-        let input = SamplingInput { repetition_penalty: Some(1.5), ..SamplingInput::default() };
-        let p = SamplingParams::from_input(&input).unwrap();
+        let input = TurnOptions { repetition_penalty: Some(1.5), ..TurnOptions::default() };
+        let p = SamplingParams::from_options(&input).unwrap();
         let mut rng = Rng::new(1);
         let mut s = SamplerScratch::default();
         // Token 1 is in the prompt: 3.0 / 1.5 = 2.0 < 2.9.
@@ -464,8 +454,8 @@ mod tests {
     #[test]
     fn presence_and_frequency_count_only_this_turns_output() {
         let input =
-            SamplingInput { presence_penalty: Some(0.5), frequency_penalty: Some(0.25), ..SamplingInput::default() };
-        let p = SamplingParams::from_input(&input).unwrap();
+            TurnOptions { presence_penalty: Some(0.5), frequency_penalty: Some(0.25), ..TurnOptions::default() };
+        let p = SamplingParams::from_options(&input).unwrap();
         let logits = [0.0f32, 2.0, 1.0];
         let mut rng = Rng::new(1);
         let mut s = SamplerScratch::default();
@@ -488,14 +478,14 @@ mod tests {
     fn min_p_drops_unlikely_tokens() {
         // At temperature 1, token 0 has weight 1 and token 1 exp(-3) ~ 0.05 of it.
         let logits = [3.0f32, 0.0];
-        let input = SamplingInput { temperature: Some(1.0), min_p: Some(0.1), ..SamplingInput::default() };
-        let p = SamplingParams::from_input(&input).unwrap();
+        let input = TurnOptions { temperature: Some(1.0), min_p: Some(0.1), ..TurnOptions::default() };
+        let p = SamplingParams::from_options(&input).unwrap();
         let mut rng = Rng::new(9);
         let mut s = SamplerScratch::default();
         for _ in 0..200 {
             assert_eq!(sample(RowLogits::Dense(&logits), &p, History::EMPTY, &mut rng, &mut s), 0);
         }
-        let loose = SamplingParams::from_input(&SamplingInput { min_p: Some(0.01), ..input }).unwrap();
+        let loose = SamplingParams::from_options(&TurnOptions { min_p: Some(0.01), ..input }).unwrap();
         let picks: Vec<u32> =
             (0..400).map(|_| sample(RowLogits::Dense(&logits), &loose, History::EMPTY, &mut rng, &mut s)).collect();
         assert!(picks.contains(&1), "min_p 0.01 keeps a token of relative weight 0.05");
@@ -504,26 +494,26 @@ mod tests {
     #[test]
     fn bad_penalties_and_min_p_are_refused() {
         let bad = [
-            SamplingInput { repetition_penalty: Some(0.0), ..SamplingInput::default() },
-            SamplingInput { repetition_penalty: Some(f64::INFINITY), ..SamplingInput::default() },
-            SamplingInput { presence_penalty: Some(2.5), ..SamplingInput::default() },
-            SamplingInput { frequency_penalty: Some(-2.01), ..SamplingInput::default() },
-            SamplingInput { frequency_penalty: Some(f64::NAN), ..SamplingInput::default() },
-            SamplingInput { min_p: Some(1.5), ..SamplingInput::default() },
-            SamplingInput { min_p: Some(-0.1), ..SamplingInput::default() },
+            TurnOptions { repetition_penalty: Some(0.0), ..TurnOptions::default() },
+            TurnOptions { repetition_penalty: Some(f64::INFINITY), ..TurnOptions::default() },
+            TurnOptions { presence_penalty: Some(2.5), ..TurnOptions::default() },
+            TurnOptions { frequency_penalty: Some(-2.01), ..TurnOptions::default() },
+            TurnOptions { frequency_penalty: Some(f64::NAN), ..TurnOptions::default() },
+            TurnOptions { min_p: Some(1.5), ..TurnOptions::default() },
+            TurnOptions { min_p: Some(-0.1), ..TurnOptions::default() },
         ];
         for input in bad {
-            let error = SamplingParams::from_input(&input).err().unwrap_or_else(|| panic!("{input:?} accepted"));
+            let error = SamplingParams::from_options(&input).err().unwrap_or_else(|| panic!("{input:?} accepted"));
             assert_eq!(error.code, crate::error::ErrorCode::InvalidArgument);
         }
-        let neutral = SamplingInput {
+        let neutral = TurnOptions {
             repetition_penalty: Some(1.0),
             presence_penalty: Some(0.0),
             frequency_penalty: Some(0.0),
             min_p: Some(0.0),
-            ..SamplingInput::default()
+            ..TurnOptions::default()
         };
-        assert_eq!(SamplingParams::from_input(&neutral).unwrap(), SamplingParams::GREEDY);
+        assert_eq!(SamplingParams::from_options(&neutral).unwrap(), SamplingParams::GREEDY);
     }
 
     #[test]

@@ -349,13 +349,13 @@ impl Engine {
         Ok(self.requests.get(&id).map_or(0, |r| r.token_count()))
     }
 
-    /// The request's whole context (prompts, prefills and generated tokens).
     /// The latest turn's log-probabilities (empty unless it asked for them with `logprobs`).
     pub fn request_logprobs(&self, id: RequestId) -> Result<&[sampling::TokenLogprobs]> {
         self.check_known(id)?;
         Ok(self.requests.get(&id).map_or(&[][..], |r| &r.logprobs))
     }
 
+    /// The request's whole context (prompts, prefills and generated tokens).
     pub fn request_tokens(&self, id: RequestId) -> Result<&[i32]> {
         self.check_known(id)?;
         Ok(self.requests.get(&id).map_or(&[][..], |r| &r.tokens))

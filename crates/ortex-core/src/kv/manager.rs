@@ -137,6 +137,15 @@ pub struct PagedKv {
     cache: Option<PrefixCache>,
 }
 
+/// Table `kv` of `tables`, by field so that the pool and the cache stay borrowable beside it.
+fn open_table(tables: &[Option<Table>], kv: KvHandle) -> &Table {
+    tables[kv.0 as usize].as_ref().expect("an open KV handle")
+}
+
+fn open_table_mut(tables: &mut [Option<Table>], kv: KvHandle) -> &mut Table {
+    tables[kv.0 as usize].as_mut().expect("an open KV handle")
+}
+
 impl PagedKv {
     pub fn new(num_blocks: u32, block_size: u32, prefix_caching: bool) -> PagedKv {
         let cache = prefix_caching.then(PrefixCache::default);
@@ -144,11 +153,11 @@ impl PagedKv {
     }
 
     fn entry(&self, kv: KvHandle) -> &Table {
-        self.tables[kv.0 as usize].as_ref().expect("an open KV handle")
+        open_table(&self.tables, kv)
     }
 
     fn entry_mut(&mut self, kv: KvHandle) -> &mut Table {
-        self.tables[kv.0 as usize].as_mut().expect("an open KV handle")
+        open_table_mut(&mut self.tables, kv)
     }
 
     /// Gives `blocks` back, the last first (so that a chain's leaves are evicted before its
@@ -171,7 +180,7 @@ impl PagedKv {
         if let Some(cache) = &mut self.cache {
             while self.pool.num_free_blocks() < count && cache.evict_oldest(&mut self.pool) {}
         }
-        let table = &mut self.tables[kv.0 as usize].as_mut().expect("an open KV handle").blocks;
+        let table = &mut open_table_mut(&mut self.tables, kv).blocks;
         let start = table.len();
         assert!(self.pool.reserve(count, table), "a reservation admitted by admit() failed");
         if let Some(cache) = &mut self.cache {
@@ -183,7 +192,7 @@ impl PagedKv {
     fn publish(&mut self, kv: KvHandle, from: u32, to: u32, tokens: &[i32]) {
         let block_size = self.block_size as usize;
         let cache = self.cache.as_mut().expect("only a prefix cache records filled blocks");
-        let table = self.tables[kv.0 as usize].as_mut().expect("an open KV handle");
+        let table = open_table_mut(&mut self.tables, kv);
         assert_eq!(table.hashes.len(), from as usize, "a table's hashes cover its full blocks");
         for index in from as usize..to as usize {
             let parent = table.hashes.last().unwrap_or(&ROOT_HASH);
@@ -198,7 +207,7 @@ impl PagedKv {
     fn keep_writable(&mut self, kv: KvHandle, computed: u32) -> u32 {
         let block_size = self.block_size;
         let Some(cache) = &mut self.cache else { return computed };
-        let table = self.tables[kv.0 as usize].as_mut().expect("an open KV handle");
+        let table = open_table_mut(&mut self.tables, kv);
         let last = (computed / block_size) as usize;
         if computed.is_multiple_of(block_size) || last >= table.blocks.len() || !cache.is_published(table.blocks[last])
         {
@@ -256,7 +265,7 @@ impl KvManager for PagedKv {
     fn attach_cached(&mut self, kv: KvHandle, tokens: &[i32], computed: u32, target: u32) -> u32 {
         let block_size = self.block_size;
         let Some(cache) = &mut self.cache else { return 0 };
-        let table = self.tables[kv.0 as usize].as_mut().expect("an open KV handle");
+        let table = open_table_mut(&mut self.tables, kv);
         let attachable = target.saturating_sub(1) / block_size;
         if !computed.is_multiple_of(block_size) || table.blocks.len() as u32 * block_size != computed {
             return 0;
@@ -314,7 +323,7 @@ impl KvManager for PagedKv {
 
     fn commit<'a>(&mut self, step: StepReservation, tokens_of: &dyn Fn(RequestId) -> &'a [i32]) {
         for (kv, before) in step.grown {
-            let table = &self.tables[kv.0 as usize].as_ref().expect("an open KV handle").blocks;
+            let table = &open_table(&self.tables, kv).blocks;
             self.pool.commit(&table[before as usize..]);
         }
         for (kv, from, to) in step.filled {
@@ -325,7 +334,7 @@ impl KvManager for PagedKv {
 
     fn rollback(&mut self, step: StepReservation) {
         for (kv, before) in step.grown {
-            let table = &mut self.tables[kv.0 as usize].as_mut().expect("an open KV handle").blocks;
+            let table = &mut open_table_mut(&mut self.tables, kv).blocks;
             let reserved = table.split_off(before as usize);
             self.pool.rollback(&reserved);
             if let Some(cache) = &mut self.cache {

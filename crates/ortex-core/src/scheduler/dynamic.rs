@@ -17,7 +17,7 @@ struct Budget {
 impl Scheduler {
     /// This step's candidates: decodes and waiting prefills in scope, and the requests whose
     /// context can never fit the pool (reported unserviceable, never scheduled).
-    pub(super) fn collect_candidates(&mut self, input: &mut PlanInput<'_>, report: &mut super::PlanReport) {
+    pub(super) fn collect_candidates(&mut self, input: &PlanInput<'_>, report: &mut super::PlanReport) {
         self.decodes.clear();
         self.prefills.clear();
         let dynamic = input.config.batching == BatchingMode::Dynamic;

@@ -12,6 +12,7 @@
 // Every run draws its prompts from a stream no earlier run used, so each run meets a cold cache.
 
 import { type RequestRecord, type RunSummary, summarize } from '../throughput/stats'
+import { closedLoop } from '../throughput/throughput'
 
 export interface CacheTurnResult {
   usage: { promptTokens: number; generatedTokens: number; cachedPromptTokens: number }
@@ -52,8 +53,6 @@ export class PromptSource {
   }
 }
 
-const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, Math.max(0, ms)))
-
 /** Streams one request, pushing each token's time (from `now`) into `tokenMs`. */
 async function streamed(engine: CacheEngine, prompt: number[], n: number, tokenMs: number[], now: () => number) {
   const turn = engine.generate(prompt, { maxGeneratedTokens: n, ignoreEos: true })
@@ -72,16 +71,16 @@ export function sharedPrefixPrompts(source: PromptSource, run: number): number[]
 }
 
 export async function runSharedPrefix(engine: CacheEngine, prompts: number[][]): Promise<SharedPrefixRun> {
-  const t0 = performance.now()
-  const now = () => performance.now() - t0
-  const records: RequestRecord[] = prompts.map((_, index) => ({ index, arrivalMs: index * SHARED.staggerMs, tokenMs: [] }))
-  const results = await Promise.all(
-    records.map(async (record) => {
-      await sleep(record.arrivalMs - now())
-      return streamed(engine, prompts[record.index]!, SHARED.generatedTokens, record.tokenMs, now)
-    }),
+  // One request per client: request k arrives at k x staggerMs.
+  let cachedPromptTokens = 0
+  const records = await closedLoop(
+    { prompts, staggerMs: SHARED.staggerMs, requestsByConcurrency: { [SHARED.requests]: SHARED.requests } },
+    SHARED.requests,
+    async (record, prompt, now) => {
+      const result = await streamed(engine, prompt, SHARED.generatedTokens, record.tokenMs, now)
+      cachedPromptTokens += result.usage.cachedPromptTokens
+    },
   )
-  const cachedPromptTokens = results.reduce((sum, r) => sum + r.usage.cachedPromptTokens, 0)
   return { ...summarize(records, SHARED.generatedTokens), cachedPromptTokens }
 }
 
@@ -138,20 +137,13 @@ export function distinctPrompts(source: PromptSource, run: number): number[][] {
 /** At `concurrency`, a closed loop of `requests` (client k first at k x 5 ms, its next request
  *  when the previous finished). */
 export async function runDistinct(engine: CacheEngine, prompts: number[][], concurrency: number, requests: number): Promise<RunSummary> {
-  const t0 = performance.now()
-  const now = () => performance.now() - t0
-  const records: RequestRecord[] = []
-  const client = async (k: number) => {
-    let arrivalMs = k * SHARED.staggerMs
-    await sleep(arrivalMs - now())
-    for (let index = k; index < requests; index += concurrency) {
-      const record: RequestRecord = { index, arrivalMs, tokenMs: [] }
-      records.push(record)
-      await streamed(engine, prompts[index % prompts.length]!, DISTINCT.generatedTokens, record.tokenMs, now)
-      arrivalMs = record.tokenMs[record.tokenMs.length - 1] ?? now()
-    }
-  }
-  await Promise.all(Array.from({ length: Math.min(concurrency, requests) }, (_, k) => client(k)))
+  const records = await closedLoop(
+    { prompts, staggerMs: SHARED.staggerMs, requestsByConcurrency: { [concurrency]: requests } },
+    concurrency,
+    async (record, prompt, now) => {
+      await streamed(engine, prompt, DISTINCT.generatedTokens, record.tokenMs, now)
+    },
+  )
   return summarize(records, DISTINCT.generatedTokens)
 }
 
@@ -174,12 +166,7 @@ export async function runDistinctInterleaved<K extends string>(engines: Record<K
 
 /** Requests run one after another, each timed from its own start: tokens/s over their summed time. */
 function summarizeSolo(records: RequestRecord[]): RunSummary {
-  const each = records.map((r) => summarize([r], DISTINCT.generatedTokens))
-  const wallMs = each.reduce((sum, r) => sum + r.wallMs, 0)
-  const tokens = each.reduce((sum, r) => sum + r.tokens, 0)
-  const pooled = summarize(
-    records.map((r, i) => ({ ...r, index: i })),
-    DISTINCT.generatedTokens,
-  )
-  return { ...pooled, wallMs, tokens, tokensPerSecond: (tokens * 1000) / wallMs }
+  const pooled = summarize(records, DISTINCT.generatedTokens)
+  const wallMs = records.reduce((sum, r) => sum + r.tokenMs[r.tokenMs.length - 1]!, 0)
+  return { ...pooled, wallMs, tokensPerSecond: (pooled.tokens * 1000) / wallMs }
 }

@@ -235,8 +235,8 @@ const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve,
  * next request when the previous finished. `runOne` streams one request, pushing each token's time
  * (from `now`) into its record. Returns the records; the clock starts at 0 with the first arrival.
  */
-async function closedLoop(
-  w: Workload,
+export async function closedLoop(
+  w: Pick<Workload, 'prompts' | 'staggerMs' | 'requestsByConcurrency'>,
   concurrency: number,
   runOne: (record: RequestRecord, prompt: number[], now: () => number) => Promise<void>,
 ): Promise<RequestRecord[]> {

@@ -26,6 +26,10 @@ use crate::weight_chunks;
 
 pub const LIBRARY_ENV: &str = "ORTEX_ORT_DYLIB";
 pub const ORT_LIBRARY_ENV: &str = "ORT_DYLIB_PATH";
+/// A file prefix: when set, every session ortex opens writes ONNX Runtime's own profile (a
+/// Chrome trace of each operator's time, `PREFIX_<date>.json`) when it is closed. A diagnostic
+/// (docs/performance.md, "The batch-16 step against onnxruntime-genai's"), slow: never in production.
+pub const PROFILE_ENV: &str = "ORTEX_ORT_PROFILE";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -161,6 +165,9 @@ pub fn open_session(
     if let Some(threads) = settings.intra_op_threads.filter(|&t| t > 0) {
         builder =
             builder.with_intra_threads(threads as usize).map_err(builder_error(model_file, "set intra-op threads"))?;
+    }
+    if let Some(prefix) = std::env::var_os(PROFILE_ENV).filter(|v| !v.is_empty()) {
+        builder = builder.with_profiling(prefix).map_err(builder_error(model_file, "turn profiling on"))?;
     }
     if settings.execution_provider == ExecutionProvider::Cuda {
         // error_on_failure: without it ort logs the failure and silently runs on the CPU.

@@ -26,6 +26,10 @@ the Generator's model and the warm-ups) and, when the spec has `promptText` and 
 benchmark's text and ortex's ids for it), `tokenizerCheck`: whether this folder's tokenizer gives
 the same ids (the benchmark refuses to compare when it does not; the prompts are token ids).
 
+With `profilePrefix` in the spec, the Generator's session writes ONNX Runtime's profile (session
+option enable_profiling; a Chrome trace per operator) to PREFIX_<date>.json when the script ends
+(bench/step-profile.ts reads it).
+
 A failed command replies `{"ok": false, "error": ...}`. Progress goes to stderr, and so does
 anything a library prints once the script runs (stdout carries only the protocol lines). EOF on stdin ends the script.
 
@@ -200,7 +204,10 @@ class Genai:
         self.memory["rssAfterLoadMb"] = rss_mb()
         self.engine = og.Engine(self.engine_model)
         self.buffer = self.engine.create_event_buffer(max(64, 4 * spec["maxBatchSize"]))
-        self.generator_model = load_model(og, spec, session_overlay(spec))
+        generator_overlay = session_overlay(spec)
+        if spec.get("profilePrefix"):
+            generator_overlay["model"]["decoder"]["session_options"]["enable_profiling"] = spec["profilePrefix"]
+        self.generator_model = load_model(og, spec, generator_overlay)
         self.tokenizer = og.Tokenizer(self.engine_model)
         # Warm-ups: one short request each (the first runs allocate).
         warm = self.begin(prompt_of(spec, 0)[:8])
@@ -385,6 +392,7 @@ def main() -> int:
             reply({"ok": True, **genai.command(json.loads(line))})
         except Exception as e:  # noqa: BLE001 -- reported per command
             reply({"ok": False, "error": str(e)})
+    del genai  # its sessions end here: a profile is written as they do
     return 0
 
 

@@ -7,7 +7,7 @@ import { dirname, join, resolve } from 'node:path'
 import { parseArgs } from 'node:util'
 
 import { formatTable, svgChart } from './report'
-import { type BenchEngineClass, CONCURRENCIES, runThroughput } from './throughput'
+import { type BenchEngineClass, CONCURRENCIES, DEFAULT_STAGGER_MS, runThroughput } from './throughput'
 
 export const DEFAULT_BENCH_MODEL = '.cache/models/bench-gqa'
 
@@ -33,6 +33,8 @@ Options:
   --out DIR       where to write throughput.json (default: bench/out)
   --svg FILE      where to write the chart (default: OUT/throughput.svg)
   --threads N     ONNX Runtime intra-op threads for every system (default 2)
+  --stagger-ms N  milliseconds between the first arrivals of the clients (default 5; 0: all at
+                  once, onnxruntime-genai's padded batch then starts at once, its best case)
   --genai-model DIR  run onnxruntime-genai on this folder instead of --model's (one its own builder
                   made from the same weights: bench/smollm2_genai.py); refused unless its tokenizer
                   gives ortex's ids for the prompt text
@@ -58,6 +60,7 @@ interface BenchArgs {
   out: string
   svg: string | undefined
   threads: number
+  staggerMs: number
   rounds: number
   concurrencies: number[]
   naive: boolean
@@ -77,6 +80,7 @@ function parseBench(argv: string[], hooks: BenchCommandHooks): BenchArgs | 'help
       out: { type: 'string' },
       svg: { type: 'string' },
       threads: { type: 'string' },
+      'stagger-ms': { type: 'string' },
       rounds: { type: 'string' },
       concurrency: { type: 'string' },
       'no-naive': { type: 'boolean' },
@@ -89,11 +93,11 @@ function parseBench(argv: string[], hooks: BenchCommandHooks): BenchArgs | 'help
   for (const name of ['model', 'genai-model', 'out', 'svg', 'python'] as const) {
     if (values[name] === '') throw hooks.usageError(`--${name} needs a value`)
   }
-  const integer = (name: string, value: string | undefined, fallback: number, max: number): number => {
+  const integer = (name: string, value: string | undefined, fallback: number, max: number, min = 1): number => {
     if (value === undefined) return fallback
     const n = Number(value)
-    if (!/^\d+$/.test(value) || n < 1 || n > max) {
-      throw hooks.usageError(`--${name} must be an integer in [1, ${max}], got ${JSON.stringify(value)}`)
+    if (!/^\d+$/.test(value) || n < min || n > max) {
+      throw hooks.usageError(`--${name} must be an integer in [${min}, ${max}], got ${JSON.stringify(value)}`)
     }
     return n
   }
@@ -105,6 +109,7 @@ function parseBench(argv: string[], hooks: BenchCommandHooks): BenchArgs | 'help
     out: values.out ?? join('bench', 'out'),
     svg: values.svg,
     threads: integer('threads', values.threads, 2, 256),
+    staggerMs: integer('stagger-ms', values['stagger-ms'], DEFAULT_STAGGER_MS, 10_000, 0),
     rounds: integer('rounds', values.rounds, quick ? 1 : 2, 100),
     concurrencies: concurrencyList(values.concurrency, hooks),
     naive: values['no-naive'] !== true,
@@ -166,6 +171,7 @@ export async function runBenchCommand(argv: string[], hooks: BenchCommandHooks):
     Engine: hooks.Engine,
     root: hooks.root,
     intraOpThreads: args.threads,
+    staggerMs: args.staggerMs,
     naive: args.naive,
     genai: args.genai,
     python: args.python,

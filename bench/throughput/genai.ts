@@ -30,6 +30,8 @@ export interface GenaiSpec {
   /** The text the prompts were cut from and ortex's ids for it: the script checks its tokenizer. */
   promptText?: string
   promptIds?: number[]
+  /** Where the Generator's session writes ONNX Runtime's profile (a file prefix), if at all. */
+  profilePrefix?: string
 }
 
 export type GenaiMode = 'engine' | 'generator'
@@ -112,6 +114,16 @@ export class GenaiProcess {
   close(): void {
     this.child.stdin.end()
     rmSync(this.dir, { recursive: true, force: true })
+  }
+
+  /** Closes the process and waits until it has exited (and so written what it writes at its end). */
+  async closeAndWait(): Promise<void> {
+    const exited = new Promise<void>((resolve) => {
+      if (this.child.exitCode !== null || this.child.signalCode !== null) resolve()
+      else this.child.once('close', () => resolve())
+    })
+    this.close()
+    await exited
   }
 
   private async send(command: Record<string, unknown>): Promise<GenaiReply> {

@@ -66,6 +66,8 @@ export interface ThroughputOptions {
   /** The package root, where bench/genai_throughput.py lives. */
   root: string
   intraOpThreads: number
+  /** Milliseconds between the clients' first arrivals (0: all at once; default DEFAULT_STAGGER_MS). */
+  staggerMs?: number
   /** Measure the naive onnxruntime-node loop (needs the onnxruntime-node package). */
   naive: boolean
   /** Measure onnxruntime-genai (needs python3; the script installs it into .cache/genai-venv). */
@@ -180,7 +182,7 @@ export interface ThroughputReport {
 
 /** Prompt lengths, cycled by request index; every system gets the same prompts. */
 const PROMPT_LENGTHS = [32, 48, 24, 64, 40, 56, 16, 72]
-const STAGGER_MS = 5
+export const DEFAULT_STAGGER_MS = 5
 /** Tokens generated per request. */
 const FULL_TOKENS = 128
 const QUICK_TOKENS = 32
@@ -207,6 +209,7 @@ export function makeWorkload(
   intraOpThreads: number,
   tokenize: (text: string) => Int32Array,
   concurrencies: readonly number[] = CONCURRENCIES,
+  staggerMs = DEFAULT_STAGGER_MS,
 ): Workload {
   const text = promptText()
   const ids = Array.from(tokenize(text))
@@ -221,7 +224,7 @@ export function makeWorkload(
     generatedTokens: quick ? QUICK_TOKENS : FULL_TOKENS,
     concurrencies: [...concurrencies],
     requestsByConcurrency: quick ? { 1: 2, 4: 4, 16: 16 } : { 1: 8, 4: 4, 16: 16 },
-    staggerMs: STAGGER_MS,
+    staggerMs,
     intraOpThreads,
     intraOpSpinning: true,
     maxBatchSize: MAX_BATCH_SIZE,
@@ -656,7 +659,7 @@ async function loadOrtex(
   const engine = await load(true)
   const rssAfterLoadMb = rssMb()
   try {
-    const w = makeWorkload(options.modelDir, options.quick, options.intraOpThreads, (text) => engine.tokenize(text), options.concurrencies)
+    const w = makeWorkload(options.modelDir, options.quick, options.intraOpThreads, (text) => engine.tokenize(text), options.concurrencies, options.staggerMs)
     if (options.genaiModelDir !== undefined) w.genaiModelDir = options.genaiModelDir
     return { engine, blocking: await load(false), w, rssAfterLoadMb }
   } catch (error) {

@@ -5,10 +5,12 @@
 
 import { readFileSync, statSync } from 'node:fs'
 import { createRequire } from 'node:module'
+import os from 'node:os'
 import path from 'node:path'
 
 import type { NativeBinding, NativeCoreEngine } from './binding'
 import type { Backend } from './backend'
+import type { ModelOptionsInput } from './generated/boundary'
 import { fromPackageRoot, packageRoot } from './backend'
 import { OrtexError } from './errors'
 
@@ -184,6 +186,14 @@ function safeLocateAddon(): string | null {
   }
 }
 
+/** A model's default KV pool is held to a quarter of the machine's memory, so that a long
+ *  context does not make it reserve more than the machine has (options naming the pool's size
+ *  or budget are kept as they are). */
+function withKvBudget(options: ModelOptionsInput): ModelOptionsInput {
+  if (options.numBlocks !== undefined || options.kvCacheBytes !== undefined) return options
+  return { ...options, kvCacheBytes: Math.floor(os.totalmem() / 4) }
+}
+
 export const nativeBackend: Backend = {
   kind: 'native',
   simulated(options) {
@@ -192,7 +202,7 @@ export const nativeBackend: Backend = {
   /** Loading runs on the libuv thread pool (config, tokenizer, ONNX Runtime session). */
   async load(modelDir, options) {
     checkModelFolder(modelDir)
-    return loadBinding().CoreEngine.load(path.resolve(modelDir), options, ortLibraryPath())
+    return loadBinding().CoreEngine.load(path.resolve(modelDir), withKvBudget(options), ortLibraryPath())
   },
   chat(files) {
     const factory = loadBinding().CoreChat

@@ -16,8 +16,13 @@ export interface EngineOptions {
   batching?: Batching
   /** Tokens per KV block; default 16. */
   blockSize?: number
-  /** KV pool size; default maxBatchSize * ceil(maxLength / blockSize). */
+  /** KV pool size in blocks; default maxBatchSize * ceil(maxLength / blockSize), fewer where
+   *  kvCacheBytes holds fewer. Not given together with kvCacheBytes. */
   numBlocks?: number
+  /** Addition: most bytes the default KV pool may reserve (engine.config.kvCacheBytes says what
+   *  it does); default for a model, a quarter of the machine's memory (os.totalmem() / 4). The
+   *  simulated model keeps no KV bytes: there it bounds nothing. */
+  kvCacheBytes?: number
   /** Rows per step; default 16. */
   maxBatchSize?: number
   /** Token budget per step (chunked prefill falls out of it); default 512. */
@@ -153,6 +158,10 @@ export interface EngineConfig {
   batching: Batching
   blockSize: number
   numBlocks: number
+  /** Bytes the KV pool reserves (numBlocks * blockSize * kvPositionBytes; 0 for the simulated model). */
+  kvCacheBytes: number
+  /** Bytes of KV one token position takes (all layers, keys and values; 0 for the simulated model). */
+  kvPositionBytes: number
   maxBatchSize: number
   maxScheduledTokens: number
   prefillChunkSize: number

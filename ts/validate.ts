@@ -220,6 +220,7 @@ const CORE_ENGINE_KEYS = [
   'batching',
   'blockSize',
   'numBlocks',
+  'kvCacheBytes',
   'maxBatchSize',
   'maxScheduledTokens',
   'prefillChunkSize',
@@ -295,6 +296,9 @@ function engineFields(name: string, present: Map<string, unknown>, out: ModelOpt
         break
       case 'maxPrefillWaitSteps':
         out[key] = integer(arg, value, 0)
+        break
+      case 'kvCacheBytes':
+        out.kvCacheBytes = integer(arg, value, 1, Number.MAX_SAFE_INTEGER)
         break
       case 'prefixCaching':
         out.prefixCaching = boolean(arg, value)

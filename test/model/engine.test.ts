@@ -4,6 +4,7 @@
 
 import { spawnSync } from 'node:child_process'
 import { cpSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import os from 'node:os'
 import { join, resolve } from 'node:path'
 import { Engine, OrtexError } from 'ortex'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
@@ -125,6 +126,32 @@ describe.each(FORMS)('%s form', (form) => {
       if (form === 'gqa') expect(stats.carried).toBeGreaterThan(0)
     } finally {
       await engine.close()
+    }
+  })
+
+  it('the default KV pool is held to a quarter of the machine, and a kvCacheBytes budget shrinks it without changing greedy tokens', async () => {
+    const engine = await Engine.load(dirs[form], options)
+    const { blockSize, maxBatchSize, maxLength, kvPositionBytes, numBlocks, kvCacheBytes } = engine.config
+    const blockBytes = blockSize * kvPositionBytes
+    const defaultStoreBytes = engine.executorStats()!.kvStoreBytes
+    expect(kvPositionBytes).toBe(engine.executorStats()!.kvPositionBytes)
+    await engine.close()
+    const full = maxBatchSize * Math.ceil(maxLength / blockSize)
+    expect(numBlocks).toBe(Math.min(full, Math.floor(Math.floor(os.totalmem() / 4) / blockBytes)))
+    expect(kvCacheBytes).toBe(numBlocks * blockBytes)
+
+    // 64 blocks hold the workload (8 requests of at most 41 + 12 + 10 + 6 positions) but are far
+    // fewer than the default 16 rows of 2048 positions.
+    const budget = 64 * blockBytes + blockBytes - 1
+    const small = await Engine.load(dirs[form], { ...options, kvCacheBytes: budget })
+    try {
+      expect(small.config.numBlocks).toBe(64)
+      expect(small.config.kvCacheBytes).toBe(64 * blockBytes)
+      expect(small.executorStats()!.kvStoreBytes).toBeGreaterThanOrEqual(64 * blockBytes)
+      expect(small.executorStats()!.kvStoreBytes).toBeLessThan(defaultStoreBytes)
+      expect(await runWorkload(small)).toEqual(await referenceFor(form))
+    } finally {
+      await small.close()
     }
   })
 
@@ -337,11 +364,29 @@ describe('Engine.load errors', () => {
       message: expect.stringContaining('intraOpSpinning'),
     })
     await expect(Engine.load(dirs.gqa, { numBlocks: 0 } as never)).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' })
+    for (const kvCacheBytes of [0, -1, 1.5, 2 ** 53, '1']) {
+      await expect(Engine.load(dirs.gqa, { kvCacheBytes } as never)).rejects.toMatchObject({
+        code: 'INVALID_ARGUMENT',
+        message: expect.stringContaining('kvCacheBytes'),
+      })
+    }
+    await expect(Engine.load(dirs.gqa, { numBlocks: 64, kvCacheBytes: 1 << 20 })).rejects.toMatchObject({
+      code: 'INVALID_ARGUMENT',
+      message: expect.stringMatching(/numBlocks.*kvCacheBytes.*not both/),
+    })
+    // A budget smaller than one block still leaves the pool one block.
+    const tiny = await Engine.load(dirs.gqa, { kvCacheBytes: 1 })
+    expect(tiny.config.numBlocks).toBe(1)
+    await tiny.close()
   })
 
-  it('the simulated model has no executor stats', async () => {
+  it('the simulated model has no executor stats, and keeps no KV bytes for a budget to bound', async () => {
     const engine = Engine.simulated()
     expect(engine.executorStats()).toBeNull()
+    expect(engine.config).toMatchObject({ kvCacheBytes: 0, kvPositionBytes: 0 })
+    const budgeted = Engine.simulated({ kvCacheBytes: 1 })
+    expect(budgeted.config.numBlocks).toBe(engine.config.numBlocks)
+    await budgeted.close()
     await engine.close()
   })
 })
@@ -360,6 +405,13 @@ describe('the ortex command line on model folders', () => {
     const run = ortex(['generate', '--model', dir, '--prompt', 'The river', '--prompt', 'Once', '--max-tokens', '5'])
     expect(run.status, run.stderr).toBe(0)
     expect(run.stdout).toMatch(/total: \d+ tokens from 2 requests/)
+    expect(run.stderr).toMatch(/^loaded .*cli-made: KV pool of \d+ blocks x 16 positions, [\d.]+ MiB reserved \([\d.]+ KiB per position\)$/m)
+    // A budget of 1 MiB: the pool shrinks to what it holds, and the line says so.
+    const budgeted = ortex(['generate', '--model', dir, '--prompt', 'Once', '--max-tokens', '5', '--kv-cache-bytes', String(1 << 20)])
+    expect(budgeted.status, budgeted.stderr).toBe(0)
+    const [, blocks, mib] = /KV pool of (\d+) blocks x 16 positions, ([\d.]+) MiB reserved/.exec(budgeted.stderr) ?? []
+    expect(Number(mib)).toBeLessThanOrEqual(1)
+    expect(Number(blocks)).toBeGreaterThan(0)
   })
 
   it('make-model refuses bad flags with a one-line reason', () => {

@@ -55,6 +55,7 @@ export const ENGINE_FLAGS = {
   simulated: { type: 'boolean' },
   seed: { type: 'string' },
   backend: { type: 'string' },
+  'kv-cache-bytes': { type: 'string' },
 } as const
 
 export interface EngineChoice {
@@ -62,10 +63,18 @@ export interface EngineChoice {
   model: string | undefined
   seed: number
   backend: 'native' | 'wasm'
+  /** --kv-cache-bytes: the model's KV budget (EngineOptions.kvCacheBytes). */
+  kvCacheBytes: number | undefined
 }
 
 /** Checks --model / --simulated / --seed / --backend as parseArgs returned them. */
-export function engineChoice(values: { model?: string; simulated?: boolean; seed?: string; backend?: string }): EngineChoice {
+export function engineChoice(values: {
+  model?: string
+  simulated?: boolean
+  seed?: string
+  backend?: string
+  'kv-cache-bytes'?: string
+}): EngineChoice {
   if (values.model !== undefined && values.simulated === true) throw new UsageError('give either --model or --simulated, not both')
   if (values.model === undefined && values.simulated !== true) throw new UsageError('give --model DIR or --simulated')
   if (values.model === '') throw new UsageError('--model needs a folder')
@@ -73,11 +82,13 @@ export function engineChoice(values: { model?: string; simulated?: boolean; seed
     model: values.model,
     seed: integerFlag('seed', values.seed, 0, 0, Number.MAX_SAFE_INTEGER),
     backend: choiceFlag('backend', values.backend, ['native', 'wasm'] as const) ?? 'native',
+    kvCacheBytes: integerFlag('kv-cache-bytes', values['kv-cache-bytes'], undefined, 1, Number.MAX_SAFE_INTEGER),
   }
 }
 
-/** Opens the chosen engine: a model folder (with a load line on a terminal) or the simulated
- *  model with `simulated` options. */
+/** Opens the chosen engine: a model folder (with a progress line on a terminal while it loads,
+ *  and a line on stderr saying what its KV pool reserves) or the simulated model with
+ *  `simulated` options. */
 export async function openEngine(
   choice: EngineChoice,
   options: EngineOptions,
@@ -85,7 +96,19 @@ export async function openEngine(
 ): Promise<Engine> {
   const EngineClass = choice.backend === 'wasm' ? WasmEngine : NativeEngine
   if (choice.model === undefined) return EngineClass.simulated({ ...options, ...simulated, seed: choice.seed })
-  return withLoadProgress(choice.model, EngineClass.load(choice.model, options))
+  const budget = choice.kvCacheBytes === undefined ? {} : { kvCacheBytes: choice.kvCacheBytes }
+  const engine = await withLoadProgress(choice.model, EngineClass.load(choice.model, { ...options, ...budget }))
+  process.stderr.write(`${describeKvPool(choice.model, engine.config)}\n`)
+  return engine
+}
+
+const MIB = 1024 * 1024
+
+/** `loaded DIR: KV pool of 2048 blocks x 16 positions, 1440.0 MiB reserved (45.0 KiB per position)`. */
+export function describeKvPool(modelDir: string, config: Engine['config']): string {
+  const reserved = `${(config.kvCacheBytes / MIB).toFixed(1)} MiB reserved`
+  const perPosition = `${(config.kvPositionBytes / 1024).toFixed(1)} KiB per position`
+  return `loaded ${modelDir}: KV pool of ${config.numBlocks} blocks x ${config.blockSize} positions, ${reserved} (${perPosition})`
 }
 
 /** On a terminal, a line on stderr while a model loads (a large one takes seconds): the folder's

@@ -22,6 +22,8 @@ Options:
   --seed N             the simulated model's seed (default 0)
   --temperature T      sample with temperature T (default: greedy)
   --backend NAME       'native' (default) or 'wasm' (simulated model only)
+  --kv-cache-bytes N   most bytes the model's KV pool may reserve (default: a quarter of the
+                       machine's memory); the load line on stderr says what it reserves
   -h, --help           show this help
 `
 

@@ -9,7 +9,7 @@ export type BatchingInput = "dynamic" | "static";
  * `EngineOptions` (docs/api.md): every field optional; an absent one takes the core's default.
  */
 
-export type EngineOptionsInput = { batching?: BatchingInput, blockSize?: number, numBlocks?: number, maxBatchSize?: number, maxScheduledTokens?: number, prefillChunkSize?: number, maxPrefillWaitSteps?: number, maxRequests?: number, prefixCaching?: boolean, };
+export type EngineOptionsInput = { batching?: BatchingInput, blockSize?: number, numBlocks?: number, kvCacheBytes?: number, maxBatchSize?: number, maxScheduledTokens?: number, prefillChunkSize?: number, maxPrefillWaitSteps?: number, maxRequests?: number, prefixCaching?: boolean, };
 
 /**
  * The simulated model's injected faults.
@@ -21,7 +21,7 @@ export type FaultsInput = { retryableSteps?: Array<number>, fatalSteps?: Array<n
  * `SimulatedOptions`: the engine's options plus the simulated model's.
  */
 
-export type SimOptionsInput = { batching?: BatchingInput, blockSize?: number, numBlocks?: number, maxBatchSize?: number, maxScheduledTokens?: number, prefillChunkSize?: number, maxPrefillWaitSteps?: number, maxRequests?: number, prefixCaching?: boolean, seed?: number, vocabSize?: number, eosTokenId?: number, maxLength?: number, eosProbability?: number, faults?: FaultsInput, stepCostUs?: number, tokenCostUs?: number, };
+export type SimOptionsInput = { batching?: BatchingInput, blockSize?: number, numBlocks?: number, kvCacheBytes?: number, maxBatchSize?: number, maxScheduledTokens?: number, prefillChunkSize?: number, maxPrefillWaitSteps?: number, maxRequests?: number, prefixCaching?: boolean, seed?: number, vocabSize?: number, eosTokenId?: number, maxLength?: number, eosProbability?: number, faults?: FaultsInput, stepCostUs?: number, tokenCostUs?: number, };
 
 export type ExecutionProviderInput = "cpu" | "cuda";
 
@@ -30,7 +30,7 @@ export type ExecutionProviderInput = "cpu" | "cuda";
  * binding turns them into ortex-ort's load options).
  */
 
-export type ModelOptionsInput = { batching?: BatchingInput, blockSize?: number, numBlocks?: number, maxBatchSize?: number, maxScheduledTokens?: number, prefillChunkSize?: number, maxPrefillWaitSteps?: number, maxRequests?: number, prefixCaching?: boolean, executionProvider?: ExecutionProviderInput, 
+export type ModelOptionsInput = { batching?: BatchingInput, blockSize?: number, numBlocks?: number, kvCacheBytes?: number, maxBatchSize?: number, maxScheduledTokens?: number, prefillChunkSize?: number, maxPrefillWaitSteps?: number, maxRequests?: number, prefixCaching?: boolean, executionProvider?: ExecutionProviderInput, 
 /**
  * 0 or absent: ONNX Runtime's default.
  */
@@ -99,7 +99,7 @@ export type ConfigsInput = { session?: { [key in string]?: string }, runtime?: {
  * The engine's resolved configuration (`engine.config`).
  */
 
-export type ConfigView = { batching: 'dynamic' | 'static', blockSize: number, numBlocks: number, maxBatchSize: number, maxScheduledTokens: number, prefillChunkSize: number, maxPrefillWaitSteps: number, maxRequests: number, prefixCaching: boolean, vocabSize: number, eosTokenIds: Array<number>, maxLength: number, };
+export type ConfigView = { batching: 'dynamic' | 'static', blockSize: number, numBlocks: number, kvCacheBytes: number, kvPositionBytes: number, maxBatchSize: number, maxScheduledTokens: number, prefillChunkSize: number, maxPrefillWaitSteps: number, maxRequests: number, prefixCaching: boolean, vocabSize: number, eosTokenIds: Array<number>, maxLength: number, };
 
 /**
  * The engine's counters (`engine.stats()`).

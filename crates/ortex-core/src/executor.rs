@@ -13,6 +13,9 @@ pub struct ModelInfo {
     pub eos_token_ids: Vec<i32>,
     /// Context length: most tokens one request may hold.
     pub max_length: u32,
+    /// Bytes the executor's KV store takes per token position (all layers, keys and values);
+    /// 0 when it keeps none (the simulated model): a `kvCacheBytes` budget then bounds nothing.
+    pub kv_position_bytes: u64,
 }
 
 /// Shape of the paged KV pool the executor must back with storage.

@@ -37,6 +37,9 @@ pub struct EngineOptions {
     pub batching: Option<BatchingMode>,
     pub block_size: Option<u32>,
     pub num_blocks: Option<u32>,
+    /// Most bytes the KV pool may reserve: the default pool shrinks to fit it (numBlocks instead
+    /// sets the pool's size outright; the two are not given together).
+    pub kv_cache_bytes: Option<u64>,
     pub max_batch_size: Option<u32>,
     pub max_scheduled_tokens: Option<u32>,
     pub prefill_chunk_size: Option<u32>,
@@ -115,6 +118,9 @@ pub struct EngineConfig {
     pub batching: BatchingMode,
     pub block_size: u32,
     pub num_blocks: u32,
+    /// What the pool reserves: num_blocks * block_size * kv_position_bytes (0 for the simulated model).
+    pub kv_cache_bytes: u64,
+    pub kv_position_bytes: u64,
     pub max_batch_size: u32,
     pub max_scheduled_tokens: u32,
     pub prefill_chunk_size: u32,
@@ -144,6 +150,19 @@ fn positive(name: &str, value: Option<u32>, default: u32, max: u32) -> Result<u3
     }
 }
 
+/// The default pool: every row at the model's full length, `maxBatchSize * ceil(maxLength /
+/// blockSize)` blocks, fewer where the budget holds fewer (at least one block).
+fn default_num_blocks(model: &ModelInfo, block_size: u32, max_batch_size: u32, budget_bytes: Option<u64>) -> u32 {
+    let blocks_per_row = model.max_length.div_ceil(block_size);
+    let full = u64::from(max_batch_size) * u64::from(blocks_per_row);
+    let block_bytes = u64::from(block_size) * model.kv_position_bytes;
+    let affordable = match budget_bytes {
+        Some(budget) if block_bytes > 0 => budget / block_bytes,
+        _ => u64::MAX,
+    };
+    full.min(affordable).clamp(1, u64::from(MAX_NUM_BLOCKS)) as u32
+}
+
 impl EngineConfig {
     pub fn resolve(options: &EngineOptions, model: &ModelInfo) -> Result<EngineConfig> {
         let block_size = positive("blockSize", options.block_size, DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE)?;
@@ -152,10 +171,16 @@ impl EngineConfig {
             positive("maxScheduledTokens", options.max_scheduled_tokens, DEFAULT_MAX_SCHEDULED_TOKENS, MAX_COUNT)?;
         let prefill_chunk_size =
             positive("prefillChunkSize", options.prefill_chunk_size, max_scheduled_tokens, MAX_COUNT)?;
-        let blocks_per_row = model.max_length.div_ceil(block_size);
-        let default_blocks =
-            (u64::from(max_batch_size) * u64::from(blocks_per_row)).min(u64::from(MAX_NUM_BLOCKS)) as u32;
-        let num_blocks = positive("numBlocks", options.num_blocks, default_blocks.max(1), MAX_NUM_BLOCKS)?;
+        let num_blocks = match (options.num_blocks, options.kv_cache_bytes) {
+            (Some(_), Some(_)) => {
+                return Err(OrtexError::invalid(
+                    "give numBlocks (the pool's size) or kvCacheBytes (a budget for its default size), not both",
+                ))
+            }
+            (_, Some(0)) => return Err(OrtexError::invalid("kvCacheBytes must be a positive integer")),
+            (Some(given), None) => positive("numBlocks", Some(given), 1, MAX_NUM_BLOCKS)?,
+            (None, budget) => default_num_blocks(model, block_size, max_batch_size, budget),
+        };
         let max_prefill_wait_steps = match options.max_prefill_wait_steps {
             None => DEFAULT_MAX_PREFILL_WAIT_STEPS,
             Some(v) if v > 1_000_000 => return Err(OrtexError::invalid("maxPrefillWaitSteps must be at most 1000000")),
@@ -166,6 +191,8 @@ impl EngineConfig {
             batching: options.batching.unwrap_or_default(),
             block_size,
             num_blocks,
+            kv_cache_bytes: u64::from(num_blocks) * u64::from(block_size) * model.kv_position_bytes,
+            kv_position_bytes: model.kv_position_bytes,
             max_batch_size,
             max_scheduled_tokens,
             prefill_chunk_size,
@@ -247,4 +274,40 @@ fn checked_eos_token_ids(ids: Vec<i32>, vocab_size: u32) -> Result<Vec<i32>> {
         return Err(OrtexError::invalid(format!("eosTokenIds contains {bad}, outside the vocabulary of {vocab_size}")));
     }
     Ok(ids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(kv_position_bytes: u64) -> ModelInfo {
+        ModelInfo { vocab_size: 100, eos_token_ids: vec![2], max_length: 1000, kv_position_bytes }
+    }
+
+    fn resolve(num_blocks: Option<u32>, kv_cache_bytes: Option<u64>, kv_position_bytes: u64) -> Result<EngineConfig> {
+        let options = EngineOptions { num_blocks, kv_cache_bytes, max_batch_size: Some(4), ..EngineOptions::default() };
+        EngineConfig::resolve(&options, &model(kv_position_bytes))
+    }
+
+    #[test]
+    fn the_default_pool_holds_every_row_at_full_length_within_the_budget() {
+        // 4 rows of ceil(1000 / 16) = 63 blocks; a block of 16 positions at 100 bytes is 1600 bytes.
+        let unbounded = resolve(None, None, 100).unwrap();
+        assert_eq!((unbounded.num_blocks, unbounded.kv_cache_bytes), (252, 252 * 1600));
+        assert_eq!(resolve(None, Some(1 << 40), 100).unwrap().num_blocks, 252);
+        let bounded = resolve(None, Some(100 * 1600 + 1599), 100).unwrap();
+        assert_eq!((bounded.num_blocks, bounded.kv_cache_bytes, bounded.kv_position_bytes), (100, 100 * 1600, 100));
+        assert_eq!(resolve(None, Some(1), 100).unwrap().num_blocks, 1);
+    }
+
+    #[test]
+    fn a_budget_bounds_nothing_without_kv_bytes_and_numblocks_excludes_it() {
+        let sim = resolve(None, Some(1), 0).unwrap();
+        assert_eq!((sim.num_blocks, sim.kv_cache_bytes), (252, 0));
+        assert_eq!(resolve(Some(7), None, 100).unwrap().kv_cache_bytes, 7 * 1600);
+        for (blocks, budget) in [(Some(7), Some(1 << 20)), (None, Some(0)), (Some(0), None)] {
+            let error = resolve(blocks, budget, 100).unwrap_err();
+            assert_eq!(error.code, crate::ErrorCode::InvalidArgument, "{blocks:?} {budget:?}");
+        }
+    }
 }

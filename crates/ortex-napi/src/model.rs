@@ -29,7 +29,7 @@ pub fn load_impl(
     library: Option<&str>,
 ) -> Result<ortex_ort::LoadedEngine> {
     let options = LoadOptions {
-        engine: options.engine(),
+        engine: options.engine()?,
         execution_provider: options.execution_provider.map(|provider| match provider {
             ExecutionProviderInput::Cpu => ExecutionProvider::Cpu,
             ExecutionProviderInput::Cuda => ExecutionProvider::Cuda,

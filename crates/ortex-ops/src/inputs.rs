@@ -48,6 +48,7 @@ macro_rules! with_engine_options {
             pub batching: Option<BatchingInput>,
             pub block_size: Option<u32>,
             pub num_blocks: Option<u32>,
+            pub kv_cache_bytes: Option<f64>,
             pub max_batch_size: Option<u32>,
             pub max_scheduled_tokens: Option<u32>,
             pub prefill_chunk_size: Option<u32>,
@@ -59,18 +60,19 @@ macro_rules! with_engine_options {
 
         impl $name {
             /// The engine's options among these.
-            pub fn engine(&self) -> EngineOptions {
-                EngineOptions {
+            pub fn engine(&self) -> Result<EngineOptions> {
+                Ok(EngineOptions {
                     batching: self.batching.map(BatchingMode::from),
                     block_size: self.block_size,
                     num_blocks: self.num_blocks,
+                    kv_cache_bytes: self.kv_cache_bytes.map(|b| exact_u64("kvCacheBytes", b)).transpose()?,
                     max_batch_size: self.max_batch_size,
                     max_scheduled_tokens: self.max_scheduled_tokens,
                     prefill_chunk_size: self.prefill_chunk_size,
                     max_prefill_wait_steps: self.max_prefill_wait_steps,
                     max_requests: self.max_requests,
                     prefix_caching: self.prefix_caching,
-                }
+                })
             }
         }
     };
@@ -146,7 +148,7 @@ impl TryFrom<SimOptionsInput> for SimOptions {
     fn try_from(input: SimOptionsInput) -> Result<SimOptions> {
         let cost = |name: &str, value: Option<f64>| value.map(|v| exact_u64(name, v)).transpose();
         Ok(SimOptions {
-            engine: input.engine(),
+            engine: input.engine()?,
             seed: cost("seed", input.seed)?,
             vocab_size: input.vocab_size,
             eos_token_id: input.eos_token_id,
@@ -314,7 +316,7 @@ mod tests {
     fn model_options_split_engine_and_model_settings() {
         let json = r#"{"maxBatchSize":4,"executionProvider":"cuda","intraOpThreads":2,"intraOpSpinning":true}"#;
         let options: ModelOptionsInput = crate::from_json("engine options", json).unwrap();
-        assert_eq!(options.engine().max_batch_size, Some(4));
+        assert_eq!(options.engine().unwrap().max_batch_size, Some(4));
         assert_eq!(options.execution_provider, Some(ExecutionProviderInput::Cuda));
         assert_eq!((options.intra_op_threads, options.intra_op_spinning), (Some(2), Some(true)));
         for bad in [

@@ -207,6 +207,7 @@ impl Executor for SimExecutor {
             vocab_size: self.model.vocab_size,
             eos_token_ids: vec![self.model.eos_token_id as i32],
             max_length: self.model.max_length,
+            kv_position_bytes: 0,
         }
     }
 

@@ -215,6 +215,7 @@ impl Executor for OrtExecutor {
             vocab_size: self.config.vocab_size,
             eos_token_ids: self.config.eos_token_ids.clone(),
             max_length: self.config.context_length,
+            kv_position_bytes: self.kv_bytes_per_position(),
         }
     }
 

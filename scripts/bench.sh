@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 bash scripts/build.sh >&2
 mkdir -p bench/out
 esbuild() { npx esbuild "$1" --bundle --platform=node --format=esm --log-level=warning \
-  --external:ortex --external:onnxruntime-node --outfile="$2"; }
+  --external:ortex --external:onnxruntime-node --outfile="$2" "${@:3}"; }
 echo "== engine overhead (ortex-core, simulated model at zero cost)"
 cargo bench -p ortex-core --bench engine_overhead
 echo "== facade events per second"
@@ -18,3 +18,6 @@ echo "== throughput on a real model (ortex vs naive onnxruntime-node loop vs onn
 esbuild bench/throughput/main.ts bench/out/throughput.mjs && node bench/out/throughput.mjs "$@"
 echo "== prefix caching on a real model (cache on vs off vs onnxruntime-genai)"
 esbuild bench/prefix-cache/main.ts bench/out/prefix-cache.mjs && node bench/out/prefix-cache.mjs "$@"
+echo "== ortex against llama.cpp (node-llama-cpp) on the same GGUF files"
+esbuild bench/llama-cpp/main.ts bench/out/llama-cpp.mjs --external:node-llama-cpp --external:yauzl \
+  && node bench/out/llama-cpp.mjs "$@"

@@ -41,7 +41,9 @@ setup_npm() {
     return
   fi
   log "setup: npm install"
-  npm install --no-audit --no-fund
+  # node-llama-cpp (a devDependency for bench/llama-cpp) runs on its prebuilt binary; should an npm
+  # run its postinstall, it must never download or build llama.cpp.
+  NODE_LLAMA_CPP_SKIP_DOWNLOAD=true npm install --no-audit --no-fund
 }
 
 setup_debian_rust

@@ -1,0 +1,203 @@
+// A GGUF writer that streams (version 3, little-endian): the header first, from the tensors'
+// names, shapes and types alone, then each tensor's bytes appended to the file descriptor as they
+// are made, so a model of a gigabyte never sits in memory. The metadata values are the test
+// writer's (test/helpers/gguf-writer.ts: the format needs each value's type); its ggufBytes builds
+// a whole file in one Buffer, which is right for the tests' tiny models and wrong here.
+//
+// Also llama.cpp's reference Q4_0 quantizer (ggml-quants.c, quantize_row_q4_0_ref), so that a
+// Q4_0 file is the F32 file's model quantized the way llama-quantize would.
+
+import { setFloat16 } from '@petamoriken/float16'
+import { closeSync, openSync, writeSync } from 'node:fs'
+
+import type { MetaValue } from '../../test/helpers/gguf-writer'
+import { GGML_TYPES, GgmlTypeId } from '../../ts/modelkit/gguf/ggml-types'
+
+/** A tensor as the header describes it; its bytes come later, through GgufStream.append. */
+export interface TensorHeader {
+  name: string
+  /** ggml order: dims[0] is the row length. */
+  dims: number[]
+  type: number
+}
+
+const ALIGNMENT = 32
+const TYPE_CODE = { u32: 4, i32: 5, f32: 6, bool: 7, string: 8, array: 9, u64: 10 } as const
+
+/** Little-endian bytes, grown in chunks (the vocabulary makes a header of a few MB). */
+class HeaderBytes {
+  private readonly chunks: Buffer[] = []
+  length = 0
+
+  private push(b: Buffer): void {
+    this.chunks.push(b)
+    this.length += b.length
+  }
+
+  private fixed(bytes: number, write: (b: Buffer) => void): void {
+    const b = Buffer.alloc(bytes)
+    write(b)
+    this.push(b)
+  }
+
+  u32 = (v: number) => this.fixed(4, (b) => b.writeUInt32LE(v))
+  i32 = (v: number) => this.fixed(4, (b) => b.writeInt32LE(v))
+  f32 = (v: number) => this.fixed(4, (b) => b.writeFloatLE(v))
+  u64 = (v: number) => this.fixed(8, (b) => b.writeBigUInt64LE(BigInt(v)))
+  u8 = (v: number) => this.fixed(1, (b) => b.writeUInt8(v))
+
+  string(s: string): void {
+    const b = Buffer.from(s, 'utf8')
+    this.u64(b.length)
+    this.push(b)
+  }
+
+  value(v: MetaValue): void {
+    this.u32(TYPE_CODE[v.kind])
+    switch (v.kind) {
+      case 'u32':
+        return this.u32(v.value)
+      case 'i32':
+        return this.i32(v.value)
+      case 'f32':
+        return this.f32(v.value)
+      case 'u64':
+        return this.u64(v.value)
+      case 'bool':
+        return this.u8(v.value ? 1 : 0)
+      case 'string':
+        return this.string(v.value)
+      case 'array':
+        this.u32(TYPE_CODE[v.item])
+        this.u64(v.values.length)
+        for (const x of v.values) {
+          if (v.item === 'string') this.string(x as string)
+          else if (v.item === 'i32') this.i32(x as number)
+          else this.f32(x as number)
+        }
+    }
+  }
+
+  concat(): Buffer {
+    return Buffer.concat(this.chunks)
+  }
+}
+
+/** Bytes of a tensor of this shape and type. */
+export function tensorBytes(t: TensorHeader): number {
+  const geometry = GGML_TYPES.get(t.type)
+  if (geometry === undefined) throw new Error(`unknown ggml type ${t.type}`)
+  return (t.dims.reduce((a, b) => a * b, 1) / geometry.blockSize) * geometry.typeSize
+}
+
+const aligned = (n: number) => Math.ceil(n / ALIGNMENT) * ALIGNMENT
+
+/**
+ * One GGUF file being written: the header at open, then every tensor's bytes in header order
+ * (append may be called several times per tensor; `next` moves to the following tensor, padding
+ * to the alignment). `close` checks every tensor got exactly its bytes.
+ */
+export class GgufStream {
+  private readonly fd: number
+  private readonly sizes: number[]
+  private tensor = 0
+  private written = 0
+  private position: number
+
+  constructor(path: string, metadata: Array<[string, MetaValue]>, tensors: TensorHeader[]) {
+    this.sizes = tensors.map(tensorBytes)
+    const head = new HeaderBytes()
+    head.u32(0x46554747) // "GGUF"
+    head.u32(3)
+    head.u64(tensors.length)
+    head.u64(metadata.length)
+    for (const [key, value] of metadata) {
+      head.string(key)
+      head.value(value)
+    }
+    let offset = 0
+    tensors.forEach((t, i) => {
+      head.string(t.name)
+      head.u32(t.dims.length)
+      for (const d of t.dims) head.u64(d)
+      head.u32(t.type)
+      head.u64(offset)
+      offset = aligned(offset + this.sizes[i]!)
+    })
+    const bytes = head.concat()
+    this.fd = openSync(path, 'w')
+    this.position = this.write(bytes, 0)
+    this.pad()
+  }
+
+  private write(bytes: Uint8Array, at: number): number {
+    let done = 0
+    while (done < bytes.length) done += writeSync(this.fd, bytes, done, bytes.length - done, at + done)
+    return at + bytes.length
+  }
+
+  private pad(): void {
+    const zeros = aligned(this.position) - this.position
+    if (zeros > 0) this.position = this.write(new Uint8Array(zeros), this.position)
+  }
+
+  /** More bytes of the current tensor. */
+  append(bytes: Uint8Array): void {
+    if (this.written + bytes.length > this.sizes[this.tensor]!) throw new Error(`tensor ${this.tensor} gets more than its ${this.sizes[this.tensor]} bytes`)
+    this.position = this.write(bytes, this.position)
+    this.written += bytes.length
+  }
+
+  /** The current tensor is complete: pad to the alignment and move on. */
+  next(): void {
+    if (this.written !== this.sizes[this.tensor]) throw new Error(`tensor ${this.tensor} got ${this.written} of its ${this.sizes[this.tensor]} bytes`)
+    this.tensor++
+    this.written = 0
+    this.pad()
+  }
+
+  close(): void {
+    closeSync(this.fd)
+    if (this.tensor !== this.sizes.length) throw new Error(`the file got ${this.tensor} of its ${this.sizes.length} tensors`)
+  }
+}
+
+export const Q4_0_BLOCK = 32
+const Q4_0_BYTES = GGML_TYPES.get(GgmlTypeId.Q4_0)!.typeSize
+
+const f = Math.fround
+
+/**
+ * quantize_row_q4_0_ref: per block of 32, d = (the value of largest magnitude, signed) / -8,
+ * q = min(15, trunc(x / d + 8.5)) with x / d as x * (1 / d) in float32, element j in the low
+ * nibble of byte j and element j + 16 in its high nibble, d stored as float16.
+ */
+export function quantizeQ4_0(values: Float32Array): Uint8Array {
+  if (values.length % Q4_0_BLOCK !== 0) throw new Error(`Q4_0 needs whole blocks of ${Q4_0_BLOCK} values, got ${values.length}`)
+  const blocks = values.length / Q4_0_BLOCK
+  const out = new Uint8Array(blocks * Q4_0_BYTES)
+  const view = new DataView(out.buffer)
+  for (let b = 0; b < blocks; b++) {
+    const x = b * Q4_0_BLOCK
+    let amax = 0
+    let max = 0
+    for (let j = 0; j < Q4_0_BLOCK; j++) {
+      const v = values[x + j]!
+      if (amax < Math.abs(v)) {
+        amax = Math.abs(v)
+        max = v
+      }
+    }
+    const d = f(max / -8)
+    const id = d !== 0 ? f(1 / d) : 0
+    const at = b * Q4_0_BYTES
+    setFloat16(view, at, d, true)
+    for (let j = 0; j < Q4_0_BLOCK / 2; j++) {
+      // x * id + 8.5 is at least 0.5 (|x * id| <= 8), so the C cast's truncation is a floor.
+      const q0 = Math.min(15, Math.trunc(f(f(values[x + j]! * id) + 8.5)))
+      const q1 = Math.min(15, Math.trunc(f(f(values[x + j + Q4_0_BLOCK / 2]! * id) + 8.5)))
+      out[at + 2 + j] = q0 | (q1 << 4)
+    }
+  }
+  return out
+}

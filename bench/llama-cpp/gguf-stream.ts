@@ -1,8 +1,8 @@
 // A GGUF writer that streams (version 3, little-endian): the header first, from the tensors'
 // names, shapes and types alone, then each tensor's bytes appended to the file descriptor as they
-// are made, so a model of a gigabyte never sits in memory. The metadata values are the test
-// writer's (test/helpers/gguf-writer.ts: the format needs each value's type); its ggufBytes builds
-// a whole file in one Buffer, which is right for the tests' tiny models and wrong here.
+// are made, so a model of a gigabyte never sits in memory. The header (and the metadata values'
+// types) are the test writer's (test/helpers/gguf-writer.ts); its ggufBytes builds a whole file in
+// one Buffer, which is right for the tests' tiny models and wrong here.
 //
 // Also llama.cpp's reference Q4_0 quantizer (ggml-quants.c, quantize_row_q4_0_ref), so that a
 // Q4_0 file is the F32 file's model quantized the way llama-quantize would.
@@ -10,7 +10,7 @@
 import { setFloat16 } from '@petamoriken/float16'
 import { closeSync, openSync, writeSync } from 'node:fs'
 
-import type { MetaValue } from '../../test/helpers/gguf-writer'
+import { type MetaValue, ggufHeader } from '../../test/helpers/gguf-writer'
 import { GGML_TYPES, GgmlTypeId } from '../../ts/modelkit/gguf/ggml-types'
 
 /** A tensor as the header describes it; its bytes come later, through GgufStream.append. */
@@ -22,67 +22,6 @@ export interface TensorHeader {
 }
 
 const ALIGNMENT = 32
-const TYPE_CODE = { u32: 4, i32: 5, f32: 6, bool: 7, string: 8, array: 9, u64: 10 } as const
-
-/** Little-endian bytes, grown in chunks (the vocabulary makes a header of a few MB). */
-class HeaderBytes {
-  private readonly chunks: Buffer[] = []
-  length = 0
-
-  private push(b: Buffer): void {
-    this.chunks.push(b)
-    this.length += b.length
-  }
-
-  private fixed(bytes: number, write: (b: Buffer) => void): void {
-    const b = Buffer.alloc(bytes)
-    write(b)
-    this.push(b)
-  }
-
-  u32 = (v: number) => this.fixed(4, (b) => b.writeUInt32LE(v))
-  i32 = (v: number) => this.fixed(4, (b) => b.writeInt32LE(v))
-  f32 = (v: number) => this.fixed(4, (b) => b.writeFloatLE(v))
-  u64 = (v: number) => this.fixed(8, (b) => b.writeBigUInt64LE(BigInt(v)))
-  u8 = (v: number) => this.fixed(1, (b) => b.writeUInt8(v))
-
-  string(s: string): void {
-    const b = Buffer.from(s, 'utf8')
-    this.u64(b.length)
-    this.push(b)
-  }
-
-  value(v: MetaValue): void {
-    this.u32(TYPE_CODE[v.kind])
-    switch (v.kind) {
-      case 'u32':
-        return this.u32(v.value)
-      case 'i32':
-        return this.i32(v.value)
-      case 'f32':
-        return this.f32(v.value)
-      case 'u64':
-        return this.u64(v.value)
-      case 'bool':
-        return this.u8(v.value ? 1 : 0)
-      case 'string':
-        return this.string(v.value)
-      case 'array':
-        this.u32(TYPE_CODE[v.item])
-        this.u64(v.values.length)
-        for (const x of v.values) {
-          if (v.item === 'string') this.string(x as string)
-          else if (v.item === 'i32') this.i32(x as number)
-          else this.f32(x as number)
-        }
-    }
-  }
-
-  concat(): Buffer {
-    return Buffer.concat(this.chunks)
-  }
-}
-
 /** Bytes of a tensor of this shape and type. */
 export function tensorBytes(t: TensorHeader): number {
   const geometry = GGML_TYPES.get(t.type)
@@ -106,25 +45,7 @@ export class GgufStream {
 
   constructor(path: string, metadata: Array<[string, MetaValue]>, tensors: TensorHeader[]) {
     this.sizes = tensors.map(tensorBytes)
-    const head = new HeaderBytes()
-    head.u32(0x46554747) // "GGUF"
-    head.u32(3)
-    head.u64(tensors.length)
-    head.u64(metadata.length)
-    for (const [key, value] of metadata) {
-      head.string(key)
-      head.value(value)
-    }
-    let offset = 0
-    tensors.forEach((t, i) => {
-      head.string(t.name)
-      head.u32(t.dims.length)
-      for (const d of t.dims) head.u64(d)
-      head.u32(t.type)
-      head.u64(offset)
-      offset = aligned(offset + this.sizes[i]!)
-    })
-    const bytes = head.concat()
+    const { header: bytes } = ggufHeader(metadata, tensors.map((t, i) => ({ ...t, bytes: this.sizes[i]! })), ALIGNMENT)
     this.fd = openSync(path, 'w')
     this.position = this.write(bytes, 0)
     this.pad()

@@ -95,8 +95,14 @@ function writeValue(out: Bytes, v: MetaValue): void {
   }
 }
 
-/** The bytes of a GGUF file with these metadata entries and tensors (in order). */
-export function ggufBytes(metadata: Array<[string, MetaValue]>, tensors: GgufTensor[], alignment = 32): Buffer {
+/** A GGUF header: the metadata, then each tensor's name, shape, type and data offset (`bytes`
+ *  long each, every one aligned). Returns the header and where each tensor's data starts, counted
+ *  from the data section (which begins at the header's length rounded up to the alignment). */
+export function ggufHeader(
+  metadata: Array<[string, MetaValue]>,
+  tensors: { name: string; dims: number[]; type: number; bytes: number }[],
+  alignment = 32,
+): { header: Buffer; offsets: number[]; dataBytes: number } {
   const head = new Bytes()
   head.push(Buffer.from('GGUF', 'latin1'))
   head.u32(3)
@@ -115,12 +121,17 @@ export function ggufBytes(metadata: Array<[string, MetaValue]>, tensors: GgufTen
     head.u32(t.type)
     offsets.push(offset)
     head.u64(offset)
-    offset = Math.ceil((offset + t.data.length) / alignment) * alignment
+    offset = Math.ceil((offset + t.bytes) / alignment) * alignment
   }
-  const headerBytes = head.concat()
-  const dataStart = Math.ceil(headerBytes.length / alignment) * alignment
-  const file = Buffer.alloc(dataStart + offset)
-  headerBytes.copy(file)
+  return { header: head.concat(), offsets, dataBytes: offset }
+}
+
+/** The bytes of a GGUF file with these metadata entries and tensors (in order). */
+export function ggufBytes(metadata: Array<[string, MetaValue]>, tensors: GgufTensor[], alignment = 32): Buffer {
+  const { header, offsets, dataBytes } = ggufHeader(metadata, tensors.map((t) => ({ ...t, bytes: t.data.length })), alignment)
+  const dataStart = Math.ceil(header.length / alignment) * alignment
+  const file = Buffer.alloc(dataStart + dataBytes)
+  header.copy(file)
   tensors.forEach((t, i) => file.set(t.data, dataStart + offsets[i]!))
   return file
 }

@@ -24,7 +24,8 @@ import { dirname, join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
 
-import { CONCURRENCIES, DEFAULT_STAGGER_MS } from '../throughput/throughput'
+import { concurrencyList } from '../throughput/command'
+import { DEFAULT_STAGGER_MS } from '../throughput/throughput'
 import { type BenchFile, type FileId, prepareFiles, systemsOf } from './files'
 import { type MemoryResult, type MemorySpec, runMemory } from './memory'
 import { type PairResult, type PairSpec, type RunSettings, runPair } from './pair'
@@ -108,7 +109,7 @@ function parse(argv: string[]): Args | 'help' | { child: 'pair' | 'memory'; spec
       threads: integer('threads', values.threads, 2, 1, 256),
       rounds: integer('rounds', values.rounds, quick ? 1 : 2, 1, 100),
       staggerMs: integer('stagger-ms', values['stagger-ms'], DEFAULT_STAGGER_MS, 0, 10_000),
-      concurrencies: concurrencyList(values.concurrency),
+      concurrencies: concurrencyList(values.concurrency, { usageError: (message) => new UsageError(message) }),
       guard: { maxOthersCores: integer('max-others-pct', values['max-others-pct'], 10, 1, 100) / 100, retries: 3, pauseMs: 5000 },
     },
     memory: values['no-memory'] !== true,
@@ -131,15 +132,6 @@ function fileList(value: string | undefined): FileId[] {
   if (names.length === 0 || unknown.length > 0) throw new UsageError(`--files takes ${Object.keys(FILE_NAMES).join(', ')}; got ${JSON.stringify(value)}`)
   const ids = new Set(names.flatMap((n) => FILE_NAMES[n]!))
   return (['smollm2-q4_1', 'random-q4_0', 'random-f32'] as const).filter((id) => ids.has(id))
-}
-
-function concurrencyList(value: string | undefined): number[] {
-  if (value === undefined) return [...CONCURRENCIES]
-  const picked = value.split(',').map((s) => s.trim())
-  if (picked.length === 0 || picked.some((p) => !CONCURRENCIES.some((c) => String(c) === p))) {
-    throw new UsageError(`--concurrency must list some of ${CONCURRENCIES.join(',')}, got ${JSON.stringify(value)}`)
-  }
-  return CONCURRENCIES.filter((c) => picked.includes(String(c)))
 }
 
 /** Progress lines on stderr, timed from the parent's start (children get its clock in their spec). */
@@ -238,6 +230,8 @@ async function main(): Promise<void> {
 }
 
 main().catch((error: unknown) => {
-  process.stderr.write(`llama-cpp: ${error instanceof Error ? (error.stack ?? error.message) : String(error)}\n`)
+  // A wrong command line is one line; anything else keeps its stack.
+  const why = error instanceof UsageError ? error.message : error instanceof Error ? (error.stack ?? error.message) : String(error)
+  process.stderr.write(`llama-cpp: ${why}\n`)
   process.exit(error instanceof UsageError ? 2 : 1)
 })

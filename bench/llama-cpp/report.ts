@@ -3,6 +3,7 @@
 // ratios measured in one run, a table as text, and grouped bars of tokens/s as a hand-written SVG.
 
 import { median } from '../throughput/throughput'
+import { axis, escapeXml } from '../throughput/report'
 import type { Percentiles } from '../throughput/stats'
 import type { BenchFile, FileId, SystemId } from './files'
 import type { MemoryResult } from './memory'
@@ -278,16 +279,6 @@ function goalLine(g: Goal): string {
 }
 
 // ---- chart -------------------------------------------------------------------------------------
-
-const escapeXml = (s: string) => s.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;')
-
-/** A round axis maximum and tick step above `max`. */
-function axis(max: number): { top: number; step: number } {
-  const raw = Math.max(max, 1) / 5
-  const magnitude = 10 ** Math.floor(Math.log10(raw))
-  const step = [1, 2, 2.5, 5, 10].map((m) => m * magnitude).find((s) => s >= raw)!
-  return { top: Math.ceil(max / step) * step, step }
-}
 
 const PANEL_W = 380
 const PANEL_H = 300

@@ -119,7 +119,7 @@ function parseBench(argv: string[], hooks: BenchCommandHooks): BenchArgs | 'help
 }
 
 /** `--concurrency 1,16`: a non-empty subset of the measured concurrencies, in their order. */
-function concurrencyList(value: string | undefined, hooks: BenchCommandHooks): number[] {
+export function concurrencyList(value: string | undefined, hooks: Pick<BenchCommandHooks, 'usageError'>): number[] {
   if (value === undefined) return [...CONCURRENCIES]
   const picked = value.split(',').map((part) => part.trim())
   const unknown = picked.filter((part) => !CONCURRENCIES.some((c) => String(c) === part))

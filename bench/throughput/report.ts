@@ -185,10 +185,10 @@ function goalLine(g: Goal, rounds: boolean): string {
   return `  ${g.goal}: ${value}${g.ratio === null ? '' : `, ${fixed(g.ratio, RATIO_DIGITS)} of the target`}${verdict}${each}`
 }
 
-const escapeXml = (s: string) => s.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;')
+export const escapeXml = (s: string) => s.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;')
 
 /** A round axis maximum and tick step above `max`. */
-function axis(max: number): { top: number; step: number } {
+export function axis(max: number): { top: number; step: number } {
   const raw = Math.max(max, 1) / 5
   const magnitude = 10 ** Math.floor(Math.log10(raw))
   const step = [1, 2, 2.5, 5, 10].map((m) => m * magnitude).find((s) => s >= raw)!

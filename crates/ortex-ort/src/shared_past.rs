@@ -117,13 +117,16 @@ impl SharedPast {
     ) -> ort::Result<()> {
         self.rows.clear();
         if self.tensors.len() != inputs || self.batch != batch || self.width != width {
+            // The binding holds the old buffers too: release them first, or the process holds
+            // two sets of buffers (the whole shared past again) until the next bind.
+            self.binding.clear();
+            self.buffers_bound = false;
             self.tensors.clear();
             for _ in 0..inputs {
                 self.tensors.push(self.element.new_tensor([batch, kv_heads, width, head_size])?);
             }
             self.batch = batch;
             self.width = width;
-            self.buffers_bound = false;
         }
         Ok(())
     }

@@ -8,8 +8,14 @@
 //! Runtime environment (sessions use it through `session.use_env_allocators`). While a thread
 //! builds a session ([`LoadScope`]), the allocator cuts blocks one after the other from chunks it
 //! maps 2 MiB aligned, so the weights fill whole aligned pages and the collapse after the build
-//! finds nearly all of them wholly resident. At any other time it is glibc's `posix_memalign` and
-//! `free` (ONNX Runtime's arena is not used for these sessions, at inference either).
+//! finds nearly all of them wholly resident. At any other time (the runs) a block of at least
+//! 256 KiB gets a mapping of its own, unmapped when it is freed, and smaller ones are glibc's
+//! `posix_memalign` and `free` (ONNX Runtime's arena is not used for these sessions, at inference
+//! either). glibc keeps such blocks in its heap after they are freed (its mmap threshold rises to
+//! the largest block freed), so the activations of one long prefill stayed resident for the
+//! process's life: 165 MiB on SmolLM2 at 16 requests (docs/performance.md, issue 22). The last few
+//! run mappings freed are kept for reuse (16 MiB at most), so a decode step's logits, allocated
+//! afresh at every step, do not fault their pages in again each time.
 //!
 //! A chunk is virtual memory: only what is written becomes resident. What ONNX Runtime frees
 //! during the build (an initializer it has prepacked, say) goes back at once: the last block cut
@@ -48,6 +54,10 @@ const BLOCK_ALIGN_BYTES: usize = 64;
 const HEADER_BYTES: usize = BLOCK_ALIGN_BYTES;
 /// Larger than any address space: such a request goes to glibc, which refuses it.
 const MAX_BLOCK_BYTES: usize = usize::MAX / 4;
+/// Outside a load, blocks at least this large get a chunk of their own.
+const RUN_CHUNK_MIN_BYTES: usize = 256 << 10;
+/// Freed chunks of one block kept mapped for reuse, at most this many bytes in all.
+const SPARE_MAX_BYTES: usize = 16 << 20;
 
 /// Whether sessions should be built into chunks: on, unless turned off or transparent huge pages
 /// are (then chunks would cost ONNX Runtime's arena for nothing).
@@ -75,6 +85,15 @@ static CHUNKS: Mutex<BTreeMap<usize, Chunk>> = Mutex::new(BTreeMap::new());
 
 fn chunks() -> MutexGuard<'static, BTreeMap<usize, Chunk>> {
     CHUNKS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Mappings of freed one-block chunks, `(start, len_bytes)`, oldest first, not in [`CHUNKS`]:
+/// the next block that needs a chunk of that length takes one instead of mapping a new one.
+/// Locked only while [`CHUNKS`] is.
+static SPARE: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+
+fn spare() -> MutexGuard<'static, Vec<(usize, usize)>> {
+    SPARE.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// What the allocator does on this thread.
@@ -137,19 +156,30 @@ fn close(chunks: &mut BTreeMap<usize, Chunk>, start: usize) {
     }
 }
 
-/// Unmaps the chunk at `start` once it is closed and none of its blocks is live.
+/// Unmaps the chunk at `start` once it is closed and none of its blocks is live (a small one is
+/// kept for reuse instead, the oldest spare unmapped to make room).
 fn unmap_if_unused(chunks: &mut BTreeMap<usize, Chunk>, start: usize) {
     if let Some(chunk) = chunks.get(&start).filter(|c| c.live_blocks == 0 && !c.open) {
         let len_bytes = chunk.len_bytes;
         chunks.remove(&start);
-        unmap(start, len_bytes);
+        if len_bytes > SPARE_MAX_BYTES {
+            return unmap(start, len_bytes);
+        }
+        let mut spare = spare();
+        spare.push((start, len_bytes));
+        while spare.iter().map(|&(_, len)| len).sum::<usize>() > SPARE_MAX_BYTES {
+            let (oldest, len) = spare.remove(0);
+            unmap(oldest, len);
+        }
     }
 }
 
-/// A block of `size_bytes`: from this thread's chunks while it loads, else from glibc.
+/// A block of `size_bytes`: from this thread's chunks while it loads; else a chunk of its own
+/// when it is large, and glibc's when not.
 fn allocate(size_bytes: usize) -> *mut c_void {
     let LoadState::Loading { open_chunk, chunked_bytes } = LOAD_STATE.get() else {
-        return allocate_plain(size_bytes);
+        let own = (size_bytes >= RUN_CHUNK_MIN_BYTES).then(|| allocate_own_chunk(size_bytes)).flatten();
+        return own.map_or_else(|| allocate_plain(size_bytes), |block| block as *mut c_void);
     };
     match allocate_in_chunk(open_chunk, size_bytes) {
         Some((block, open_chunk)) => {
@@ -166,28 +196,51 @@ fn allocate_in_chunk(open_chunk: Option<usize>, size_bytes: usize) -> Option<(us
     if size_bytes > MAX_BLOCK_BYTES {
         return None;
     }
-    let needed_bytes = HEADER_BYTES + size_bytes.max(1);
-    let own_chunk = needed_bytes > CHUNK_BYTES / 4;
-    if let (Some(start), false) = (open_chunk, own_chunk) {
+    if HEADER_BYTES + size_bytes.max(1) > CHUNK_BYTES / 4 {
+        return Some((allocate_own_chunk(size_bytes)?, open_chunk));
+    }
+    if let Some(start) = open_chunk {
         // An open chunk stays mapped (only its own load closes it); `None` would start a new one.
         if let Some(block) = chunks().get_mut(&start).and_then(|chunk| cut(chunk, start, size_bytes)) {
             return Some((block, open_chunk));
         }
     }
-    let len_bytes = if own_chunk { needed_bytes.next_multiple_of(HUGE_PAGE_BYTES) } else { CHUNK_BYTES };
-    let start = map_aligned(len_bytes)?;
+    let start = map_aligned(CHUNK_BYTES)?;
     let mut chunks = chunks();
-    let mut chunk = Chunk { len_bytes, used_bytes: 0, live_blocks: 0, open: !own_chunk };
+    let mut chunk = Chunk { len_bytes: CHUNK_BYTES, used_bytes: 0, live_blocks: 0, open: true };
     let block = cut(&mut chunk, start, size_bytes).expect("a new chunk holds its first block");
     chunks.insert(start, chunk);
-    if own_chunk {
-        return Some((block, open_chunk));
-    }
     // The rest of the old chunk stays unused (never written, so never resident).
     if let Some(old) = open_chunk {
         close(&mut chunks, old);
     }
     Some((block, Some(start)))
+}
+
+/// A block in a chunk of its own (closed: it goes with its block), from a spare mapping of that
+/// length when there is one.
+fn allocate_own_chunk(size_bytes: usize) -> Option<usize> {
+    if size_bytes > MAX_BLOCK_BYTES {
+        return None;
+    }
+    let len_bytes = (HEADER_BYTES + size_bytes.max(1)).next_multiple_of(HUGE_PAGE_BYTES);
+    let mut chunks = chunks();
+    let start = match take_spare(len_bytes) {
+        Some(start) => start,
+        None => map_aligned(len_bytes)?,
+    };
+    let mut chunk = Chunk { len_bytes, used_bytes: 0, live_blocks: 0, open: false };
+    let block = cut(&mut chunk, start, size_bytes).expect("a new chunk holds its first block");
+    chunks.insert(start, chunk);
+    Some(block)
+}
+
+/// A spare mapping of exactly `len_bytes`, the newest first (its pages are the likeliest still
+/// resident).
+fn take_spare(len_bytes: usize) -> Option<usize> {
+    let mut spare = spare();
+    let index = spare.iter().rposition(|&(_, len)| len == len_bytes)?;
+    Some(spare.remove(index).0)
 }
 
 /// The next block of `size_bytes` in `chunk` (at `start`), its size written in its header.
@@ -364,7 +417,8 @@ pub fn register(environment: &Environment) -> ort::Result<()> {
 }
 
 /// Every chunk is 2 MiB aligned, apart from the others, holds what was cut from it, and is
-/// either open or has a live block (one with neither would have been unmapped).
+/// either open or has a live block (one with neither would have been unmapped or spared); the
+/// spare mappings are no chunks and stay within their budget.
 pub fn check_invariants() {
     let chunks = chunks();
     let mut previous_end = 0;
@@ -375,6 +429,12 @@ pub fn check_invariants() {
         assert!(chunk.open || chunk.live_blocks > 0, "chunk 0x{start:x} should have been unmapped");
         previous_end = start + chunk.len_bytes;
     }
+    let spare = spare();
+    assert!(
+        spare.iter().map(|&(_, len)| len).sum::<usize>() <= SPARE_MAX_BYTES,
+        "spare mappings past the budget: {spare:?}"
+    );
+    assert!(spare.iter().all(|&(start, _)| !chunks.contains_key(&start)), "a spare mapping is still a chunk");
 }
 
 #[cfg(test)]

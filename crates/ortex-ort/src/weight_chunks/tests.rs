@@ -2,6 +2,13 @@ use super::*;
 
 const MB: usize = 1 << 20;
 
+/// Held by the tests that allocate outside a load: they share the spare mappings.
+static OUTSIDE_A_LOAD: Mutex<()> = Mutex::new(());
+
+fn outside_a_load() -> MutexGuard<'static, ()> {
+    OUTSIDE_A_LOAD.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// The chunk a block lies in: (start, len_bytes, live_blocks, open).
 fn chunk_of(block: *mut c_void) -> Option<(usize, usize, usize, bool)> {
     let address = block as usize;
@@ -124,13 +131,50 @@ fn a_scope_begun_inside_another_does_not_end_the_load() {
 }
 
 #[test]
-fn outside_a_load_blocks_come_from_glibc() {
-    let block = allocate(5 * MB);
+fn outside_a_load_small_blocks_come_from_glibc() {
+    let _serial = outside_a_load();
+    let block = allocate(RUN_CHUNK_MIN_BYTES - 1);
     assert_eq!(block as usize % BLOCK_ALIGN_BYTES, 0);
     assert_eq!(chunk_of(block), None);
-    fill(block, 5 * MB, 3);
+    fill(block, RUN_CHUNK_MIN_BYTES - 1, 3);
     free(block);
     free(std::ptr::null_mut());
+}
+
+/// Whether a freed chunk's mapping at `start` is kept for reuse.
+fn spared(start: usize) -> bool {
+    spare().iter().any(|&(s, _)| s == start)
+}
+
+#[test]
+fn outside_a_load_a_large_block_gets_a_chunk_whose_mapping_is_reused_once_freed() {
+    let _serial = outside_a_load();
+    // 9 MiB: a chunk length (10 MiB) that no other test allocates outside a load.
+    let size = 9 * MB;
+    let block = allocate(size);
+    let (start, len, live, open) = chunk_of(block).expect("a chunk of its own");
+    assert_eq!((start % HUGE_PAGE_BYTES, len, live, open), (0, 10 * MB, 1, false));
+    fill(block, size, 7);
+    free(block);
+    assert_eq!(chunk_of(block), None);
+    assert!(spared(start));
+    // The next block of that length takes the same mapping, its pages still resident.
+    let again = allocate(size);
+    assert_eq!(again, block);
+    assert!(!spared(start));
+    assert!(resident(start, size));
+    free(again);
+}
+
+#[test]
+fn a_freed_chunk_larger_than_the_spare_budget_is_not_kept() {
+    let _serial = outside_a_load();
+    let block = allocate(SPARE_MAX_BYTES + MB);
+    let (start, ..) = chunk_of(block).expect("a chunk of its own");
+    fill(block, SPARE_MAX_BYTES + MB, 1);
+    free(block);
+    assert_eq!(chunk_of(block), None);
+    assert!(!spared(start));
 }
 
 #[test]
@@ -169,6 +213,7 @@ fn check_live_counts(live: &[(*mut c_void, usize, u8)]) {
 /// invariants checked after every step. A failing seed prints itself.
 #[test]
 fn random_operations_keep_blocks_apart_and_chunks_accounted() {
+    let _serial = outside_a_load();
     for seed in 1..=8u64 {
         let _seed = SeedOnFailure(seed);
         let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);

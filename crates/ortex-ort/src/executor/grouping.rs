@@ -3,7 +3,11 @@
 //! Decode rows (one new token) always share one invocation. Rows with several new tokens
 //! (prefill chunks, continuation turns) are padded to the longest of their group, so they are kept
 //! apart from the decodes (padding a decode row to a 500-token chunk would multiply its cost by
-//! 500) and grouped by length so padding at most doubles a group's positions. The gqa form also
+//! 500) and grouped by length so padding at most doubles a group's positions, and so that a
+//! group's logits (the graph computes them at every position, `[B, S, vocab]`) stay within
+//! [`PREFILL_LOGITS_BUDGET_BYTES`]: a prompt burst of 16 requests on SmolLM2 padded to 1,080
+//! positions asked for 200 MiB of logits at once, the process's peak (docs/performance.md, issue
+//! 22). A row longer than the budget still runs, alone. The gqa form also
 //! refuses batches of rows with past context and several new tokens (ONNX Runtime's CPU kernel:
 //! "batch_size must be 1 when sequence_length > 1 and past context is given"): those run one
 //! row per invocation; first prompts (no past) may share one, except in a model with a windowed
@@ -12,6 +16,16 @@
 //! runs alone.
 
 use ortex_core::executor::{ExecError, StepPlan};
+
+/// The most bytes of logits one invocation of rows with several new tokens may compute (unless
+/// one row alone needs more).
+pub(super) const PREFILL_LOGITS_BUDGET_BYTES: u64 = 64 << 20;
+
+/// How many padded positions a group of prefill rows may hold: the budget over one position's
+/// logits, at least 1.
+pub(super) fn prefill_positions_budget(vocab_size: u64, logits_element_bytes: u64) -> u64 {
+    (PREFILL_LOGITS_BUDGET_BYTES / (vocab_size * logits_element_bytes).max(1)).max(1)
+}
 
 use super::{fatal, AttentionForm};
 use crate::kv_store::KvStore;
@@ -82,8 +96,15 @@ pub(super) fn assign_sampled_slots(plan: &StepPlan, slots: &mut Vec<u32>) -> usi
 
 /// Splits the plan's rows into invocations (see the module comment): the decodes first, then the
 /// rows that must run alone, then the batchable prefills. `window_cache`: the model has a
-/// windowed cache.
-pub(super) fn group_rows(plan: &StepPlan, form: AttentionForm, window_cache: bool, grouping: &mut Grouping) {
+/// windowed cache; `max_positions`: a prefill group's most padded positions
+/// ([`prefill_positions_budget`]).
+pub(super) fn group_rows(
+    plan: &StepPlan,
+    form: AttentionForm,
+    window_cache: bool,
+    max_positions: u64,
+    grouping: &mut Grouping,
+) {
     let Grouping { rows, bounds, pending, .. } = grouping;
     rows.clear();
     bounds.clear();
@@ -106,7 +127,7 @@ pub(super) fn group_rows(plan: &StepPlan, form: AttentionForm, window_cache: boo
             }
         }
     }
-    group_by_length(plan, pending, rows, bounds);
+    group_by_length(plan, pending, max_positions, rows, bounds);
 }
 
 /// Ends the open group (the rows pushed since the last bound), when it has any.
@@ -117,13 +138,21 @@ fn close_group(rows: &[u32], bounds: &mut Vec<(u32, u32)>) {
     }
 }
 
-/// Longest first; a row joins the group while the padded positions stay within twice the real.
-fn group_by_length(plan: &StepPlan, pending: &mut [u32], rows: &mut Vec<u32>, bounds: &mut Vec<(u32, u32)>) {
+/// Longest first; a row joins the group while the padded positions stay within twice the real
+/// and within `max_positions`.
+fn group_by_length(
+    plan: &StepPlan,
+    pending: &mut [u32],
+    max_positions: u64,
+    rows: &mut Vec<u32>,
+    bounds: &mut Vec<(u32, u32)>,
+) {
     pending.sort_by_key(|&i| (std::cmp::Reverse(plan.rows[i as usize].token_count), i));
     let (mut width, mut real, mut count) = (0u64, 0u64, 0u64);
     for &i in pending.iter() {
         let n = u64::from(plan.rows[i as usize].token_count);
-        if count > 0 && (count + 1) * width > 2 * (real + n) {
+        let padded = (count + 1) * width;
+        if count > 0 && (padded > 2 * (real + n) || padded > max_positions) {
             close_group(rows, bounds);
             count = 0;
             real = 0;
@@ -164,9 +193,13 @@ mod tests {
     }
 
     fn groups(rows: &[(u32, u32)], form: AttentionForm) -> Vec<Vec<u32>> {
+        groups_within(rows, form, u64::MAX)
+    }
+
+    fn groups_within(rows: &[(u32, u32)], form: AttentionForm, max_positions: u64) -> Vec<Vec<u32>> {
         let plan = plan(rows);
         let mut grouping = Grouping::default();
-        group_rows(&plan, form, false, &mut grouping);
+        group_rows(&plan, form, false, max_positions, &mut grouping);
         (0..grouping.len()).map(|i| grouping.group(i).to_vec()).collect()
     }
 
@@ -178,7 +211,7 @@ mod tests {
         assert_eq!(groups(&rows, AttentionForm::Gqa), vec![vec![0, 1, 5], vec![3], vec![2, 4]]);
         // A windowed cache: every row with several new tokens alone.
         let mut grouping = Grouping::default();
-        group_rows(&plan(&rows), AttentionForm::Gqa, true, &mut grouping);
+        group_rows(&plan(&rows), AttentionForm::Gqa, true, u64::MAX, &mut grouping);
         let windowed: Vec<Vec<u32>> = (0..grouping.len()).map(|i| grouping.group(i).to_vec()).collect();
         assert_eq!(windowed, vec![vec![0, 1, 5], vec![2], vec![3], vec![4]]);
     }
@@ -193,6 +226,26 @@ mod tests {
         let rows = [(0, 100), (0, 2), (0, 2), (0, 2)];
         assert_eq!(groups(&rows, AttentionForm::Gqa), vec![vec![0, 1], vec![2, 3]]);
         assert!(groups(&[], AttentionForm::Mha).is_empty());
+    }
+
+    #[test]
+    fn prefill_groups_keep_their_logits_within_the_budget() {
+        // 15 prompts of 72..58 tokens (a burst): 1,080 padded positions at most in one group
+        // without a budget; 341 positions each with SmolLM2's 64 MiB (vocab 49,152, float32).
+        let rows: Vec<(u32, u32)> = (0..15).map(|i| (0, 72 - i)).collect();
+        assert_eq!(groups(&rows, AttentionForm::Gqa).len(), 1);
+        let budget = prefill_positions_budget(49_152, 4);
+        assert_eq!(budget, 341);
+        let within = groups_within(&rows, AttentionForm::Gqa, budget);
+        assert_eq!(within.iter().map(Vec::len).collect::<Vec<_>>(), vec![4, 5, 5, 1]);
+        for group in &within {
+            let width = group.iter().map(|&i| rows[i as usize].1).max().unwrap();
+            assert!(u64::from(width) * group.len() as u64 <= budget, "{group:?}");
+        }
+        // A row longer than the budget runs alone; the decodes are never split.
+        let rows = [(0, 500), (0, 400), (7, 1), (9, 1)];
+        assert_eq!(groups_within(&rows, AttentionForm::Gqa, 341), vec![vec![2, 3], vec![0], vec![1]]);
+        assert_eq!(prefill_positions_budget(1 << 30, 4), 1);
     }
 
     #[test]

@@ -51,7 +51,7 @@ use crate::kv_store::KvStore;
 use crate::layer_attention::AttentionPlan;
 use crate::runtime::ExecutionProvider;
 use gathered::GatheredPast;
-use grouping::{assign_sampled_slots, check_plan, group_rows, Grouping};
+use grouping::{assign_sampled_slots, check_plan, group_rows, prefill_positions_budget, Grouping};
 use invocation::{Batch, Invocation, LogitsOut, PastSources, TokenInputs};
 use signature::{check_signature, detect_form, KvSpec, Names};
 use stats::now;
@@ -269,7 +269,9 @@ impl OrtExecutor {
     /// Groups `plan`'s rows and runs one invocation per group (`grouping.sampled_slot` says
     /// where each row's logits go); returns how many ran.
     fn run_groups(&mut self, plan: &StepPlan, out: &mut StepOutput) -> Result<usize, ExecError> {
-        group_rows(plan, self.form, self.spec.widest_window() > 0, &mut self.grouping);
+        let max_positions =
+            prefill_positions_budget(u64::from(self.config.vocab_size), self.spec.logits.bytes() as u64);
+        group_rows(plan, self.form, self.spec.widest_window() > 0, max_positions, &mut self.grouping);
         for group in 0..self.grouping.len() {
             let result = self.invoke(plan, group, out);
             if result.is_err() {

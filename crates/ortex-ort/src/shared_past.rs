@@ -22,13 +22,15 @@ use ortex_core::ids::RequestId;
 
 use crate::kv_element::{self, KvElement};
 
-/// Positions of room a fresh buffer leaves beyond the longest row: at least this many, or a
-/// quarter of the row's length when that is more (a refill copies the whole past, so it should
-/// come rarely).
-const MIN_HEADROOM_POSITIONS: usize = 128;
+/// Positions of room a fresh buffer leaves beyond the longest row: at least this many, or an
+/// eighth of the row's length when that is more. A refill copies the whole past, so it should
+/// come rarely; but every change of batch refills too, and the buffers are a second copy of the
+/// rows' KV, so the room is memory held: 128 positions (or a quarter) grew the buffers by 40%
+/// when the first of 16 rows of 200 positions ended (docs/performance.md, issue 22).
+const MIN_HEADROOM_POSITIONS: usize = 32;
 
 /// Buffer widths are multiples of this many positions.
-const WIDTH_QUANTUM_POSITIONS: usize = 64;
+const WIDTH_QUANTUM_POSITIONS: usize = 32;
 
 pub struct SharedPast {
     /// One per past input, in the executor's `Names::past` order; `[batch, kv_heads, width, head_size]`
@@ -53,7 +55,7 @@ pub struct SharedPast {
 /// A buffer width for rows whose longest past is `past` (one new position each), at most the
 /// model's context length (and at least `past + 1`).
 pub fn width_for(past: usize, context_length: usize) -> usize {
-    let wanted = past + 1 + MIN_HEADROOM_POSITIONS.max(past / 4);
+    let wanted = past + 1 + MIN_HEADROOM_POSITIONS.max(past / 8);
     wanted.next_multiple_of(WIDTH_QUANTUM_POSITIONS).min(context_length).max(past + 1)
 }
 
@@ -155,12 +157,13 @@ mod tests {
 
     #[test]
     fn widths_leave_headroom_in_quanta_within_the_context() {
-        assert_eq!(width_for(0, 2048), 192);
-        assert_eq!(width_for(63, 2048), 192);
-        assert_eq!(width_for(64, 2048), 256);
-        assert_eq!(width_for(1000, 2048), 1280); // 1000 + 1 + 250 -> 1251 -> 1280
+        assert_eq!(width_for(0, 2048), 64); // 0 + 1 + 32 -> 33 -> 64
+        assert_eq!(width_for(31, 2048), 64);
+        assert_eq!(width_for(32, 2048), 96);
+        assert_eq!(width_for(199, 2048), 256); // 199 + 1 + 32 -> 232 -> 256
+        assert_eq!(width_for(1000, 2048), 1152); // 1000 + 1 + 125 -> 1126 -> 1152
         assert_eq!(width_for(2000, 2048), 2048);
-        assert_eq!(width_for(10, 100), 100);
+        assert_eq!(width_for(10, 50), 50); // 43 -> 64, held to the context
         for past in 0..3000 {
             let w = width_for(past, 4096.max(past + 1));
             assert!(w > past, "past {past} width {w}");

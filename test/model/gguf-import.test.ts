@@ -17,6 +17,7 @@ import { dequantize } from '../../ts/modelkit/gguf/dequantize'
 import { GgmlTypeId, type GgmlTypeName } from '../../ts/modelkit/gguf/ggml-types'
 import { importGguf, type ImportSummary } from '../../ts/modelkit/gguf/import'
 import { int4Value, packInt4 } from '../../ts/modelkit/gguf/int4'
+import { int8Value, packQ8_0 } from '../../ts/modelkit/gguf/int8'
 import { readGguf } from '../../ts/modelkit/gguf/reader'
 import { SUPPORTED_PRE_TOKENIZERS } from '../../ts/modelkit/gguf/tokenizer'
 import { CHAT_TOKENS, TINY, tinySentencePieceVocabulary, type TinyGgufOptions, tinyGgufMetadata, tinyGgufTensors, tinyVocabulary, writeTinyGguf } from '../helpers/gguf-models'
@@ -243,11 +244,35 @@ describe('int4 packing (MatMulNBits blocks of 32)', () => {
       await model.release()
     }
   })
+
+  it('Q8_0 blocks are kept exactly as 8-bit blocks, and the kernel reads them so', async () => {
+    const { data, row } = rows('Q8_0', 14)
+    const w = packQ8_0(GgmlTypeId.Q8_0, N, K, row)
+    const expected = new Float32Array(N * K)
+    dequantize(GgmlTypeId.Q8_0, data, N * K, expected)
+    let mismatches = 0
+    for (let n = 0; n < N; n++) for (let k = 0; k < K; k++) if (int8Value(w, K, n, k) !== expected[n * K + k]) mismatches++
+    expect(mismatches).toBe(0)
+    expect(() => packQ8_0(GgmlTypeId.Q4_0, N, K, row)).toThrow(/Q8_0 only/)
+    const dir = mkdtempSync(join(root, 'nbits8-'))
+    writeFileSync(join(dir, 'model.onnx'), matMulNBitsModel(w, N, K))
+    const ort = (await import('onnxruntime-node')).default
+    const model = await ort.InferenceSession.create(join(dir, 'model.onnx'))
+    const identity = new Float32Array(K * K)
+    for (let k = 0; k < K; k++) identity[k * K + k] = 1
+    const y = (await model.run({ a: new ort.Tensor('float32', identity, [K, K]) })).y!.data as Float32Array
+    let worst = 0
+    for (let k = 0; k < K; k++) for (let n = 0; n < N; n++) worst = Math.max(worst, Math.abs(y[k * N + n]! - int8Value(w, K, n, k)))
+    expect(worst).toBeLessThan(1e-6)
+    await model.release()
+  })
 })
 
-/** A one-node model: y = MatMulNBits(a, B) (+ block sums of a times the minimums), float32 compute. */
-function matMulNBitsModel(w: ReturnType<typeof packInt4>, N: number, K: number): Uint8Array {
+/** A one-node model: y = MatMulNBits(a, B) (+ block sums of a times the minimums), float32
+ *  compute; 8-bit blocks (no zero points) where `w` has no qzeros. */
+function matMulNBitsModel(w: { qweight: Uint8Array; scales: Float32Array; qzeros?: Uint8Array; mins?: Float32Array }, N: number, K: number): Uint8Array {
   const blocks = K / 32
+  const bits = w.qzeros ? 4 : 8
   const init = (name: string, dataType: number, dims: number[], bytes: Uint8Array) => ({ name, dataType, dims, rawData: bytes })
   const f32Bytes = (a: Float32Array) => new Uint8Array(a.buffer, a.byteOffset, a.byteLength)
   const attr = (name: string, i: number) => ({ name, type: onnx.AttributeProto.AttributeType.INT, i })
@@ -255,16 +280,13 @@ function matMulNBitsModel(w: ReturnType<typeof packInt4>, N: number, K: number):
     {
       opType: 'MatMulNBits',
       domain: 'com.microsoft',
-      input: ['a', 'B', 'scales', 'zeros'],
+      input: w.qzeros ? ['a', 'B', 'scales', 'zeros'] : ['a', 'B', 'scales'],
       output: [w.mins ? 'product' : 'y'],
-      attribute: [attr('K', K), attr('N', N), attr('bits', 4), attr('block_size', 32), attr('accuracy_level', 0)],
+      attribute: [attr('K', K), attr('N', N), attr('bits', bits), attr('block_size', 32), attr('accuracy_level', 0)],
     },
   ]
-  const initializers = [
-    init('B', 2, [N, blocks, 16], w.qweight),
-    init('scales', 1, [N, blocks], f32Bytes(w.scales)),
-    init('zeros', 2, [N, Math.ceil(blocks / 2)], w.qzeros),
-  ]
+  const initializers = [init('B', 2, [N, blocks, (32 * bits) / 8], w.qweight), init('scales', 1, [N, blocks], f32Bytes(w.scales))]
+  if (w.qzeros) initializers.push(init('zeros', 2, [N, Math.ceil(blocks / 2)], w.qzeros))
   if (w.mins) {
     initializers.push(init('mins', 1, [blocks, N], f32Bytes(w.mins)), init('shape', 7, [3], new Uint8Array(new BigInt64Array([0n, BigInt(blocks), 32n]).buffer)))
     initializers.push(init('axes', 7, [1], new Uint8Array(new BigInt64Array([-1n]).buffer)))
@@ -400,6 +422,40 @@ describe('imported folders', () => {
       })
     }
   }
+
+  it('keep an lm_head tied to a Q8_0 embedding at 8 bits (int4), with float16 KV unless told', async () => {
+    const file = join(root, 'tied-q8.gguf')
+    writeTinyGguf(file, { ...LLAMA, types: { embedding: 'Q8_0', layers: LLAMA.types.layers } })
+    const dirs = { fp32: join(root, 'tied-q8-fp32'), int4: join(root, 'tied-q8-int4'), kv32: join(root, 'tied-q8-int4-kv32') }
+    const fp32 = await importGguf({ file, outDir: dirs.fp32 })
+    const int4 = await importGguf({ file, outDir: dirs.int4, weights: 'int4' })
+    const kv32 = await importGguf({ file, outDir: dirs.kv32, weights: 'int4', kv: 'fp32' })
+    expect([fp32.kv, int4.kv, kv32.kv]).toEqual(['fp32', 'fp16', 'fp32'])
+    expect(int4.tensors.exact).toEqual({ Q4_0: 2, Q4_1: 2, Q4_K: 2, Q8_0: 1 }) // the lm_head's Q8_0 blocks
+    const graph = decodeModel(dirs.int4).graph!
+    const lmHead = graph.node!.find((n) => n.name === '/lm_head/MatMulNBits')!
+    expect(Number(lmHead.attribute!.find((a) => a.name === 'bits')!.i)).toBe(8)
+    expect(lmHead.input!.slice(1)).toEqual(['lm_head.qweight', 'lm_head.scales']) // no zero points: 128
+    const elem = (name: string) => (graph.input!.find((i) => i.name === name) ?? graph.output!.find((o) => o.name === name))!.type!.tensorType!.elemType
+    expect([elem('past_key_values.0.key'), elem('present.0.value'), elem('logits')]).toEqual([10, 10, 1]) // float16 KV, float32 logits
+    await expect(importGguf({ file, outDir: join(root, 'bad-kv'), kv: 'fp8' as never })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' })
+    // Close to the float32 import, and the engine equals the plain loop on the float16 cache.
+    const { relativeRms } = worstError(await folderLogits(dirs.int4, PROMPT), (await folderLogits(dirs.fp32, PROMPT)).map((l) => Float64Array.from(l)))
+    expect(relativeRms).toBeLessThan(0.25)
+    const reference = await ReferenceModel.load(dirs.int4)
+    const prompts = [PROMPT, [3, 4, 5], [200, 201, 202, 203, 204, 205]]
+    const expected: number[][] = []
+    for (const p of prompts) expected.push(await naiveGenerate(reference, p, 12, { ignoreEos: true }))
+    await reference.release()
+    const engine = await Engine.load(dirs.int4, { intraOpThreads: 1 })
+    try {
+      const got = await Promise.all(prompts.map(async (p) => Array.from((await engine.generate(p, { maxGeneratedTokens: 12, ignoreEos: true }).done).tokens)))
+      expect(got).toEqual(expected)
+      expect(engine.config.kvPositionBytes).toBe(TINY.layers * 2 * TINY.kvHeads * TINY.headSize * 2) // float16
+    } finally {
+      await engine.close()
+    }
+  })
 })
 
 describe('the tokenizer', () => {
@@ -491,7 +547,7 @@ describe('ortex import (the command)', () => {
     const lines = run.stdout.trim().split('\n')
     expect(lines).toHaveLength(1)
     expect(lines[0]).toMatch(
-      new RegExp(`^${out.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}: llama "tiny llama", [\\d,]+ parameters, int4 weights \\(4-bit blocks kept exactly: .*Q4_1 x2.*; requantized to 4 bits: .*Q6_K x2.*; float32: .*\\), [\\d.]+ MB in [\\d.]+ s$`),
+      new RegExp(`^${out.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}: llama "tiny llama", [\\d,]+ parameters, int4 weights \\(blocks kept exactly: .*Q4_1 x2.*; requantized to 4 bits: .*Q6_K x2.*; float32: .*\\), float(16|32) KV, [\\d.]+ MB in [\\d.]+ s$`),
     )
     expect(json(out, 'genai_config.json').model.type).toBe('llama')
   })

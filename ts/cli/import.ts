@@ -6,7 +6,7 @@ import { parseArgs } from 'node:util'
 
 import { UsageError, choiceFlag, progressBar } from './args'
 
-export const IMPORT_HELP = `Usage: ortex import <file.gguf> --out DIR [--weights fp32|int4]
+export const IMPORT_HELP = `Usage: ortex import <file.gguf> --out DIR [--weights fp32|int4] [--kv fp32|fp16]
 
 Converts a GGUF file (llama.cpp's format) into a model folder that ortex and onnxruntime-genai load:
 genai_config.json, model.onnx with its weights in model.onnx.data, tokenizer.json,
@@ -18,6 +18,9 @@ Options:
   --weights FORMAT     'fp32' (default: every weight dequantized to float32) or 'int4' (linear
                        layers as MatMulNBits 4-bit blocks: Q4_0, Q4_1 and Q4_K blocks are kept
                        exactly, other types are requantized; the summary says which)
+  --kv TYPE            the KV cache's element type, 'fp32' or 'fp16' (half the memory a
+                       position, as llama.cpp's default f16 cache); the logits stay float32.
+                       Default: fp16 with int4 weights, fp32 with fp32 weights
   -h, --help           show this help
 `
 
@@ -29,6 +32,7 @@ export async function runImportCommand(argv: string[]): Promise<void> {
     options: {
       out: { type: 'string' },
       weights: { type: 'string' },
+      kv: { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
   })
@@ -39,11 +43,12 @@ export async function runImportCommand(argv: string[]): Promise<void> {
   if (positionals.length !== 1 || positionals[0] === '') throw new UsageError('give one GGUF file: ortex import <file.gguf> --out DIR')
   if (values.out === undefined || values.out === '') throw new UsageError('give --out DIR')
   const weights = choiceFlag('weights', values.weights, ['fp32', 'int4'] as const)
+  const kv = choiceFlag('kv', values.kv, ['fp32', 'fp16'] as const)
   const { importGguf, describeImport } = await import('../modelkit/gguf/import')
   const bar = progressBar('importing')
   let summary
   try {
-    summary = await importGguf({ file: positionals[0]!, outDir: values.out, weights, onProgress: (done, total) => bar.update(done, total) })
+    summary = await importGguf({ file: positionals[0]!, outDir: values.out, weights, kv, onProgress: (done, total) => bar.update(done, total) })
   } finally {
     bar.end()
   }

@@ -10,7 +10,8 @@
 //        total_sequence_length computed from attention_mask, no position_ids input, as
 //        onnxruntime-genai's model builder emits for CPU.
 // Options cover what imported models need (ts/modelkit/gguf/): q/k/v biases (qwen2), an lm_head
-// tied to the token embedding, and linear layers stored as com.microsoft.MatMulNBits 4-bit blocks;
+// tied to the token embedding, and linear layers stored as com.microsoft.MatMulNBits 4-bit blocks
+// (8-bit where the weights hold 8-bit ones: a Q8_0 lm_head);
 // and the forms the executor must handle (docs/model-format.md, "Variants"): float16 past, present
 // and logits (the weights and the arithmetic stay float32, casts at the edges), and sliding
 // windows in GroupQueryAttention (a windowed cache as Gemma-2 folders have, or a window over a
@@ -120,7 +121,8 @@ export type LinearStorage =
    * [out, in/32, 16], `<proj>.scales` float32 [out, in/32], `<proj>.qzeros` uint8 [out, ceil(in/64)]
    * (two 4-bit zero points a byte, low nibble first). Where `<proj>.mins` float32 [in/32, out] is
    * present, each block's value is q * scale + min: the graph adds the input's 32-element block
-   * sums times the minimums (what ggml does for Q4_1 and Q4_K), with zero points 0.
+   * sums times the minimums (what ggml does for Q4_1 and Q4_K), with zero points 0. A
+   * `<proj>.qweight` of [out, in/32, 32] holds 8-bit blocks (no qzeros: zero point 128).
    */
   | { kind: 'int4'; accuracyLevel: number }
 
@@ -148,8 +150,10 @@ export interface LlamaGraphOptions {
   tiedEmbeddings?: boolean
   /** Default fp32. */
   linear?: LinearStorage
-  /** Past, present and logits; default fp32. */
+  /** Past and present (and the logits, unless `logits` says otherwise); default fp32. */
   kv?: KvType
+  /** The logits' element type; default `kv`'s. */
+  logits?: KvType
   /** gqa only; default none. */
   window?: GraphWindow
   /**
@@ -171,9 +175,11 @@ export function windowedLayers(numLayers: number, window: GraphWindow | undefine
 interface GraphContext {
   g: GraphBuilder
   d: LlamaDims
-  options: Required<Omit<LlamaGraphOptions, 'window' | 'causalMask'>> & Pick<LlamaGraphOptions, 'window' | 'causalMask'>
-  /** The element type of past, present and logits. */
-  kvType: typeof DataType.FLOAT | typeof DataType.FLOAT16
+  options: Required<Omit<LlamaGraphOptions, 'window' | 'causalMask' | 'logits'>> & Pick<LlamaGraphOptions, 'window' | 'causalMask'>
+  /** The element type of past and present. */
+  kvType: ElementType
+  /** The element type of the logits. */
+  logitsType: ElementType
   /** The initializer of a weight, added to the graph on first use. */
   w: (name: string) => string
   has: (name: string) => boolean
@@ -182,6 +188,10 @@ interface GraphContext {
   /** Inputs whose 32-element block sums are already computed (int4 weights with minimums). */
   blockSums: Set<string>
 }
+
+type ElementType = typeof DataType.FLOAT | typeof DataType.FLOAT16
+
+const elementType = (t: KvType): ElementType => (t === 'fp16' ? DataType.FLOAT16 : DataType.FLOAT)
 
 /** The tensors that rotary, masking and attention share across layers. */
 interface SharedInputs {
@@ -199,7 +209,7 @@ export function buildLlamaGraph(
 ): GraphBuilder {
   if (d.numHeads % d.numKvHeads !== 0) throw new Error('num_heads must be a multiple of num_kv_heads')
   if (d.headSize % 2 !== 0) throw new Error('head_size must be even (rotary embedding)')
-  const given = typeof attentionOrOptions === 'string' ? { attention: attentionOrOptions } : attentionOrOptions
+  const { logits, ...given } = typeof attentionOrOptions === 'string' ? { attention: attentionOrOptions } : attentionOrOptions
   const options: GraphContext['options'] = {
     attentionBias: false,
     tiedEmbeddings: false,
@@ -222,7 +232,8 @@ export function buildLlamaGraph(
     g,
     d,
     options,
-    kvType: options.kv === 'fp16' ? DataType.FLOAT16 : DataType.FLOAT,
+    kvType: elementType(options.kv),
+    logitsType: elementType(logits ?? options.kv),
     w,
     has: (name) => weights.has(name),
     weightDims: (name) => weights.get(name)?.dims ?? [],
@@ -241,7 +252,14 @@ export function buildLlamaGraph(
   return g
 }
 
-function declareInputsOutputs({ g, d, options, kvType }: GraphContext): void {
+/** The bits of a block weight `[N, K/32, 32 * bits / 8]`. */
+function blockBitsOf(ctx: GraphContext, qweight: string): number {
+  const blob = ctx.weightDims(qweight)[2] ?? 0
+  if (blob !== 16 && blob !== 32) throw new Error(`${qweight}: blocks of ${blob} bytes are neither 4- nor 8-bit blocks of 32`)
+  return (blob * 8) / 32
+}
+
+function declareInputsOutputs({ g, d, options, kvType, logitsType }: GraphContext): void {
   const D = d.headSize
   g.input(INPUT_IDS, DataType.INT64, ['batch_size', 'sequence_length'])
   g.input(ATTENTION_MASK, DataType.INT64, ['batch_size', 'total_sequence_length'])
@@ -254,7 +272,7 @@ function declareInputsOutputs({ g, d, options, kvType }: GraphContext): void {
     g.input(pastKeyName(l), kvType, ['batch_size', d.numKvHeads, past(l), D])
     g.input(pastValueName(l), kvType, ['batch_size', d.numKvHeads, past(l), D])
   }
-  g.output(LOGITS, kvType, ['batch_size', 'sequence_length', d.vocabSize])
+  g.output(LOGITS, logitsType, ['batch_size', 'sequence_length', d.vocabSize])
   for (let l = 0; l < d.numLayers; l++) {
     g.output(presentKeyName(l), kvType, ['batch_size', d.numKvHeads, present(l), D])
     g.output(presentValueName(l), kvType, ['batch_size', d.numKvHeads, present(l), D])
@@ -452,7 +470,7 @@ function mlp(ctx: GraphContext, h: string, l: number): string {
 function lmHead(ctx: GraphContext, x: string): void {
   const { g, options, w } = ctx
   // float16 logits: computed in float32, cast at the end.
-  const half = ctx.kvType !== DataType.FLOAT
+  const half = ctx.logitsType !== DataType.FLOAT
   const out = half ? '/lm_head/output_float' : LOGITS
   if (options.linear.kind === 'fp32' && options.tiedEmbeddings) {
     const t = g.op('Transpose', [w('model.embed_tokens.weight')], { perm: Is([1, 0]) }, { name: '/lm_head/Transpose' })
@@ -460,7 +478,7 @@ function lmHead(ctx: GraphContext, x: string): void {
   } else {
     linear(ctx, x, 'lm_head', '/lm_head', false, out)
   }
-  if (half) g.op('Cast', [out], { to: I(ctx.kvType) }, { name: '/lm_head/Cast', outputs: [LOGITS] })
+  if (half) g.op('Cast', [out], { to: I(ctx.logitsType) }, { name: '/lm_head/Cast', outputs: [LOGITS] })
 }
 
 /** x [.., in] -> [.., out] through the projection `proj` (a weight name prefix), plus its bias. */
@@ -487,8 +505,11 @@ function int4Linear(
   const [N = 0, blocks = 0] = ctx.weightDims(`${proj}.qweight`)
   const K = blocks * 32
   const hasMins = ctx.has(`${proj}.mins`)
-  const attrs = { K: I(K), N: I(N), bits: I(4), block_size: I(32), accuracy_level: I(accuracyLevel) }
-  const inputs = [x, w(`${proj}.qweight`), w(`${proj}.scales`), w(`${proj}.qzeros`)]
+  const bits = blockBitsOf(ctx, `${proj}.qweight`)
+  const attrs = { K: I(K), N: I(N), bits: I(bits), block_size: I(32), accuracy_level: I(accuracyLevel) }
+  // 8-bit blocks (a Q8_0 lm_head) have no zero points: MatMulNBits takes 128.
+  const zeros = ctx.has(`${proj}.qzeros`) ? [w(`${proj}.qzeros`)] : []
+  const inputs = [x, w(`${proj}.qweight`), w(`${proj}.scales`), ...zeros]
   if (!hasMins) return g.op('MatMulNBits', inputs, attrs, { name: `${base}/MatMulNBits`, domain: 'com.microsoft', ...outputs })
   const product = g.op('MatMulNBits', inputs, attrs, { name: `${base}/MatMulNBits`, domain: 'com.microsoft' })
   const sums = blockSums(ctx, x, K)

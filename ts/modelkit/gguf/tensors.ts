@@ -4,6 +4,8 @@
 //   linear, --weights fp32     float32 [in, out] for MatMul: dequantized rows, unpermuted,
 //                              transposed (the whole tensor is held once, as float32)
 //   linear, --weights int4     MatMulNBits qweight / scales / qzeros (+ mins), int4.ts
+//   lm_head, --weights int4    a Q8_0 lm_head (or the Q8_0 embedding it is tied to) as 8-bit
+//                              MatMulNBits blocks, exactly (int8.ts): qweight / scales
 //   cos_cache, sin_cache       [context, head_size / 2] rotary tables from the metadata
 //
 // Tensors are produced one at a time, in layout order, as chunks for the data file writer; at most
@@ -14,7 +16,9 @@ import type { LlamaDims, LinearStorage } from '../llama'
 import type { TensorSpec } from '../weights'
 import { type ModelPlan, type SourceTensor, inverseFrequencies, permutedRow } from './architecture'
 import { dequantize } from './dequantize'
+import { GgmlTypeId } from './ggml-types'
 import { hasMinimums, mapsExactly, packInt4 } from './int4'
+import { packQ8_0 } from './int8'
 import type { GgufData, GgufTensorInfo } from './reader'
 
 /** How a source tensor was written: its values as float32, or as 4-bit blocks. */
@@ -33,16 +37,23 @@ const ROWS_PER_READ = 256
 
 export function planTensors(plan: ModelPlan, storage: LinearStorage): PlannedTensor[] {
   const out: PlannedTensor[] = []
+  const int4 = storage.kind === 'int4'
   for (const t of plan.tensors) {
-    if (t.role === 'linear' && storage.kind === 'int4') out.push(int4Tensor(t.name.replace(/\.weight$/, ''), t))
+    if (t.role === 'linear' && int4) out.push(blocksTensor(t.name.replace(/\.weight$/, ''), t))
     else if (t.role === 'linear') out.push(transposedTensor(t))
     else out.push(rowsTensor(t))
   }
-  if (plan.tiedEmbeddings && storage.kind === 'int4') {
-    out.push(int4Tensor('lm_head', plan.tensors.find((t) => t.role === 'embedding')!))
-  }
+  if (plan.tiedEmbeddings && int4) out.push(blocksTensor('lm_head', plan.tensors.find((t) => t.role === 'embedding')!))
   out.push(...rotaryTables(plan))
   return out
+}
+
+/**
+ * A linear weight as MatMulNBits blocks: 4-bit, but 8-bit (exactly) for a Q8_0 lm_head, as
+ * llama.cpp keeps it (the lm_head is where 4 bits cost the most: SmolLM2's answers changed).
+ */
+function blocksTensor(proj: string, t: SourceTensor): PlannedTensor {
+  return proj === 'lm_head' && t.source.type === GgmlTypeId.Q8_0 ? int8Tensor(proj, t) : int4Tensor(proj, t)
 }
 
 function rowCount(t: GgufTensorInfo): number {
@@ -144,6 +155,28 @@ function int4Tensor(proj: string, t: SourceTensor): PlannedTensor {
       yield [1, asBytes(w.scales)]
       yield [2, w.qzeros]
       if (w.mins) yield [3, asBytes(w.mins)]
+    },
+  }
+}
+
+/** A Q8_0 linear weight as 8-bit MatMulNBits blocks, `<proj>.qweight` [N, K/32, 32] and
+ *  `<proj>.scales` (no zero points: 128). */
+function int8Tensor(proj: string, t: SourceTensor): PlannedTensor {
+  const N = rowCount(t.source)
+  const K = t.source.dims[0]!
+  if (K % 32 !== 0) throw new Error(`${t.source.name}: rows of ${K} elements cannot be 8-bit blocks of 32`)
+  const blocks = K / 32
+  return {
+    specs: [
+      { name: `${proj}.qweight`, dims: [N, blocks, 32], dataType: DataType.UINT8 },
+      { name: `${proj}.scales`, dims: [N, blocks] },
+    ],
+    source: t.source,
+    mapping: 'exact',
+    *chunks(data) {
+      const w = packQ8_0(t.source.type, N, K, (n) => data.rows(t.source, sourceRow(t, n), 1))
+      yield [0, w.qweight]
+      yield [1, asBytes(w.scales)]
     },
   }
 }

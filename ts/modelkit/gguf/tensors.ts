@@ -21,7 +21,7 @@ import { hasMinimums, mapsExactly, packInt4 } from './int4'
 import { packQ8_0 } from './int8'
 import type { GgufData, GgufTensorInfo } from './reader'
 
-/** How a source tensor was written: its values as float32, or as 4-bit blocks. */
+/** How a source tensor was written: its values as float32, or as MatMulNBits blocks (its own or requantized). */
 export type Mapping = 'dequantized' | 'exact' | 'requantized'
 
 export interface PlannedTensor {

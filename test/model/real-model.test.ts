@@ -145,12 +145,13 @@ describe.skipIf(!ready)('SmolLM2-135M-Instruct (real model)', () => {
     try {
       // The France question is left out: llama.cpp itself answers it from this Q4_1 file with
       // "L'Étoile, la Marseillaise, ..." (its 4-bit layers), and so does the int4 import.
+      const results = []
       for (const answer of ANSWERS.slice(1)) {
         const result = await int4.generate(chatPrompt(answer.question), { maxGeneratedTokens: 32 }).done
         expect(result.text, answer.question).toMatch(answer.mentions)
+        results.push(result)
       }
-      const week = await int4.generate(chatPrompt(ANSWERS[1]!.question), { maxGeneratedTokens: 32 }).done
-      expect(week.finishReason).toBe('eos')
+      expect(results[0]!.finishReason).toBe('eos') // the week's answer ends within 32 tokens
       expect(int4.config.kvPositionBytes * 2).toBe(fp32.config.kvPositionBytes)
     } finally {
       await int4.close()

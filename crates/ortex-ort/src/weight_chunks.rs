@@ -89,7 +89,7 @@ fn chunks() -> MutexGuard<'static, BTreeMap<usize, Chunk>> {
 
 /// Mappings of freed one-block chunks, `(start, len_bytes)`, oldest first, not in [`CHUNKS`]:
 /// the next block that needs a chunk of that length takes one instead of mapping a new one.
-/// Locked only while [`CHUNKS`] is.
+/// Lock order: [`CHUNKS`] before this one, never the other way.
 static SPARE: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
 
 fn spare() -> MutexGuard<'static, Vec<(usize, usize)>> {
@@ -224,14 +224,11 @@ fn allocate_own_chunk(size_bytes: usize) -> Option<usize> {
         return None;
     }
     let len_bytes = (HEADER_BYTES + size_bytes.max(1)).next_multiple_of(HUGE_PAGE_BYTES);
-    let mut chunks = chunks();
-    let start = match take_spare(len_bytes) {
-        Some(start) => start,
-        None => map_aligned(len_bytes)?,
-    };
+    // Mapped before the chunks are locked, as a load's chunks are: other threads allocate meanwhile.
+    let start = take_spare(len_bytes).or_else(|| map_aligned(len_bytes))?;
     let mut chunk = Chunk { len_bytes, used_bytes: 0, live_blocks: 0, open: false };
     let block = cut(&mut chunk, start, size_bytes).expect("a new chunk holds its first block");
-    chunks.insert(start, chunk);
+    chunks().insert(start, chunk);
     Some(block)
 }
 

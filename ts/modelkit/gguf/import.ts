@@ -116,7 +116,7 @@ function checkOptions(options: ImportOptions): { weights: WeightFormat; kv: KvTy
 }
 
 /** The KV type an import keeps unless told: float16 beside 4-bit weights, float32 beside float32 ones. */
-export const defaultKv = (weights: WeightFormat): KvType => (weights === 'int4' ? 'fp16' : 'fp32')
+const defaultKv = (weights: WeightFormat): KvType => (weights === 'int4' ? 'fp16' : 'fp32')
 
 /** The tokenizer files and the chat template; returns the names written. */
 async function writeTokenizer(outDir: string, tokenizer: TokenizerConversion): Promise<string[]> {

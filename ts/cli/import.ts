@@ -17,7 +17,8 @@ Options:
   --out DIR            the folder to write (created if missing; our files in it are overwritten)
   --weights FORMAT     'fp32' (default: every weight dequantized to float32) or 'int4' (linear
                        layers as MatMulNBits 4-bit blocks: Q4_0, Q4_1 and Q4_K blocks are kept
-                       exactly, other types are requantized; the summary says which)
+                       exactly, other types are requantized, a Q8_0 lm_head stays 8-bit; the
+                       summary says which)
   --kv TYPE            the KV cache's element type, 'fp32' or 'fp16' (half the memory a
                        position, as llama.cpp's default f16 cache); the logits stay float32.
                        Default: fp16 with int4 weights, fp32 with fp32 weights

@@ -107,7 +107,7 @@ build_ts() {
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(native wasm ts)
 
-bash "$ORTEX_ROOT/scripts/setup.sh"
+bash "$ORTEX_ROOT/scripts/setup.sh" "${steps[@]}"
 for step in "${steps[@]}"; do
   case "$step" in
     native) build_native ;;

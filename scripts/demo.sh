@@ -8,7 +8,8 @@
 # `--simulated`); ORTEX_DEMO_WEIGHTS=fp32 uses the float32 import instead of int4.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/build.sh >&2
+# Only what the demo runs: the native addon and the TypeScript (no WebAssembly toolchain).
+bash scripts/build.sh native ts >&2
 
 QUESTIONS=(
   "What is the capital of France?"

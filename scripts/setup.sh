@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Installs what the build needs, skipping whatever is already present, so a second run takes
-# about a second: Debian's Rust for WebAssembly (rustc-web, cargo-web, rust-web-src, lld-19),
-# wasm-pack and the wasm-bindgen CLI (cargo install, pinned), and the npm dependencies.
+# about a second: the npm dependencies, and, only when the WebAssembly build is among the steps
+# (`bash scripts/setup.sh wasm`, as scripts/build.sh passes its steps), Debian's Rust for
+# WebAssembly (rustc-web, cargo-web, rust-web-src, lld-19) and wasm-pack and the wasm-bindgen CLI
+# (cargo install, pinned: about 11 minutes on 2 cores the first time). The demo builds only the
+# native addon and the TypeScript, so it never waits for the WebAssembly toolchain.
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$ORTEX_ROOT"
 
@@ -46,7 +49,16 @@ setup_npm() {
   NODE_LLAMA_CPP_SKIP_DOWNLOAD=true npm install --no-audit --no-fund
 }
 
-setup_debian_rust
-cargo_install_pinned wasm-pack "$WASM_PACK_VERSION" wasm-pack
-cargo_install_pinned wasm-bindgen-cli "$WASM_BINDGEN_VERSION" wasm-bindgen
+setup_wasm_toolchain() {
+  setup_debian_rust
+  cargo_install_pinned wasm-pack "$WASM_PACK_VERSION" wasm-pack
+  cargo_install_pinned wasm-bindgen-cli "$WASM_BINDGEN_VERSION" wasm-bindgen
+}
+
+# Steps: the build steps that will run (native, wasm, ts, native:PLATFORM); none: all of them.
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(native wasm ts)
+for step in "${steps[@]}"; do
+  if [ "$step" = wasm ]; then setup_wasm_toolchain; fi
+done
 setup_npm

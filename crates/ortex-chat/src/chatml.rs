@@ -26,7 +26,7 @@ mod tests {
     fn renders_each_message_and_the_generation_prompt() {
         let mut input = RenderInput::new(json!([
             {"role": "system", "content": "Be brief."},
-            {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "image"}, {"type": "text", "text": "!"}]},
+            {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "!"}]},
         ]));
         let template = ChatTemplate::chatml();
         assert_eq!(

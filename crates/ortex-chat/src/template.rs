@@ -76,6 +76,8 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     source: String,
     special_tokens: SpecialTokens,
+    /// Whether the template walks a message's content parts itself (see [`takes_content_parts`]).
+    takes_content_parts: bool,
 }
 
 impl fmt::Debug for ChatTemplate {
@@ -95,7 +97,8 @@ impl ChatTemplate {
         env.add_template_owned(TEMPLATE_NAME, rewrite_generation_blocks(&source).into_owned()).map_err(|error| {
             ChatError::new(ChatErrorCode::TemplateInvalid, format!("the chat template does not parse: {error}"))
         })?;
-        Ok(ChatTemplate { env, source, special_tokens })
+        let takes_content_parts = takes_content_parts(&source);
+        Ok(ChatTemplate { env, source, special_tokens, takes_content_parts })
     }
 
     /// The template's text, as given.
@@ -117,7 +120,7 @@ impl ChatTemplate {
     }
 
     fn context(&self, input: &RenderInput) -> Result<Value, ChatError> {
-        let messages = normalize_messages(&input.messages)?;
+        let messages = normalize_messages(&input.messages, self.takes_content_parts)?;
         let tools = list_of_objects("tools", input.tools.as_ref())?;
         let documents = list_of_objects("documents", input.documents.as_ref())?;
         if let Some(name) = RESERVED_VARIABLES.iter().find(|name| input.extra.contains_key(**name)) {
@@ -236,7 +239,11 @@ fn render_error(error: Error) -> ChatError {
 /// What `apply_chat_template` does to the conversation before rendering: each message must be an object,
 /// keys whose value is null are dropped (templates handle a missing key better than a None), and a
 /// message's reasoning is aliased (see [`alias_reasoning`]).
-fn normalize_messages(messages: &JsonValue) -> Result<JsonValue, ChatError> {
+///
+/// Content parts: only `{"type": "text"}` parts are taken (nothing here reads an image). A template that
+/// walks content parts itself gets them as they are; for any other template they are joined into one
+/// string first, as vLLM does for its "string" content format.
+fn normalize_messages(messages: &JsonValue, takes_content_parts: bool) -> Result<JsonValue, ChatError> {
     let JsonValue::Array(list) = messages else {
         return Err(ChatError::new(
             ChatErrorCode::InputInvalid,
@@ -259,15 +266,60 @@ fn normalize_messages(messages: &JsonValue) -> Result<JsonValue, ChatError> {
                     format!("message {index} must be an object, not {}", json_kind(message)),
                 ));
             };
-            let kept: Map<String, JsonValue> = fields
+            let mut kept: Map<String, JsonValue> = fields
                 .iter()
                 .filter(|(_, value)| !value.is_null())
                 .map(|(key, value)| (key.clone(), value.clone()))
                 .collect();
+            if let Some(JsonValue::Array(parts)) = kept.get("content") {
+                let joined = join_text_parts(index, parts)?;
+                if !takes_content_parts {
+                    kept.insert("content".to_owned(), JsonValue::String(joined));
+                }
+            }
             Ok(JsonValue::Object(alias_reasoning(kept)))
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(JsonValue::Array(normalized))
+}
+
+/// Whether a template iterates over a message's content (`{% for part in message['content'] %}`,
+/// `message.content`), the test vLLM applies to tell the "openai" content format from the "string" one.
+fn takes_content_parts(source: &str) -> bool {
+    source.split("{%").skip(1).any(|block| {
+        let statement = block.split("%}").next().unwrap_or_default().trim_matches(['-', '+', ' ', '\t', '\n', '\r']);
+        let mut words = statement.split_whitespace();
+        if words.next() != Some("for") {
+            return false;
+        }
+        let iterable = words.skip_while(|word| *word != "in").nth(1).unwrap_or_default();
+        let iterable = iterable.trim_start_matches('(').trim_end_matches(')');
+        ["['content']", "[\"content\"]", ".content"].iter().any(|suffix| iterable.ends_with(suffix))
+    })
+}
+
+/// OpenAI's content parts as the text templates take: the `text` of each `{"type": "text"}`
+/// part, joined with newlines (as vLLM and llama.cpp's server join them). Templates would
+/// otherwise print the list itself; a part of another type (an image) is refused, since nothing
+/// here can read it.
+fn join_text_parts(index: usize, parts: &[JsonValue]) -> Result<String, ChatError> {
+    let mut texts = Vec::with_capacity(parts.len());
+    for (part_index, part) in parts.iter().enumerate() {
+        let refuse = |what: String| {
+            ChatError::new(ChatErrorCode::InputInvalid, format!("message {index} content part {part_index} {what}"))
+        };
+        let JsonValue::Object(fields) = part else {
+            return Err(refuse(format!("must be an object {{\"type\": \"text\", \"text\": ...}}, not {}", json_kind(part))));
+        };
+        match (fields.get("type"), fields.get("text")) {
+            (Some(JsonValue::String(kind)), Some(JsonValue::String(text))) if kind == "text" => texts.push(text.as_str()),
+            (Some(JsonValue::String(kind)), _) if kind != "text" => {
+                return Err(refuse(format!("has type {kind:?}: only \"text\" parts are supported")));
+            }
+            _ => return Err(refuse("must be {\"type\": \"text\", \"text\": <string>}".to_owned())),
+        }
+    }
+    Ok(texts.join("\n"))
 }
 
 /// The names a message's reasoning comes under; the first one present is the reasoning.
@@ -382,6 +434,36 @@ mod tests {
 
     fn user(content: &str) -> JsonValue {
         json!([{"role": "user", "content": content}])
+    }
+
+    #[test]
+    fn text_content_parts_reach_the_template_joined() {
+        let parts = json!([{"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]}]);
+        let text = render("{{ messages[0].content }}", &RenderInput::new(parts.clone())).unwrap();
+        assert_eq!(text, "Hi\nthere");
+        // A template that walks the parts itself gets them.
+        let walking = "{% for m in messages %}{% for part in m['content'] %}[{{ part.text }}]{% endfor %}{% endfor %}";
+        assert_eq!(render(walking, &RenderInput::new(parts)).unwrap(), "[Hi][there]");
+    }
+
+    #[test]
+    fn templates_that_walk_content_parts_are_told_apart() {
+        assert!(takes_content_parts("{%- for item in message['content'] -%}"));
+        assert!(takes_content_parts("{% for part in message.content if part['type'] == 'text' %}"));
+        assert!(takes_content_parts("{% for c in m[\"content\"] %}"));
+        assert!(!takes_content_parts("{% for message in messages %}{{ message['content'] }}{% endfor %}"));
+        assert!(!takes_content_parts("{{ 'in' }}{% if 'x' in message.content %}{% endif %}"));
+    }
+
+    #[test]
+    fn other_content_parts_are_refused_by_name() {
+        let image = json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]);
+        let error = render("{{ messages[0].content }}", &RenderInput::new(image)).unwrap_err();
+        assert_eq!(error.code, ChatErrorCode::InputInvalid);
+        assert!(error.message.contains("\"image_url\"") && error.message.contains("only \"text\""), "{}", error.message);
+        let bare = json!([{"role": "user", "content": ["Hi"]}]);
+        let error = render("{{ messages[0].content }}", &RenderInput::new(bare)).unwrap_err();
+        assert_eq!(error.code, ChatErrorCode::InputInvalid);
     }
 
     #[test]

@@ -62,6 +62,12 @@ fn render_input(case: &Value) -> RenderInput {
     }
 }
 
+/// Whether a case's messages hold a content part that is not text.
+fn has_non_text_part(case: &Value) -> bool {
+    let messages = case["messages"].as_array().into_iter().flatten();
+    messages.filter_map(|m| m["content"].as_array()).flatten().any(|part| part["type"] != "text")
+}
+
 /// Where two texts first differ, with a little context, for a readable failure.
 fn first_difference(expected: &str, actual: &str) -> String {
     let at = expected.bytes().zip(actual.bytes()).take_while(|(a, b)| a == b).count();
@@ -91,6 +97,15 @@ fn every_fixture_renders_as_hugging_face_does() {
             cases += 1;
             let case_name = format!("{name}/{}", case["name"].as_str().unwrap_or("?"));
             let rendered = template.render(&render_input(case));
+            // Hugging Face renders image parts as the template's placeholder; ortex reads no images,
+            // so it refuses them by name instead.
+            if has_non_text_part(case) {
+                match rendered {
+                    Err(error) if error.code == ChatErrorCode::InputInvalid && error.message.contains("only \"text\"") => {}
+                    outcome => failures.push(format!("{case_name}: expected the image part refused, got {outcome:?}")),
+                }
+                continue;
+            }
             match (
                 case.get("expected").and_then(Value::as_str),
                 case.get("expected_error").and_then(Value::as_str),

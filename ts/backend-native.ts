@@ -204,9 +204,9 @@ export const nativeBackend: Backend = {
     checkModelFolder(modelDir)
     return loadBinding().CoreEngine.load(path.resolve(modelDir), withKvBudget(options), ortLibraryPath())
   },
-  chat(files) {
+  chat(files, controls) {
     const factory = loadBinding().CoreChat
-    return files === null ? factory.chatml() : factory.fromFiles(files)
+    return files === null ? factory.chatml(controls) : factory.fromFiles(files, controls)
   },
   run(core, events, capacity) {
     return (core as NativeCoreEngine).run(events, capacity)

@@ -44,9 +44,9 @@ export const wasmBackend: Backend = {
         `use Engine.simulated(), or the native build (import { Engine } from 'ortex') for model folders`,
     )
   },
-  chat(files) {
+  chat(files, controls) {
     const factory = loadBinding().CoreChat
-    return files === null ? factory.chatml() : factory.fromFiles(files)
+    return files === null ? factory.chatml(controls) : factory.fromFiles(files, controls)
   },
   async run(core: CoreEngine, events, capacity) {
     return core.runSync(events, capacity)

@@ -14,9 +14,10 @@ export interface Backend {
   simulated(options: SimOptionsInput): CoreEngine
   /** An ONNX model folder. Rejects with OrtexError. */
   load(modelDir: string, options: ModelOptionsInput): Promise<CoreEngine>
-  /** A chat template from a model folder's files, or the built-in ChatML one (null). Throws
-   *  OrtexError (CHAT_CONFIG_INVALID, CHAT_TEMPLATE_INVALID). */
-  chat(files: ChatFilesInput | null): CoreChat
+  /** A chat template from a model folder's files, or the built-in ChatML one (null), for
+   *  prompts tokenized by a codec with these control strings. Throws OrtexError
+   *  (CHAT_CONFIG_INVALID, CHAT_TEMPLATE_INVALID). */
+  chat(files: ChatFilesInput | null, controls: string[]): CoreChat
   /** Drains retained events or executes one transaction; resolves with the event count. */
   run(core: CoreEngine, events: Int32Array, capacity: number): Promise<number>
 }

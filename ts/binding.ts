@@ -61,6 +61,11 @@ export interface CoreEngine {
   hasPendingWork(): boolean
   stats(): StatsView
   tokenize(text: string): Int32Array
+  /** A prompt from CoreChat.renderMarked: control strings that came from the caller's text
+   *  tokenize as plain text (crates/ortex-ops/src/prompt_text.rs). */
+  tokenizeMarked(marked: string): Int32Array
+  /** The strings `tokenize` turns into control tokens (a tokenizer's special tokens). */
+  controlStrings(): string[]
   detokenize(tokens: Int32Array): string
   close(): void
   /** Test hook: runs the core's accounting invariants; throws if one is broken. */
@@ -131,15 +136,18 @@ export interface NativeCoreEngine extends CoreEngine {
 /** A model's chat template, compiled once (crates/ortex-ops' Chat). render throws with the
  *  CHAT_* codes (CHAT_TEMPLATE_MISSING, CHAT_TEMPLATE_RAISED, ...) or INVALID_ARGUMENT. */
 export interface CoreChat {
+  /** The prompt as plain text. */
   render(input: ChatRenderInput): string
+  /** The prompt with every string of the input marked, for CoreEngine.tokenizeMarked. */
+  renderMarked(input: ChatRenderInput): string
   stopStrings(): string[]
   hasTemplate(): boolean
 }
 
 export interface CoreChatFactory {
   /** CHAT_CONFIG_INVALID, CHAT_TEMPLATE_INVALID. */
-  fromFiles(files: ChatFilesInput): CoreChat
-  chatml(): CoreChat
+  fromFiles(files: ChatFilesInput, controls: string[]): CoreChat
+  chatml(controls: string[]): CoreChat
 }
 
 export interface NativeBinding {

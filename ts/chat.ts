@@ -10,6 +10,10 @@
 //
 // The template's end-of-turn strings that are one token of the vocabulary (`<|im_end|>`,
 // `<|eot_id|>`) end a turn with finishReason 'eos' (TurnOptions.eosTokenIds).
+//
+// Prompts are rendered *marked* (crates/ortex-ops/src/prompt_text.rs): the control strings in
+// message text are escaped before the render and tokenize as plain text after it, so only what
+// the template writes becomes control tokens. The comparisons below work on the marked text.
 
 import { readFileSync } from 'node:fs'
 import path from 'node:path'
@@ -26,6 +30,8 @@ import * as v from './validate'
 export const MAX_CHAT_MESSAGES = 100_000
 
 export const CHAT_TEMPLATE_KEYS = ['addGenerationPrompt', 'tools', 'documents', 'templateName', 'variables'] as const
+/** The keys of ChatPromptOptions (engine.chat, engine.createChat). */
+export const CHAT_PROMPT_KEYS = ['parseSpecialTokens'] as const
 
 /** The chat files of a model folder, as the core reads them; a missing file is absent. */
 export function readChatFiles(modelDir: string): ChatFilesInput {
@@ -112,12 +118,44 @@ export function takeTemplateKeys(present: Map<string, unknown>): Map<string, unk
 /** What the engine gives chat: its template, its text codec and its end-of-turn token ids. */
 export interface ChatHost {
   template(): CoreChat
+  /** Text whose control strings all become control tokens. */
   tokenize(text: string): Int32Array
+  /** A prompt from template().renderMarked: only what the template wrote becomes control tokens. */
+  tokenizeMarked(marked: string): Int32Array
   /** The single-token end-of-turn strings, by token id. */
   endTokens(): ReadonlyMap<number, string>
 }
 
+/** How one chat's prompts become tokens: marked (the default), or as plain text for trusted
+ *  callers (ChatPromptOptions.parseSpecialTokens). */
+export interface PromptCodec {
+  render(messages: ChatMessage[], options: ChatTemplateOptions): string
+  tokenize(text: string): Int32Array
+}
+
+export function promptCodec(host: ChatHost, parseSpecialTokens: boolean): PromptCodec {
+  if (parseSpecialTokens) {
+    return { render: (messages, options) => render(host, messages, options), tokenize: (text) => host.tokenize(text) }
+  }
+  return {
+    render: (messages, options) => renderWith((input) => host.template().renderMarked(input), messages, options),
+    tokenize: (text) => host.tokenizeMarked(text),
+  }
+}
+
+/** ChatPromptOptions from the keys present; they are taken out of `present`. */
+export function takePromptOptions(name: string, present: Map<string, unknown>): { parseSpecialTokens: boolean } {
+  const value = present.get('parseSpecialTokens')
+  present.delete('parseSpecialTokens')
+  return { parseSpecialTokens: value === undefined ? false : v.boolean(`${name}.parseSpecialTokens`, value) }
+}
+
+/** The prompt as plain text (applyChatTemplate). */
 export function render(host: ChatHost, messages: ChatMessage[], options: ChatTemplateOptions): string {
+  return renderWith((input) => host.template().render(input), messages, options)
+}
+
+function renderWith(renderer: (input: ChatRenderInput) => string, messages: ChatMessage[], options: ChatTemplateOptions): string {
   const input: ChatRenderInput = {
     messages,
     addGenerationPrompt: options.addGenerationPrompt ?? true,
@@ -129,7 +167,7 @@ export function render(host: ChatHost, messages: ChatMessage[], options: ChatTem
     nowUnixSeconds: Math.floor(Date.now() / 1000),
   }
   try {
-    return host.template().render(input)
+    return renderer(input)
   } catch (error) {
     throw toChatError(error)
   }
@@ -150,6 +188,7 @@ export function withEndTokens(host: ChatHost, eosTokenIds: unknown): number[] {
 
 export interface ChatInit {
   host: ChatHost
+  prompts: PromptCodec
   request: Request
   system: string | null
   templateOptions: ChatTemplateOptions
@@ -170,6 +209,7 @@ interface LastTurn {
 export class Chat {
   readonly request: Request
   private readonly host: ChatHost
+  private readonly prompts: PromptCodec
   private readonly options: ChatTemplateOptions
   private readonly start: () => void
   private readonly history: ChatMessage[] = []
@@ -179,6 +219,7 @@ export class Chat {
   /** @internal Made by engine.createChat. */
   constructor(init: ChatInit) {
     this.host = init.host
+    this.prompts = init.prompts
     this.request = init.request
     this.options = init.templateOptions
     this.start = init.start
@@ -201,7 +242,7 @@ export class Chat {
     const present = v.options('options', options, v.TURN_KEYS)
     const messages = [...this.history, message]
     if (messages.length > MAX_CHAT_MESSAGES) throw invalidArgument(`a chat holds at most ${MAX_CHAT_MESSAGES} messages`)
-    const text = render(this.host, messages, { ...this.options, addGenerationPrompt: true })
+    const text = this.prompts.render(messages, { ...this.options, addGenerationPrompt: true })
     const { keep, tokens } = this.plan(text)
     present.set('eosTokenIds', withEndTokens(this.host, present.get('eosTokenIds')))
     // Bad options throw before the context changes.
@@ -236,7 +277,7 @@ export class Chat {
     const resident = this.request.tokenCount
     const appended = this.last === null ? null : this.appendAfterReply(text, this.last, resident)
     if (appended !== null) return appended
-    const full = this.host.tokenize(text)
+    const full = this.prompts.tokenize(text)
     const context = this.request.tokens()
     let keep = 0
     while (keep < context.length && keep < full.length - 1 && context[keep] === full[keep]) keep++
@@ -262,7 +303,7 @@ export class Chat {
       if (endText !== undefined && rest.startsWith(endText)) rest = rest.slice(endText.length)
       else keep -= 1
     }
-    const tokens = rest.length > 0 ? this.host.tokenize(rest) : new Int32Array(0)
+    const tokens = rest.length > 0 ? this.prompts.tokenize(rest) : new Int32Array(0)
     if (tokens.length === 0) return null
     return { keep, tokens }
   }

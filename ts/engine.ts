@@ -260,29 +260,33 @@ export class Engine implements EventOwner {
    *  rendered with a generation prompt; the template's end-of-turn token ends it with 'eos'. */
   chat(messages: ChatMessage[], options?: ChatOptions): Turn {
     const checked = chat.checkMessages('messages', messages)
-    const present = v.options('options', options, [...v.REQUEST_KEYS, ...v.TURN_KEYS, ...chat.CHAT_TEMPLATE_KEYS])
+    const present = v.options('options', options, [...v.REQUEST_KEYS, ...v.TURN_KEYS, ...chat.CHAT_TEMPLATE_KEYS, ...chat.CHAT_PROMPT_KEYS])
     if (present.has('addGenerationPrompt')) throw v.invalidArgumentFor('options.addGenerationPrompt', 'is not a chat option')
     const templateOptions = chat.templateOptions('options', chat.takeTemplateKeys(present))
+    const { parseSpecialTokens } = chat.takePromptOptions('options', present)
     this.checkUsable()
     const host = this.chatHost()
-    const text = chat.render(host, checked, templateOptions)
+    const prompts = chat.promptCodec(host, parseSpecialTokens)
+    const text = prompts.render(checked, templateOptions)
     present.set('eosTokenIds', chat.withEndTokens(host, present.get('eosTokenIds')))
-    return this.generate(host.tokenize(text), Object.fromEntries(present))
+    return this.generate(prompts.tokenize(text), Object.fromEntries(present))
   }
 
   /** A conversation on one request: `send(content)` returns the reply's Turn and prefills only
    *  what the new message adds. */
   createChat(options?: CreateChatOptions): chat.Chat {
-    const present = v.options('options', options, ['system', ...v.REQUEST_KEYS, ...chat.CHAT_TEMPLATE_KEYS])
+    const present = v.options('options', options, ['system', ...v.REQUEST_KEYS, ...chat.CHAT_TEMPLATE_KEYS, ...chat.CHAT_PROMPT_KEYS])
     if (present.has('addGenerationPrompt')) throw v.invalidArgumentFor('options.addGenerationPrompt', 'is not a chat option')
     const system = present.has('system') ? v.string('options.system', present.get('system')) : null
     present.delete('system')
     const templateOptions = chat.templateOptions('options', chat.takeTemplateKeys(present))
+    const { parseSpecialTokens } = chat.takePromptOptions('options', present)
     const host = this.chatHost()
     // Fail now, not at the first send, on a folder without a template.
     host.template()
     const request = this.createRequest(Object.fromEntries(present))
-    return new chat.Chat({ host, request, system, templateOptions, start: () => this.driver.start() })
+    const prompts = chat.promptCodec(host, parseSpecialTokens)
+    return new chat.Chat({ host, prompts, request, system, templateOptions, start: () => this.driver.start() })
   }
 
   /**
@@ -364,6 +368,7 @@ export class Engine implements EventOwner {
     return {
       template: () => this.loadChatTemplate(),
       tokenize: (text) => this.call(() => this.core.tokenize(text)),
+      tokenizeMarked: (marked) => this.call(() => this.core.tokenizeMarked(marked)),
       endTokens: () => this.loadChatEndTokens(),
     }
   }
@@ -371,7 +376,7 @@ export class Engine implements EventOwner {
   private loadChatTemplate(): CoreChat {
     if (this.chatTemplate === null) {
       const files = this.modelDir === null ? null : chat.readChatFiles(this.modelDir)
-      this.chatTemplate = this.call(() => this.backendImpl.chat(files))
+      this.chatTemplate = this.call(() => this.backendImpl.chat(files, this.core.controlStrings()))
       if (!this.chatTemplate.hasTemplate()) {
         const template = this.chatTemplate
         this.chatTemplate = null

@@ -145,11 +145,21 @@ export interface ChatTemplateOptions {
   variables?: Record<string, unknown>
 }
 
+/** How a chat's rendered prompt is tokenized. */
+export interface ChatPromptOptions {
+  /** Default false: text that came from messages, tools, documents and variables tokenizes as
+   *  plain text, so a message that says `<|im_start|>` cannot open a turn; only what the template
+   *  writes becomes control tokens (as OpenAI's API does). true: the rendered prompt's control
+   *  strings all become control tokens wherever they came from (Hugging Face's and llama.cpp's
+   *  default), for callers whose messages are trusted. */
+  parseSpecialTokens?: boolean
+}
+
 /** engine.chat: a one-shot chat turn on its own request. */
-export type ChatOptions = GenerateOptions & Omit<ChatTemplateOptions, 'addGenerationPrompt'>
+export type ChatOptions = GenerateOptions & Omit<ChatTemplateOptions, 'addGenerationPrompt'> & ChatPromptOptions
 
 /** engine.createChat: a conversation on one request. */
-export interface CreateChatOptions extends RequestOptions, Omit<ChatTemplateOptions, 'addGenerationPrompt'> {
+export interface CreateChatOptions extends RequestOptions, Omit<ChatTemplateOptions, 'addGenerationPrompt'>, ChatPromptOptions {
   /** The system message the conversation starts with. */
   system?: string
 }

@@ -3,13 +3,30 @@
 //! syllable pair, so generated text is readable in demos and multi-byte characters really do span
 //! tokens.
 
+use std::ops::Range;
+
 use crate::error::{OrtexError, Result};
 
 pub trait TextCodec: Send {
+    /// Encodes text; the codec's control strings in it become control tokens.
     fn tokenize(&self, text: &str) -> Result<Vec<i32>>;
     /// Decodes ids to text; an incomplete UTF-8 sequence at the end decodes to U+FFFD, which a
     /// streaming caller holds back until the next token completes it.
     fn detokenize(&self, tokens: &[i32]) -> Result<String>;
+
+    /// The strings `tokenize` turns into control tokens wherever they occur (a tokenizer's
+    /// special added tokens), in a fixed order; none where the codec has none.
+    fn control_strings(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// Encodes a rendered prompt in which the byte ranges `literals` hold control strings that
+    /// came from a caller's text (a chat message): those encode as plain text, never as control
+    /// tokens. Everything else encodes as `tokenize` would.
+    fn tokenize_rendered(&self, text: &str, literals: &[Range<usize>]) -> Result<Vec<i32>> {
+        debug_assert!(literals.is_empty() || !self.control_strings().is_empty());
+        self.tokenize(text)
+    }
 }
 
 /// What a closed engine keeps instead of its codec (a real model's tokenizer is megabytes): the

@@ -28,23 +28,30 @@ fn guarded<T>(call: impl FnOnce() -> ortex_core::Result<T>) -> napi::Result<T, S
 
 #[napi]
 impl CoreChat {
-    /// A model folder's chat files (ChatFilesInput: their text, absent where missing).
+    /// A model folder's chat files (ChatFilesInput: their text, absent where missing);
+    /// `controls`: the control strings of the engine that tokenizes its prompts.
     #[napi(factory)]
-    pub fn from_files(files: Value) -> napi::Result<Self, String> {
+    pub fn from_files(files: Value, controls: Vec<String>) -> napi::Result<Self, String> {
         let chat = guarded(|| ops::Chat::from_files(&input("chat files", files)?))?;
-        Ok(CoreChat { chat })
+        Ok(CoreChat { chat: chat.with_control_strings(controls) })
     }
 
     /// The built-in ChatML template.
     #[napi(factory)]
-    pub fn chatml() -> Self {
-        CoreChat { chat: ops::Chat::chatml() }
+    pub fn chatml(controls: Vec<String>) -> Self {
+        CoreChat { chat: ops::Chat::chatml().with_control_strings(controls) }
     }
 
     /// Renders a conversation (ChatRenderInput) to the text the model reads.
     #[napi]
     pub fn render(&self, render_input: Value) -> napi::Result<String, String> {
         guarded(|| self.chat.render(input("chat template input", render_input)?))
+    }
+
+    /// The same, with the caller's strings marked, for `CoreEngine.tokenizeMarked`.
+    #[napi]
+    pub fn render_marked(&self, render_input: Value) -> napi::Result<String, String> {
+        guarded(|| self.chat.render_marked(input("chat template input", render_input)?))
     }
 
     /// The strings that end a generated turn.

@@ -317,6 +317,16 @@ impl CoreEngine {
     }
 
     #[napi]
+    pub fn tokenize_marked(&self, marked: String) -> napi::Result<Int32Array, String> {
+        self.call(|engine| ops::tokenize_marked_impl(engine, &marked)).map(Int32Array::new)
+    }
+
+    #[napi]
+    pub fn control_strings(&self) -> napi::Result<Vec<String>, String> {
+        self.call(|engine| engine.control_strings())
+    }
+
+    #[napi]
     pub fn detokenize(&self, tokens: &[i32]) -> napi::Result<String, String> {
         self.call(|engine| ops::detokenize_impl(engine, tokens))
     }

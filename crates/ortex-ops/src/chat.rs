@@ -5,6 +5,8 @@
 
 use ortex_chat::{ChatConfig, ChatError, ChatErrorCode, DateTime, ModelFiles, RenderInput};
 use ortex_core::{ErrorCode, OrtexError, Result};
+
+use crate::prompt_text::ControlStrings;
 use serde::Deserialize;
 #[cfg(feature = "typescript")]
 use ts_rs::TS;
@@ -41,10 +43,12 @@ pub struct ChatRenderInput {
     pub now_unix_seconds: Option<f64>,
 }
 
-/// A model's chat setup, compiled once.
+/// A model's chat setup, compiled once, with the control strings of the codec its prompts are
+/// tokenized with.
 #[derive(Debug, Clone)]
 pub struct Chat {
     config: ChatConfig,
+    controls: ControlStrings,
 }
 
 pub fn chat_error(error: ChatError) -> OrtexError {
@@ -70,14 +74,34 @@ impl Chat {
             generation_config_json: files.generation_config_json.as_deref(),
             genai_config_json: files.genai_config_json.as_deref(),
         };
-        Ok(Chat { config: ChatConfig::load(&files).map_err(chat_error)? })
+        Ok(Chat { config: ChatConfig::load(&files).map_err(chat_error)?, controls: ControlStrings::none() })
     }
 
     /// The built-in ChatML template (the simulated engine's).
     pub fn chatml() -> Chat {
-        Chat { config: ChatConfig::chatml() }
+        Chat { config: ChatConfig::chatml(), controls: ControlStrings::none() }
     }
 
+    /// The same template for prompts tokenized by a codec with these control strings
+    /// (`Engine::control_strings`).
+    pub fn with_control_strings(self, strings: Vec<String>) -> Chat {
+        Chat { controls: ControlStrings::new(strings), ..self }
+    }
+
+    /// The prompt as the model reads it, with every string of the input marked (prompt_text.rs):
+    /// what `tokenize_marked_impl` tokenizes so that message text never becomes control tokens.
+    pub fn render_marked(&self, mut input: ChatRenderInput) -> Result<String> {
+        self.controls.mark_value(&mut input.messages);
+        for value in [&mut input.tools, &mut input.documents].into_iter().flatten() {
+            self.controls.mark_value(value);
+        }
+        for value in input.variables.iter_mut().flat_map(|variables| variables.values_mut()) {
+            self.controls.mark_value(value);
+        }
+        self.render(input)
+    }
+
+    /// The prompt as plain text (what `applyChatTemplate` returns).
     pub fn render(&self, input: ChatRenderInput) -> Result<String> {
         let with_tools = input.tools.as_ref().is_some_and(|t| t.as_array().is_some_and(|a| !a.is_empty()));
         let template = self.config.template(input.template_name.as_deref(), with_tools).map_err(chat_error)?;

@@ -15,6 +15,7 @@
 pub mod chat;
 pub mod inputs;
 pub mod limits;
+pub mod prompt_text;
 pub mod sessions;
 pub mod views;
 
@@ -106,6 +107,14 @@ pub fn has_pending_work_impl(engine: &mut Engine) -> bool {
 
 pub fn tokenize_impl(engine: &Engine, text: &str) -> Result<Vec<i32>> {
     engine.tokenize(text)
+}
+
+/// Tokenizes a prompt rendered by [`Chat::render_marked`]: control strings that came from the
+/// caller's text encode as plain text (prompt_text.rs).
+pub fn tokenize_marked_impl(engine: &Engine, marked: &str) -> Result<Vec<i32>> {
+    let controls = prompt_text::ControlStrings::new(engine.control_strings()?);
+    let (text, literals) = controls.unmark(marked);
+    engine.tokenize_rendered(&text, &literals)
 }
 
 pub fn detokenize_impl(engine: &Engine, tokens: &[i32]) -> Result<String> {

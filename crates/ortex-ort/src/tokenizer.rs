@@ -1,7 +1,9 @@
 //! Text <-> token ids for real models: a [`TextCodec`] over the Hugging Face `tokenizers` crate,
 //! reading the folder's `tokenizer.json` offline.
 
+use std::ops::Range;
 use std::path::Path;
+use std::sync::OnceLock;
 
 use ortex_core::text::TextCodec;
 use ortex_core::{ErrorCode, OrtexError, Result};
@@ -9,6 +11,11 @@ use tokenizers::Tokenizer;
 
 pub struct TokenizerCodec {
     tokenizer: Tokenizer,
+    /// The same tokenizer with its special tokens encoded as the text they are, made the first
+    /// time a prompt holds a control string that came from a caller's text.
+    plain: OnceLock<Tokenizer>,
+    /// The special added tokens' ids and strings, by id.
+    controls: Vec<(u32, String)>,
     /// The model's vocabulary (genai_config.json); ids at or past the tokenizer's own size but
     /// below this decode to nothing (builders pad the embedding past the tokenizer).
     vocab_size: u32,
@@ -32,7 +39,30 @@ impl TokenizerCodec {
                  is {vocab_size}"
             )));
         }
-        Ok(TokenizerCodec { tokenizer, vocab_size })
+        let mut controls: Vec<(u32, String)> = tokenizer
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, token)| token.special)
+            .map(|(id, token)| (id, token.content))
+            .collect();
+        controls.sort();
+        Ok(TokenizerCodec { tokenizer, plain: OnceLock::new(), controls, vocab_size })
+    }
+
+    fn encode(tokenizer: &Tokenizer, text: &str) -> Result<tokenizers::Encoding> {
+        tokenizer.encode_fast(text, false).map_err(|e| OrtexError::invalid(format!("cannot tokenize the text: {e}")))
+    }
+
+    fn plain(&self) -> &Tokenizer {
+        self.plain.get_or_init(|| {
+            let mut plain = self.tokenizer.clone();
+            plain.set_encode_special_tokens(true);
+            plain
+        })
+    }
+
+    fn is_control(&self, id: u32) -> bool {
+        self.controls.binary_search_by_key(&id, |(control, _)| *control).is_ok()
     }
 
     pub fn tokenizer_size(&self) -> usize {
@@ -43,11 +73,52 @@ impl TokenizerCodec {
 impl TextCodec for TokenizerCodec {
     /// Encodes without adding special tokens (no BOS/EOS): the caller's text is the context.
     fn tokenize(&self, text: &str) -> Result<Vec<i32>> {
-        let encoding = self
-            .tokenizer
-            .encode_fast(text, false)
-            .map_err(|e| OrtexError::invalid(format!("cannot tokenize the text: {e}")))?;
+        let encoding = Self::encode(&self.tokenizer, text)?;
         Ok(encoding.get_ids().iter().map(|&id| id as i32).collect())
+    }
+
+    fn control_strings(&self) -> Vec<String> {
+        self.controls.iter().map(|(_, text)| text.clone()).collect()
+    }
+
+    /// Encodes as `tokenize` does, so a prompt without such spans gets exactly the tokens it
+    /// always got. Otherwise the control tokens the template wrote split the text into stretches
+    /// (as the tokenizer itself splits at control tokens), and each stretch that holds a literal
+    /// span is encoded again as plain text, whole.
+    fn tokenize_rendered(&self, text: &str, literals: &[Range<usize>]) -> Result<Vec<i32>> {
+        if literals.is_empty() {
+            return self.tokenize(text);
+        }
+        // `encode`, not `encode_fast`: only it tracks the (byte) offsets.
+        let encoding =
+            self.tokenizer.encode(text, false).map_err(|e| OrtexError::invalid(format!("cannot tokenize the text: {e}")))?;
+        let tokens: Vec<(u32, (usize, usize))> =
+            encoding.get_ids().iter().copied().zip(encoding.get_offsets().iter().copied()).collect();
+        let forged = |&(id, (start, end)): &(u32, (usize, usize))| {
+            self.is_control(id) && literals.iter().any(|span| span.start < end && start < span.end)
+        };
+        let mut ids = Vec::with_capacity(tokens.len());
+        // Each stretch ends at a control token the template wrote (or at the end of the text).
+        let (mut stretch_byte, mut stretch_token) = (0, 0);
+        for index in 0..=tokens.len() {
+            let boundary = tokens.get(index).filter(|token| self.is_control(token.0) && !forged(token));
+            if index < tokens.len() && boundary.is_none() {
+                continue;
+            }
+            let stretch = &tokens[stretch_token..index];
+            if stretch.iter().any(forged) {
+                let until_byte = boundary.map_or(text.len(), |&(_, (start, _))| start);
+                let plain = Self::encode(self.plain(), &text[stretch_byte..until_byte])?;
+                ids.extend(plain.get_ids().iter().map(|&id| id as i32));
+            } else {
+                ids.extend(stretch.iter().map(|&(id, _)| id as i32));
+            }
+            if let Some(&(id, (_, end))) = boundary {
+                ids.push(id as i32);
+                (stretch_byte, stretch_token) = (end, index + 1);
+            }
+        }
+        Ok(ids)
     }
 
     /// Decodes, skipping special tokens (an EOS the model emitted is not text). An incomplete

@@ -144,6 +144,17 @@ impl CoreEngine {
         ops::tokenize_impl(&self.engine, text).map_err(coded)
     }
 
+    /// Returns an Int32Array.
+    #[wasm_bindgen(js_name = tokenizeMarked)]
+    pub fn tokenize_marked(&self, marked: &str) -> Result<Vec<i32>, JsValue> {
+        ops::tokenize_marked_impl(&self.engine, marked).map_err(coded)
+    }
+
+    #[wasm_bindgen(js_name = controlStrings)]
+    pub fn control_strings(&self) -> Result<Vec<String>, JsValue> {
+        self.engine.control_strings().map_err(coded)
+    }
+
     pub fn detokenize(&self, tokens: &[i32]) -> Result<String, JsValue> {
         ops::detokenize_impl(&self.engine, tokens).map_err(coded)
     }
@@ -307,18 +318,24 @@ pub struct CoreChat {
 
 #[wasm_bindgen]
 impl CoreChat {
+    /// `controls`: the control strings of the engine that tokenizes its prompts.
     #[wasm_bindgen(js_name = fromFiles)]
-    pub fn from_files(files: JsValue) -> Result<CoreChat, JsValue> {
+    pub fn from_files(files: JsValue, controls: Vec<String>) -> Result<CoreChat, JsValue> {
         let chat = ops::Chat::from_files(&input("chat files", files)?).map_err(coded)?;
-        Ok(CoreChat { chat })
+        Ok(CoreChat { chat: chat.with_control_strings(controls) })
     }
 
-    pub fn chatml() -> CoreChat {
-        CoreChat { chat: ops::Chat::chatml() }
+    pub fn chatml(controls: Vec<String>) -> CoreChat {
+        CoreChat { chat: ops::Chat::chatml().with_control_strings(controls) }
     }
 
     pub fn render(&self, render_input: JsValue) -> Result<String, JsValue> {
         self.chat.render(input("chat template input", render_input)?).map_err(coded)
+    }
+
+    #[wasm_bindgen(js_name = renderMarked)]
+    pub fn render_marked(&self, render_input: JsValue) -> Result<String, JsValue> {
+        self.chat.render_marked(input("chat template input", render_input)?).map_err(coded)
     }
 
     #[wasm_bindgen(js_name = stopStrings)]

@@ -287,6 +287,9 @@ describe('the OpenAI-compatible API on the simulated model', () => {
     expectOpenAiError(await post(JSON.stringify({ model: MODEL, messages, top_p: 0 })), 400, 'top_p')
     expectOpenAiError(await post(JSON.stringify({ model: MODEL, messages, max_tokens: 0 })), 400, 'max_tokens')
     expectOpenAiError(await post(JSON.stringify({ model: MODEL, messages, max_tokens: 1.5 })), 400, 'max_tokens')
+    // Each field is checked when sent, also when another one would take its place.
+    expectOpenAiError(await post(JSON.stringify({ model: MODEL, messages, max_tokens: 'garbage', max_completion_tokens: 4 })), 400, 'max_tokens')
+    expectOpenAiError(await post(JSON.stringify({ model: MODEL, messages, max_tokens: 4, max_completion_tokens: 0 })), 400, 'max_completion_tokens')
     expectOpenAiError(await post(JSON.stringify({ model: MODEL, messages, seed: 'x' })), 400, 'seed')
     expectOpenAiError(await post(JSON.stringify({ model: MODEL, messages, stop: ['a', 'b', 'c', 'd', 'e'] })), 400, 'stop')
     expectOpenAiError(await post(JSON.stringify({ model: MODEL, messages, stop: 5 })), 400, 'stop')

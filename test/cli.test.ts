@@ -14,7 +14,12 @@ const scratch = mkdtempSync(path.join(tmpdir(), 'ortex-cli-'))
 afterAll(() => rmSync(scratch, { recursive: true, force: true }))
 
 function ortex(...args: string[]): { status: number | null; stdout: string; stderr: string } {
-  const env = { ...process.env }
+  return ortexWith({}, ...args)
+}
+
+/** The CLI with `extra` added to its environment. */
+function ortexWith(extra: Record<string, string>, ...args: string[]): { status: number | null; stdout: string; stderr: string } {
+  const env: Record<string, string | undefined> = { ...process.env, ...extra }
   delete env.ORTEX_ORT_DYLIB
   delete env.ORT_DYLIB_PATH
   const result = spawnSync(process.execPath, [CLI, ...args], { cwd: scratch, env, encoding: 'utf8', timeout: 30_000 })
@@ -84,6 +89,9 @@ describe('wrong invocations: one line on stderr, a non-zero exit status', () => 
     { args: ['serve', '--bogus'], status: 2, message: /Unknown option '--bogus'; see ortex serve --help/ },
     { args: ['serve', '--simulated', '--port', '99999'], status: 2, message: /--port must be an integer in \[0, 65535\]/ },
     { args: ['serve'], status: 2, message: /give --model DIR or --simulated/ },
+    // An empty key would start a server that lets everyone in.
+    { args: ['serve', '--simulated', '--port', '0', '--api-key', ''], status: 2, message: /^ortex: --api-key must not be empty$/ },
+    { args: ['serve', '--simulated', '--port', '0', '--api-key='], status: 2, message: /^ortex: --api-key must not be empty$/ },
   ]
   for (const { args, status, message } of cases) {
     it(`ortex ${args.map((a) => a.replace(scratch, '$TMP')).join(' ')}`, () => {
@@ -97,6 +105,15 @@ describe('wrong invocations: one line on stderr, a non-zero exit status', () => 
       expect(lines[0]).toMatch(message)
     })
   }
+})
+
+describe('ortex serve with ORTEX_API_KEY set but empty', () => {
+  it('refuses to start: one line on stderr, exit status 2', () => {
+    const run = ortexWith({ ORTEX_API_KEY: '' }, 'serve', '--simulated', '--port', '0')
+    expect(run.status).toBe(2)
+    expect(run.stdout).toBe('')
+    expect(run.stderr).toBe('ortex: ORTEX_API_KEY is set but empty; unset it or give a key\n')
+  })
 })
 
 describe('ortex generate --simulated', () => {

@@ -28,8 +28,8 @@ class Client {
     ws.on('error', () => {})
   }
 
-  static async connect(url: string): Promise<Client> {
-    const ws = new WebSocket(url)
+  static async connect(url: string, protocols: string[] = [], options: WebSocket.ClientOptions = {}): Promise<Client> {
+    const ws = new WebSocket(url, protocols, options)
     await new Promise<void>((resolve, reject) => {
       ws.once('open', () => resolve())
       ws.once('error', reject)
@@ -81,6 +81,22 @@ class Client {
   }
 }
 
+/** The HTTP status of an upgrade the server refuses (the WebSocket never opens). */
+function refusedUpgrade(url: string, protocols: string[] = [], options: WebSocket.ClientOptions = {}): Promise<{ status: number; authenticate: unknown }> {
+  const ws = new WebSocket(url, protocols, options)
+  return new Promise((resolve, reject) => {
+    ws.once('open', () => {
+      ws.terminate()
+      reject(new Error('the upgrade was accepted'))
+    })
+    ws.once('unexpected-response', (_req, res) => {
+      resolve({ status: res.statusCode ?? -1, authenticate: res.headers['www-authenticate'] })
+      ws.terminate()
+    })
+    ws.once('error', () => {})
+  })
+}
+
 function checkSeq(messages: any[]): void {
   messages.forEach((m, i) => expect(m.server_event_seq).toBe(i + 1))
 }
@@ -102,8 +118,8 @@ describe.each(selectedBackends())('duplex server end to end (%s)', (backend) => 
       await server.close()
       await engine.close()
     })
-    const connect = async () => {
-      const client = await Client.connect(server.url)
+    const connect = async (protocols: string[] = [], options: WebSocket.ClientOptions = {}) => {
+      const client = await Client.connect(server.url, protocols, options)
       clients.push(client)
       return client
     }
@@ -113,6 +129,30 @@ describe.each(selectedBackends())('duplex server end to end (%s)', (backend) => 
   afterEach(async () => {
     for (const cleanup of cleanups.reverse()) await cleanup()
     cleanups = []
+  })
+
+  it('with apiKey, an upgrade needs the key (header or subprotocol); without it HTTP 401 before any WebSocket', async () => {
+    const { engine, server, connect } = await start({ apiKey: 'sk-duplex' })
+    for (const [protocols, options] of [
+      [[], {}],
+      [[], { headers: { authorization: 'Bearer sk-other' } }],
+      [['ortex', 'ortex-api-key.sk-other'], {}],
+      [['ortex', 'ortex-api-key.'], {}],
+    ] as const) {
+      expect(await refusedUpgrade(server.url, [...protocols], options)).toEqual({ status: 401, authenticate: 'Bearer' })
+    }
+    expect(server.stats().connections).toBe(0)
+    expect(engine.stats().generatedTokens).toBe(0)
+    const byHeader = await connect([], { headers: { authorization: 'Bearer sk-duplex' } })
+    // A browser's form: the key as an offered subprotocol; the server selects `ortex`, never the key.
+    const byProtocol = await connect(['ortex-api-key.sk-duplex', 'ortex'])
+    expect(byProtocol.ws.protocol).toBe('ortex')
+    for (const client of [byHeader, byProtocol]) {
+      client.send({ type: 'session.update', session: { max_output_tokens: 3 } })
+      client.send({ type: 'input_text.append', text: 'hi', final: true })
+      expect(await client.type('response.done')).toMatchObject({ status: 'completed', usage: { output_tokens: 3 } })
+    }
+    await expect(mod.startDuplexServer(engine, { port: 0, apiKey: '' })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' })
   })
 
   it('barge-in mid-response: response.done cancelled, nothing of it afterwards, the next response runs', async () => {

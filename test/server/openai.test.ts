@@ -287,6 +287,9 @@ describe('the OpenAI-compatible API on the simulated model', () => {
     expectOpenAiError(await post(JSON.stringify({ model: MODEL, messages, top_p: 0 })), 400, 'top_p')
     expectOpenAiError(await post(JSON.stringify({ model: MODEL, messages, max_tokens: 0 })), 400, 'max_tokens')
     expectOpenAiError(await post(JSON.stringify({ model: MODEL, messages, max_tokens: 1.5 })), 400, 'max_tokens')
+    // Each field is checked when sent, also when another one would take its place.
+    expectOpenAiError(await post(JSON.stringify({ model: MODEL, messages, max_tokens: 'garbage', max_completion_tokens: 4 })), 400, 'max_tokens')
+    expectOpenAiError(await post(JSON.stringify({ model: MODEL, messages, max_tokens: 4, max_completion_tokens: 0 })), 400, 'max_completion_tokens')
     expectOpenAiError(await post(JSON.stringify({ model: MODEL, messages, seed: 'x' })), 400, 'seed')
     expectOpenAiError(await post(JSON.stringify({ model: MODEL, messages, stop: ['a', 'b', 'c', 'd', 'e'] })), 400, 'stop')
     expectOpenAiError(await post(JSON.stringify({ model: MODEL, messages, stop: 5 })), 400, 'stop')
@@ -390,6 +393,125 @@ function value(metrics: any[], name: string): number {
   return Number(metric.metrics[0].value)
 }
 
+/** The HTTP status of a WebSocket upgrade the server refuses; throws if it opens. */
+function upgradeStatus(url: string, protocols: string[] = [], options: WebSocket.ClientOptions = {}): Promise<number> {
+  const ws = new WebSocket(url, protocols, options)
+  return new Promise((resolve, reject) => {
+    ws.once('open', () => {
+      ws.terminate()
+      reject(new Error('the upgrade was accepted'))
+    })
+    ws.once('unexpected-response', (_req, res) => {
+      resolve(res.statusCode ?? -1)
+      ws.terminate()
+    })
+    ws.once('error', () => {})
+  })
+}
+
+/** A session that asks for two tokens: the protocol the server selected and its response.done. */
+async function wsSession(url: string, protocols: string[] = [], options: WebSocket.ClientOptions = {}): Promise<{ protocol: string; done: any }> {
+  const ws = new WebSocket(url, protocols, options)
+  const done = await new Promise<any>((resolve, reject) => {
+    ws.on('open', () => {
+      ws.send(JSON.stringify({ type: 'session.update', session: { max_output_tokens: 2 } }))
+      ws.send(JSON.stringify({ type: 'input_text.append', text: 'hi', final: true }))
+    })
+    ws.on('message', (data) => {
+      const event = JSON.parse(String(data))
+      if (event.type === 'response.done') resolve(event)
+    })
+    ws.on('error', reject)
+  })
+  const protocol = ws.protocol
+  ws.close()
+  return { protocol, done }
+}
+
+describe('OpenAI error shapes', () => {
+  const post = (server: Server, route: string, json: unknown) => raw(server, route, { method: 'POST', json })
+  const longText = 'word '.repeat(100)
+
+  it('a prompt longer than the context: 400 context_length_exceeded on messages / prompt', async () => {
+    const engine = Engine.simulated({ seed: 1, maxLength: 64 })
+    const server = await startServer(engine, { port: 0 })
+    try {
+      const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'unused', maxRetries: 0 })
+      const error = await client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: longText }] }).catch((e: unknown) => e)
+      expect(error).toBeInstanceOf(OpenAI.BadRequestError)
+      expect(error).toMatchObject({ status: 400, code: 'context_length_exceeded', param: 'messages', type: 'invalid_request_error' })
+      expect((error as Error).message).toMatch(/maximum context length is 64 tokens/)
+      const completion = await post(server, '/v1/completions', { model: MODEL, prompt: longText })
+      expectOpenAiError(completion, 400, 'prompt')
+      expect(completion.body.error).toMatchObject({ code: 'context_length_exceeded', type: 'invalid_request_error' })
+      const streamed = await post(server, '/v1/completions', { model: MODEL, prompt: longText, stream: true })
+      expectOpenAiError(streamed, 400, 'prompt')
+      // Other invalid arguments keep their own code.
+      const outside = await post(server, '/v1/completions', { model: MODEL, prompt: [engine.config.vocabSize] })
+      expect(outside.body.error).toMatchObject({ code: 'invalid_argument', param: null })
+    } finally {
+      await server.close()
+      await engine.close()
+    }
+  })
+
+  it('a prompt that can never fit the KV pool: 400 context_length_exceeded, streamed or not, not a 500', async () => {
+    const engine = Engine.simulated({ seed: 1, numBlocks: 8 })
+    const server = await startServer(engine, { port: 0 })
+    try {
+      const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'unused', maxRetries: 0 })
+      for (const stream of [false, true]) {
+        const error = await client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: longText }], stream }).catch((e: unknown) => e)
+        expect(error).toBeInstanceOf(OpenAI.BadRequestError)
+        expect(error).toMatchObject({ status: 400, code: 'context_length_exceeded', param: 'messages' })
+        expect((error as Error).message).toMatch(/KV cache of 128 token positions/)
+        const completion = await post(server, '/v1/completions', { model: MODEL, prompt: longText, stream })
+        expectOpenAiError(completion, 400, 'prompt')
+        expect(completion.body.error.code).toBe('context_length_exceeded')
+      }
+      // What fits still streams.
+      const ok = await client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'hi' }], max_tokens: 3, stream: true })
+      let chunks = 0
+      for await (const chunk of ok) chunks += chunk.choices.length
+      expect(chunks).toBeGreaterThan(1)
+    } finally {
+      await server.close()
+      await engine.close()
+    }
+  })
+
+  it('429 at capacity carries Retry-After: 1', async () => {
+    const engine = Engine.simulated({ seed: 1, maxRequests: 1, maxLength: 1 << 16 })
+    const server = await startServer(engine, { port: 0 })
+    const controller = new AbortController()
+    try {
+      const holding = await fetch(`${server.url}/v1/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: MODEL, prompt: 'hold', max_tokens: 60_000, stream: true }),
+        signal: controller.signal,
+      })
+      expect(holding.status).toBe(200)
+      const response = await fetch(`${server.url}/v1/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: MODEL, prompt: 'x' }),
+      })
+      expect(response.status).toBe(429)
+      expect(response.headers.get('retry-after')).toBe('1')
+      expect((await response.json()).error.code).toBe('capacity_exhausted')
+      const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'unused', maxRetries: 0 })
+      const error = await client.completions.create({ model: MODEL, prompt: 'x' }).catch((e: unknown) => e)
+      expect(error).toBeInstanceOf(OpenAI.RateLimitError)
+      expect((error as InstanceType<typeof OpenAI.RateLimitError>).headers?.get('retry-after')).toBe('1')
+    } finally {
+      controller.abort()
+      await server.close()
+      await engine.close()
+    }
+  })
+})
+
 describe('/health', () => {
   it('answers 503 with the reason once the engine failed, and once it is closed', async () => {
     const engine = Engine.simulated({ seed: 2, faults: { fatalSteps: [0] } })
@@ -440,10 +562,50 @@ describe('bearer auth', () => {
     }
   })
 
+  it('needs the key on WebSocket upgrades too: 401 before the WebSocket opens, the header or the subprotocol form', async () => {
+    const engine = Engine.simulated({ seed: 1 })
+    const server = await startServer(engine, { port: 0, apiKey: 'sk-right' })
+    const url = server.url.replace('http://', 'ws://')
+    try {
+      for (const [protocols, options] of [
+        [[], {}],
+        [[], { headers: { authorization: 'Bearer sk-wrong' } }],
+        [['ortex', 'ortex-api-key.sk-wrong'], {}],
+      ] as const) {
+        expect(await upgradeStatus(url, [...protocols], options)).toBe(401)
+      }
+      expect(engine.stats().generatedTokens).toBe(0)
+      expect(server.duplex.stats().connections).toBe(0)
+      const byHeader = await wsSession(url, [], { headers: { authorization: 'Bearer sk-right' } })
+      expect(byHeader.protocol).toBe('')
+      const byProtocol = await wsSession(url, ['ortex', 'ortex-api-key.sk-right'])
+      // Selected: `ortex`, never the entry that carries the key.
+      expect(byProtocol.protocol).toBe('ortex')
+      for (const done of [byHeader.done, byProtocol.done]) expect(done).toMatchObject({ status: 'completed', usage: { output_tokens: 2 } })
+      // The HTTP API as before.
+      expect((await raw(server, '/v1/models')).status).toBe(401)
+      const right = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'sk-right', maxRetries: 0 })
+      expect((await right.chat.completions.create({ model: MODEL, messages, max_tokens: 2 })).usage!.completion_tokens).toBe(2)
+    } finally {
+      await server.close()
+      await engine.close()
+    }
+  })
+
   it('refuses bad server options', async () => {
     const engine = Engine.simulated()
     try {
-      for (const options of [{ port: -1 }, { apiKey: '' }, { apiKey: 5 }, { maxBodyBytes: 1 }, { nope: 1 }, { modelName: '' }]) {
+      for (const options of [
+        { port: -1 },
+        { apiKey: '' },
+        { apiKey: 5 },
+        { maxBodyBytes: 1 },
+        { nope: 1 },
+        { modelName: '' },
+        { duplex: { apiKey: 'k' } },
+        { maxBufferedBytes: 1 },
+        { sendStallMs: 0 },
+      ]) {
         await expect(startServer(engine, options as never)).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' })
       }
     } finally {

@@ -6,7 +6,7 @@ import { parseArgs } from 'node:util'
 
 import { startServer } from '../server/http'
 import { DEFAULT_PORT } from '../server/server'
-import { ENGINE_FLAGS, engineChoice, integerFlag, openEngine } from './args'
+import { ENGINE_FLAGS, UsageError, engineChoice, integerFlag, openEngine } from './args'
 
 export const SERVE_HELP = `Usage: ortex serve (--model DIR | --simulated) [options]
 
@@ -23,8 +23,10 @@ Options:
   --disconnect-grace-ms N  how long a dropped session waits for a resume (default 30000)
   --idle-ttl-ms N          idle sessions expire after this (default 300000; 0 disables)
   --max-output-tokens N    tokens per response unless a client asks otherwise (default 256)
-  --api-key KEY            /v1 requests need 'Authorization: Bearer KEY' (default: none);
-                           also read from ORTEX_API_KEY
+  --api-key KEY            /v1 requests and WebSocket sessions need the key (default: none):
+                           'Authorization: Bearer KEY' (sessions may offer the subprotocol
+                           'ortex-api-key.KEY' instead); also read from ORTEX_API_KEY.
+                           An empty key is refused
   --model-name NAME        the model's name in /v1/models (default: the folder's name, or
                            'ortex-simulated')
   --seed N                 the simulated model's seed (default 0)
@@ -45,6 +47,17 @@ function untilSignal(): Promise<void> {
     process.on('SIGINT', stop)
     process.on('SIGTERM', stop)
   })
+}
+
+/** --api-key, else ORTEX_API_KEY, else none. An empty one is a usage error: it would read as
+ *  "authentication on" while the server let everyone in. */
+function apiKeyOf(flag: string | undefined, env: string | undefined): string | undefined {
+  if (flag !== undefined) {
+    if (flag.length === 0) throw new UsageError('--api-key must not be empty')
+    return flag
+  }
+  if (env !== undefined && env.length === 0) throw new UsageError('ORTEX_API_KEY is set but empty; unset it or give a key')
+  return env
 }
 
 /** `ortex serve ...`: runs until SIGINT / SIGTERM. */
@@ -76,12 +89,12 @@ export async function runServeCommand(argv: string[]): Promise<void> {
   const disconnectGraceMs = integerFlag('disconnect-grace-ms', values['disconnect-grace-ms'], undefined, 1, Number.MAX_SAFE_INTEGER)
   const idleTtl = integerFlag('idle-ttl-ms', values['idle-ttl-ms'], undefined, 0, Number.MAX_SAFE_INTEGER)
   const maxOutputTokens = integerFlag('max-output-tokens', values['max-output-tokens'], 256, 1, 1 << 24)
+  const apiKey = apiKeyOf(values['api-key'], process.env.ORTEX_API_KEY)
   const engine = await openEngine(choice, {}, { eosProbability: 0.02, maxBatchSize: 64 })
-  const apiKey = values['api-key'] ?? process.env.ORTEX_API_KEY
   const server = await startServer(engine, {
     port,
     host: values.host ?? '127.0.0.1',
-    apiKey: apiKey === undefined || apiKey.length === 0 ? undefined : apiKey,
+    apiKey,
     modelName: values['model-name'],
     defaultMaxTokens: maxOutputTokens,
     duplex: {

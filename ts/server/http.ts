@@ -4,17 +4,18 @@
 //   WebSocket upgrades                                                  full-duplex sessions (server.ts)
 //
 // Every request is checked before it reaches the engine: method, path, bearer key (when one is
-// set; compared in constant time), content type, body size (bounded while it is read), JSON, and
-// each field (openai/parse.ts). Whatever goes wrong is answered in OpenAI's error shape with a
+// set; compared in constant time, auth.ts; WebSocket upgrades need it too), content type, body
+// size (bounded while it is read), JSON, and each field (openai/parse.ts). Whatever goes wrong is answered in OpenAI's error shape with a
 // 4xx/5xx status; the process never sees it.
 
-import { createHash, timingSafeEqual } from 'node:crypto'
 import { type IncomingMessage, type Server, type ServerResponse, createServer } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import path from 'node:path'
 
 import type { Engine } from '../engine'
 import * as v from '../validate'
+import { ApiKey, authorizedRequest } from './auth'
+import { type FlowLimits, flowLimits } from './flow'
 import { ServerMetrics } from './metrics'
 import { complete } from './openai/complete'
 import { ApiError } from './openai/errors'
@@ -26,7 +27,8 @@ export interface ServerOptions {
   port?: number
   /** Default '127.0.0.1' (this machine only). */
   host?: string
-  /** Requests to /v1/* need `Authorization: Bearer <apiKey>`; default: none needed. */
+  /** Requests to /v1/* need `Authorization: Bearer <apiKey>`, and WebSocket upgrades need it too
+   *  (as that header or the `ortex-api-key.<apiKey>` subprotocol); default: none needed. */
   apiKey?: string
   /** The model's name in /v1/models and the `model` requests must name; default: the model
    *  folder's name, or 'ortex-simulated'. */
@@ -36,8 +38,14 @@ export interface ServerOptions {
   /** Tokens a chat completion generates when it sets no max_tokens (default: until the session
    *  limit). /v1/completions defaults to 16, as OpenAI's. */
   defaultMaxTokens?: number
-  /** The WebSocket sessions on the same port (docs/duplex-protocol.md); port and host are this
-   *  server's. */
+  /** Most bytes a streamed response may have waiting to be sent (default 1 MiB); above it the
+   *  server stops writing the stream until the client has read what waits. */
+  maxBufferedBytes?: number
+  /** A streamed response whose client stays above maxBufferedBytes this long is dropped and its
+   *  turn cancelled (default 30000 ms). */
+  sendStallMs?: number
+  /** The WebSocket sessions on the same port (docs/duplex-protocol.md); port, host and apiKey are
+   *  this server's. */
   duplex?: Omit<DuplexServerOptions, 'port' | 'host'>
 }
 
@@ -45,9 +53,10 @@ const DEFAULT_MAX_BODY_BYTES = 1 << 20
 
 interface Settings {
   modelName: string
-  apiKeyDigest: Buffer | null
+  apiKey: ApiKey | null
   maxBodyBytes: number
   defaultMaxTokens: number | undefined
+  flow: FlowLimits
 }
 
 /** A started server: the HTTP API, /metrics and the WebSocket sessions on one port. */
@@ -91,18 +100,6 @@ export class OrtexServer {
     })()
     return this.closing
   }
-}
-
-function digest(text: string): Buffer {
-  return createHash('sha256').update(text).digest()
-}
-
-/** Constant-time: both sides are hashed to 32 bytes first, so lengths do not leak either. */
-function authorized(req: IncomingMessage, expected: Buffer | null): boolean {
-  if (expected === null) return true
-  const header = req.headers.authorization
-  if (typeof header !== 'string' || !header.startsWith('Bearer ')) return false
-  return timingSafeEqual(digest(header.slice('Bearer '.length)), expected)
 }
 
 function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
@@ -158,6 +155,19 @@ function isJson(req: IncomingMessage): boolean {
   return typeof type === 'string' && type.split(';')[0]!.trim().toLowerCase() === 'application/json'
 }
 
+/**
+ * A 429 (the engine holds its most requests) says when to retry: in 1 s. A slot frees as soon as
+ * any running turn ends, which the server cannot predict; 1 s is the smallest whole-second hint,
+ * and OpenAI's clients honour it (then back off on their own if the retry is refused again).
+ */
+const RETRY_AFTER_S = 1
+
+function errorHeaders(error: ApiError): Record<string, string> {
+  if (error.status === 401) return { 'www-authenticate': 'Bearer' }
+  if (error.status === 429) return { 'retry-after': String(RETRY_AFTER_S) }
+  return {}
+}
+
 const ROUTES: Record<string, { method: 'GET' | 'POST'; v1: boolean }> = {
   '/v1/chat/completions': { method: 'POST', v1: true },
   '/v1/completions': { method: 'POST', v1: true },
@@ -187,8 +197,7 @@ class ApiHandler {
           res.destroy()
           return
         }
-        const headers: Record<string, string> = apiError.status === 401 ? { 'www-authenticate': 'Bearer' } : {}
-        sendJson(res, apiError.status, apiError.body(), headers)
+        sendJson(res, apiError.status, apiError.body(), errorHeaders(apiError))
       },
     )
   }
@@ -200,7 +209,7 @@ class ApiHandler {
       res.setHeader('allow', route.method)
       throw new ApiError(405, `${pathname} takes ${route.method}, not ${req.method}`, 'invalid_request_error', null, 'method_not_allowed')
     }
-    if (route.v1 && !authorized(req, this.settings.apiKeyDigest)) {
+    if (route.v1 && !authorizedRequest(this.settings.apiKey, req)) {
       throw new ApiError(401, 'a valid API key is needed: Authorization: Bearer <key>', 'authentication_error', null, 'invalid_api_key')
     }
     switch (pathname) {
@@ -216,7 +225,8 @@ class ApiHandler {
     }
     const job = await this.job(req, pathname)
     const tracker = this.metrics.track(receivedAtMs)
-    const context = { engine: this.engine, modelName: this.settings.modelName, defaultMaxTokens: this.settings.defaultMaxTokens, tracker }
+    const { modelName, defaultMaxTokens, flow } = this.settings
+    const context = { engine: this.engine, modelName, defaultMaxTokens, flow, tracker }
     return complete(context, job, res)
   }
 
@@ -253,22 +263,39 @@ function defaultModelName(engine: Engine): string {
   return engine.modelDir === null ? 'ortex-simulated' : path.basename(path.resolve(engine.modelDir))
 }
 
+/** The duplex options with the server's key: a WebSocket upgrade is refused without it, as a /v1
+ *  request is. Anything but an object passes as it is, for startDuplexServer to refuse. */
+function withApiKey(options: DuplexServerOptions | undefined, apiKey: unknown): DuplexServerOptions | undefined {
+  if (options !== undefined && (typeof options !== 'object' || options === null)) return options
+  return { ...options, apiKey: apiKey as string | undefined }
+}
+
 /** Starts the server over `engine` (driven: it calls engine.start()). */
 export async function startServer(engine: Engine, options?: ServerOptions): Promise<OrtexServer> {
-  const present = v.options('options', options, ['port', 'host', 'apiKey', 'modelName', 'maxBodyBytes', 'defaultMaxTokens', 'duplex'])
+  const present = v.options('options', options, [
+    'port',
+    'host',
+    'apiKey',
+    'modelName',
+    'maxBodyBytes',
+    'defaultMaxTokens',
+    'maxBufferedBytes',
+    'sendStallMs',
+    'duplex',
+  ])
   const port = present.has('port') ? v.integer('options.port', present.get('port'), 0, 65_535) : DEFAULT_PORT
   const host = present.has('host') ? v.string('options.host', present.get('host')) : '127.0.0.1'
-  const apiKey = present.has('apiKey') ? v.string('options.apiKey', present.get('apiKey')) : null
-  if (apiKey !== null && apiKey.length === 0) throw v.invalidArgumentFor('options.apiKey', 'must not be empty')
+  const apiKey = ApiKey.fromOption('options.apiKey', present)
   const settings: Settings = {
     modelName: present.has('modelName') ? v.string('options.modelName', present.get('modelName')) : defaultModelName(engine),
-    apiKeyDigest: apiKey === null ? null : digest(apiKey),
+    apiKey,
     maxBodyBytes: present.has('maxBodyBytes') ? v.integer('options.maxBodyBytes', present.get('maxBodyBytes'), 64, 1 << 30) : DEFAULT_MAX_BODY_BYTES,
     defaultMaxTokens: present.has('defaultMaxTokens') ? v.integer('options.defaultMaxTokens', present.get('defaultMaxTokens'), 1) : undefined,
+    flow: flowLimits(present),
   }
   if (settings.modelName.length === 0) throw v.invalidArgumentFor('options.modelName', 'must not be empty')
   const duplexOptions = present.get('duplex') as DuplexServerOptions | undefined
-  for (const key of ['port', 'host']) {
+  for (const key of ['port', 'host', 'apiKey']) {
     if (duplexOptions !== undefined && (duplexOptions as Record<string, unknown>)[key] !== undefined) {
       throw v.invalidArgumentFor(`options.duplex.${key}`, `is the server's own (options.${key})`)
     }
@@ -284,7 +311,7 @@ export async function startServer(engine: Engine, options?: ServerOptions): Prom
     })
   })
   try {
-    const duplex = await startDuplexServer(engine, duplexOptions, http)
+    const duplex = await startDuplexServer(engine, withApiKey(duplexOptions, present.get('apiKey')), http)
     return new OrtexServer(http, duplex, metrics, settings.modelName)
   } catch (error) {
     http.close()

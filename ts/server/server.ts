@@ -7,6 +7,9 @@
 //   detached ──session.resume {id, token, generation} on a new connection──▶ same session
 //        └──── disconnect grace runs out ──▶ collectExpired: session.expired, KV freed
 //
+// With an apiKey, an upgrade without the key (auth.ts: the Authorization header or the
+// `ortex-api-key.KEY` subprotocol) is refused with HTTP 401 before any WebSocket opens.
+//
 // One session per connection. A session is created by the connection's first command other than
 // session.resume. Every server event carries server_event_seq, counted per connection from 1.
 // Events a session produces while detached wait in its queue (deltas pace the response) and are
@@ -16,7 +19,7 @@
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto'
 import type { AddressInfo } from 'node:net'
 
-import type { RawData, WebSocket, WebSocketServer } from 'ws'
+import type { RawData, ServerOptions as WsServerOptions, VerifyClientCallbackAsync, WebSocket, WebSocketServer } from 'ws'
 
 import type { Engine } from '../engine'
 import { OrtexError } from '../errors'
@@ -25,6 +28,8 @@ import { DuplexSessionManager } from '../duplex/manager'
 import { type DuplexSession, checkConfig } from '../duplex/session'
 import type { TurnOptions } from '../types'
 import * as v from '../validate'
+import { ApiKey, selectSubprotocol } from './auth'
+import { type FlowLimits, StallTimer, flowLimits } from './flow'
 import {
   type ClientCommand,
   ProtocolError,
@@ -42,6 +47,10 @@ export interface DuplexServerOptions {
   port?: number
   /** Default '127.0.0.1'. */
   host?: string
+  /** Upgrades need this key, as `Authorization: Bearer <apiKey>` or as the subprotocol
+   *  `ortex-api-key.<apiKey>` offered beside `ortex` (docs/duplex-protocol.md); without it the
+   *  upgrade is refused with HTTP 401. Default: none needed. startServer sets it to its own. */
+  apiKey?: string
   /** Sessions at once; default unlimited. Beyond it a session creation gets CAPACITY_EXHAUSTED. */
   maxSessions?: number
   idleTtlMs?: number | null
@@ -72,8 +81,6 @@ export const DEFAULT_PORT = 8787
 const DEFAULT_MAX_MESSAGE_BYTES = 65_536
 const DEFAULT_SWEEP_INTERVAL_MS = 1000
 const DEFAULT_TURN: TurnOptions = { maxGeneratedTokens: 256 }
-const DEFAULT_MAX_BUFFERED_BYTES = 1 << 20
-const DEFAULT_SEND_STALL_MS = 30_000
 const DEFAULT_PING_INTERVAL_MS = 30_000
 /** The close code for a connection whose client stopped reading (RFC 6455: policy violation). */
 export const CLOSE_SEND_STALLED = 1008
@@ -86,12 +93,6 @@ interface ServerSettings {
   sweepIntervalMs: number
   flow: FlowLimits
   pingIntervalMs: number
-}
-
-/** Per-connection bounds on what waits to be sent. */
-interface FlowLimits {
-  maxBufferedBytes: number
-  sendStallMs: number
 }
 
 /** What the server holds right now (addition, for monitoring). */
@@ -358,7 +359,7 @@ class Connection {
   readingPaused = false
   private seq = 0
   private stopPump: (() => void) | null = null
-  private stallTimer: NodeJS.Timeout | null = null
+  private readonly stall: StallTimer
 
   constructor(
     readonly ws: WebSocket,
@@ -366,10 +367,13 @@ class Connection {
     /** The session's terminal event went out: the server forgets it. */
     private readonly ended: (entry: Entry) => void,
   ) {
+    this.stall = new StallTimer(flow.sendStallMs, () => {
+      if (this.readingPaused && this.ws.readyState === OPEN) this.closeStalled()
+    })
     ws.on('pong', () => {
       this.alive = true
     })
-    ws.on('close', () => this.clearStall())
+    ws.on('close', () => this.stall.clear())
   }
 
   /** Sends a server event, stamped with the next server_event_seq. Resolves when the socket is
@@ -431,11 +435,7 @@ class Connection {
     if (this.readingPaused || this.ws.bufferedAmount <= this.flow.maxBufferedBytes) return
     this.readingPaused = true
     this.ws.pause()
-    this.stallTimer = setTimeout(() => {
-      this.stallTimer = null
-      if (this.readingPaused && this.ws.readyState === OPEN) this.closeStalled()
-    }, this.flow.sendStallMs)
-    this.stallTimer.unref()
+    this.stall.start()
   }
 
   /**
@@ -455,13 +455,8 @@ class Connection {
   private written(): void {
     if (!this.readingPaused || this.ws.bufferedAmount > this.flow.maxBufferedBytes / 2) return
     this.readingPaused = false
-    this.clearStall()
+    this.stall.clear()
     if (this.ws.readyState === OPEN) this.ws.resume()
-  }
-
-  private clearStall(): void {
-    if (this.stallTimer !== null) clearTimeout(this.stallTimer)
-    this.stallTimer = null
   }
 
   /** Forwards the session's events to this connection until it is released or the session ends. */
@@ -518,6 +513,19 @@ function rawText(data: RawData): string {
   return Buffer.from(data as ArrayBuffer).toString('utf8')
 }
 
+/** The WebSocket layer's handshake: the key checked before the upgrade (a refused client gets
+ *  HTTP 401 and never an open WebSocket), and a subprotocol chosen that never echoes the key. */
+function upgradeOptions(apiKey: ApiKey | null, maxPayload: number): WsServerOptions {
+  const options: WsServerOptions = { maxPayload, handleProtocols: selectSubprotocol }
+  if (apiKey === null) return options
+  const verify: VerifyClientCallbackAsync = (info, callback) => {
+    if (apiKey.inUpgrade(info.req)) callback(true)
+    else callback(false, 401, 'Unauthorized', { 'WWW-Authenticate': 'Bearer' })
+  }
+  options.verifyClient = verify
+  return options
+}
+
 /** Starts a server over `engine` (driven: the server calls engine.start()). `httpServer`: an
  *  HTTP server already listening whose upgrade requests the sessions take (startServer's, which
  *  serves the HTTP API on the same port); absent, the WebSocket layer listens on its own. */
@@ -529,6 +537,7 @@ export async function startDuplexServer(
   const present = v.options('options', options, [
     'port',
     'host',
+    'apiKey',
     'maxSessions',
     'idleTtlMs',
     'disconnectGraceMs',
@@ -545,14 +554,12 @@ export async function startDuplexServer(
     present.has(key) ? v.integer(`options.${key}`, present.get(key), min, max) : fallback
   const port = count('port', DEFAULT_PORT, 0, 65_535)
   const host = present.has('host') ? v.string('options.host', present.get('host')) : '127.0.0.1'
+  const apiKey = ApiKey.fromOption('options.apiKey', present)
   const settings: ServerSettings = {
     maxMessageBytes: count('maxMessageBytes', DEFAULT_MAX_MESSAGE_BYTES, 64, 1 << 26),
     turn: (present.get('turn') as TurnOptions | undefined) ?? DEFAULT_TURN,
     sweepIntervalMs: count('sweepIntervalMs', DEFAULT_SWEEP_INTERVAL_MS, 0),
-    flow: {
-      maxBufferedBytes: count('maxBufferedBytes', DEFAULT_MAX_BUFFERED_BYTES, 1024, 1 << 30),
-      sendStallMs: count('sendStallMs', DEFAULT_SEND_STALL_MS, 1),
-    },
+    flow: flowLimits(present),
     pingIntervalMs: count('pingIntervalMs', DEFAULT_PING_INTERVAL_MS, 0),
   }
   const manager = new DuplexSessionManager(engine, {
@@ -566,12 +573,12 @@ export async function startDuplexServer(
   checkConfig('options', { turn: settings.turn })
   const ws = await import('ws')
   const wss = await new Promise<WebSocketServer>((resolve, reject) => {
-    const maxPayload = Math.max(1 << 20, 4 * settings.maxMessageBytes)
+    const common = upgradeOptions(apiKey, Math.max(1 << 20, 4 * settings.maxMessageBytes))
     if (httpServer !== undefined) {
-      resolve(new ws.WebSocketServer({ server: httpServer, maxPayload }))
+      resolve(new ws.WebSocketServer({ ...common, server: httpServer }))
       return
     }
-    const server = new ws.WebSocketServer({ port, host, maxPayload })
+    const server = new ws.WebSocketServer({ ...common, port, host })
     server.once('listening', () => resolve(server))
     server.once('error', reject)
   })

@@ -1,6 +1,9 @@
 // One completion request, from its checked job to the HTTP response: a chat turn (the model's
 // chat template) or a plain completion, answered as one JSON object or streamed as server-sent
-// events. A client that goes away cancels its turn at once (its KV is freed in the next step).
+// events. A client that goes away cancels its turn at once (its KV is freed in the next step),
+// and what the turn had produced for it is dropped unformatted. What waits to be sent to a client
+// is bounded as a WebSocket connection's (flow.ts): a client that stops reading is dropped after
+// sendStallMs.
 
 import { randomBytes } from 'node:crypto'
 import type { ServerResponse } from 'node:http'
@@ -9,6 +12,7 @@ import type { Engine } from '../../engine'
 import { OrtexError } from '../../errors'
 import type { Turn } from '../../turn'
 import type { FinishReason, TokenLogprob, TurnResult } from '../../types'
+import { type FlowLimits, StallTimer } from '../flow'
 import type { CompletionTracker } from '../metrics'
 import { ApiError } from './errors'
 import type { CompletionJob } from './parse'
@@ -22,6 +26,8 @@ export interface CompletionContext {
   /** maxGeneratedTokens of a chat completion that sets neither max_tokens nor max_completion_tokens
    *  (undefined: until the session limit). */
   defaultMaxTokens: number | undefined
+  /** Bounds on what waits to be sent to the client. */
+  flow: FlowLimits
   tracker: CompletionTracker
 }
 
@@ -85,25 +91,72 @@ function startTurn(context: CompletionContext, job: CompletionJob): Turn {
   return engine.generate(job.prompt!, job.turn)
 }
 
-/** Writes `data`, waiting while the socket's buffer is full; a closed response takes nothing. */
-function write(res: ServerResponse, data: string): Promise<void> | void {
-  if (res.destroyed || res.writableEnded) return
-  if (res.write(data)) return
-  return new Promise<void>((resolve) => {
-    const done = (): void => {
-      res.off('drain', done)
-      res.off('close', done)
-      resolve()
-    }
-    res.on('drain', done)
-    res.on('close', done)
-  })
-}
+/**
+ * The response's outgoing side, bounded by FlowLimits: a write that leaves maxBufferedBytes or
+ * more waiting resolves only once the client has read them (its 'drain'), and a client that
+ * stays above for sendStallMs is dropped; the response's 'close' then cancels the turn. Once the
+ * client is gone, writes take nothing.
+ */
+class ResponseSink {
+  constructor(
+    readonly res: ServerResponse,
+    private readonly flow: FlowLimits,
+  ) {}
 
-function sendJson(res: ServerResponse, status: number, body: unknown): void {
-  const text = JSON.stringify(body)
-  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) })
-  res.end(text)
+  /** The client went away (or was dropped): nothing more is written or formatted for it. */
+  get gone(): boolean {
+    return this.res.destroyed
+  }
+
+  write(data: string): Promise<void> | void {
+    if (this.gone || this.res.writableEnded) return
+    this.res.write(data)
+    // writableNeedDrain: a 'drain' will come (a write was refused by the socket's own mark).
+    if (this.res.writableLength < this.flow.maxBufferedBytes || !this.res.writableNeedDrain) return
+    return this.drained()
+  }
+
+  /** The last bytes; a client that then takes nothing for sendStallMs is dropped. */
+  end(data: string): void {
+    if (this.gone || this.res.writableEnded) return
+    this.res.end(data)
+    if (!this.res.writableFinished) this.watchUntilFinished()
+  }
+
+  json(status: number, body: unknown): void {
+    const text = JSON.stringify(body)
+    this.res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) })
+    this.end(text)
+  }
+
+  private drained(): Promise<void> {
+    const res = this.res
+    return new Promise<void>((resolve) => {
+      const stall = new StallTimer(this.flow.sendStallMs, () => res.destroy())
+      const done = (): void => {
+        stall.clear()
+        res.off('drain', done)
+        res.off('close', done)
+        resolve()
+      }
+      res.on('drain', done)
+      res.on('close', done)
+      stall.start()
+    })
+  }
+
+  /** After end(): dropped when a whole sendStallMs passes in which the client read nothing. */
+  private watchUntilFinished(): void {
+    const res = this.res
+    let waiting = res.writableLength
+    const timer = setInterval(() => {
+      const now = res.writableLength
+      if (now > 0 && now >= waiting) res.destroy()
+      waiting = now
+    }, this.flow.sendStallMs)
+    timer.unref()
+    res.once('close', () => clearInterval(timer))
+  }
 }
 
 interface Shape {
@@ -189,13 +242,14 @@ export async function complete(context: CompletionContext, job: CompletionJob, r
     turn = startTurn(context, job)
   } catch (error) {
     context.tracker.end(0, 0)
-    throw apiErrorOf(error)
+    throw startError(context, job, error)
   }
   // The client went away: cancel now, not when the next write fails.
   const cancel = (): void => void turn.cancel()
   res.on('close', cancel)
+  const sink = new ResponseSink(res, context.flow)
   try {
-    return job.stream ? await streamTurn(context, job, turn, res) : await answerTurn(context, job, turn, res)
+    return job.stream ? await streamTurn(context, job, turn, sink) : await answerTurn(context, job, turn, sink)
   } catch (error) {
     turn.cancel() // whatever went wrong here, the turn stops generating for nobody
     throw error
@@ -206,14 +260,61 @@ export async function complete(context: CompletionContext, job: CompletionJob, r
   }
 }
 
-async function answerTurn(context: CompletionContext, job: CompletionJob, turn: Turn, res: ServerResponse): Promise<number> {
+/** The parameter that holds the prompt: OpenAI names `messages` (chat) or `prompt`. */
+function promptParam(job: CompletionJob): string {
+  return job.kind === 'chat' ? 'messages' : 'prompt'
+}
+
+/** The prompt's length in tokens as the turn would have it; null when it cannot be told. */
+function promptTokenCount(engine: Engine, job: CompletionJob): number | null {
+  try {
+    if (job.kind === 'chat') return engine.tokenize(engine.applyChatTemplate(job.messages!)).length
+    return typeof job.prompt === 'string' ? engine.tokenize(job.prompt).length : job.prompt!.length
+  } catch {
+    return null
+  }
+}
+
+/** A turn that could not start. A prompt that leaves no room to generate under the model's
+ *  context (the core's INVALID_ARGUMENT) is OpenAI's 400 `context_length_exceeded` on the
+ *  prompt's parameter; it is told by counting the prompt, only on this error path. */
+function startError(context: CompletionContext, job: CompletionJob, error: unknown): ApiError {
+  if (error instanceof OrtexError && error.code === 'INVALID_ARGUMENT') {
+    const limit = context.engine.config.maxLength
+    const tokens = promptTokenCount(context.engine, job)
+    if (tokens !== null && tokens >= limit) {
+      const message =
+        `This model's maximum context length is ${limit} tokens. However, your ${promptParam(job)} resulted in ` +
+        `${tokens} tokens, which leaves no room to generate. Please reduce the length of the ${promptParam(job)}.`
+      return new ApiError(400, message, 'invalid_request_error', promptParam(job), 'context_length_exceeded')
+    }
+  }
+  return apiErrorOf(error)
+}
+
+/** A failed turn as the API reports it. `request-unserviceable` (the context can never fit the
+ *  KV pool, however long one waits) is the caller's to change: a 400 `context_length_exceeded`,
+ *  on the prompt when nothing was generated, else on max_tokens. Other failures are the server's. */
+function turnFailed(context: CompletionContext, job: CompletionJob, result: TurnResult): ApiError {
+  if (result.errorCode === 'request-unserviceable') {
+    const { numBlocks, blockSize } = context.engine.config
+    const generated = result.usage.generatedTokens
+    const held = `${result.usage.promptTokens} prompt tokens${generated > 0 ? ` and ${generated} generated` : ''}`
+    const message = `the ${held} can never fit this server's KV cache of ${numBlocks * blockSize} token positions; shorten the ${generated > 0 ? 'completion (max_tokens)' : promptParam(job)}`
+    return new ApiError(400, message, 'invalid_request_error', generated > 0 ? 'max_tokens' : promptParam(job), 'context_length_exceeded')
+  }
+  return new ApiError(500, `the turn failed (${result.errorCode})`, 'server_error', null, result.errorCode)
+}
+
+async function answerTurn(context: CompletionContext, job: CompletionJob, turn: Turn, sink: ResponseSink): Promise<number> {
   for await (const chunk of turn) {
     void chunk
+    if (sink.gone) break // the close cancelled the turn: what it produced is nobody's
     context.tracker.token(Date.now())
   }
   const result = await turn.done
-  if (result.finishReason === 'failed') throw turnFailed(result)
-  if (res.destroyed) return 499
+  if (sink.gone) return 499
+  if (result.finishReason === 'failed') throw turnFailed(context, job, result)
   const shape = shapeOf(context, job, false)
   const finish = finishReasonOf(result.finishReason)
   const logprobs = new LogprobWriter(context.engine, job).shape(result.logprobs ?? [])
@@ -221,47 +322,64 @@ async function answerTurn(context: CompletionContext, job: CompletionJob, turn: 
     job.kind === 'chat'
       ? { index: 0, message: { role: 'assistant', content: result.text, refusal: null }, logprobs, finish_reason: finish }
       : { index: 0, text: result.text, logprobs, finish_reason: finish }
-  sendJson(res, 200, { ...shape, choices: [choice], usage: usageOf(result) })
+  sink.json(200, { ...shape, choices: [choice], usage: usageOf(result) })
   return 200
 }
 
-function turnFailed(result: TurnResult): ApiError {
-  return new ApiError(500, `the turn failed (${result.errorCode})`, 'server_error', null, result.errorCode)
-}
-
-async function streamTurn(context: CompletionContext, job: CompletionJob, turn: Turn, res: ServerResponse): Promise<number> {
+/**
+ * Server-sent events. The headers wait for the turn's first token, so that a turn that fails
+ * before it (a prompt that can never fit the KV pool) is answered with its own status and error
+ * body, as a non-streamed one. Each chunk is formatted only when it is about to be written: once
+ * the client is gone, the chunks the turn produced meanwhile are dropped, not formatted.
+ */
+async function streamTurn(context: CompletionContext, job: CompletionJob, turn: Turn, sink: ResponseSink): Promise<number> {
+  const chunks = turn[Symbol.asyncIterator]()
+  let next = await chunks.next()
+  if (next.done === true) {
+    const result = await turn.done
+    if (result.finishReason === 'failed' && !sink.gone) throw turnFailed(context, job, result)
+  }
+  if (sink.gone) {
+    await chunks.return?.()
+    return 499
+  }
   const shape = shapeOf(context, job, true)
   const usage = job.includeUsage ? { usage: null } : {}
   const event = (choices: object[], extra: object = usage): string => `data: ${JSON.stringify({ ...shape, choices, ...extra })}\n\n`
-  res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' })
-  if (job.kind === 'chat') await write(res, event([choiceDelta(job, '', true, null)]))
+  sink.res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' })
+  if (job.kind === 'chat') await sink.write(event([choiceDelta(job, '', true, null)]))
   const logprobs = new LogprobWriter(context.engine, job)
   // A token whose text is held back (part of a character, a possible stop string) sends its
   // log-probability with the next chunk that has text.
   let pending: TokenLogprob[] = []
   let sent = ''
   const send = async (text: string): Promise<void> => {
-    await write(res, event([choiceDelta(job, text, false, null, logprobs.shape(pending))]))
+    await sink.write(event([choiceDelta(job, text, false, null, logprobs.shape(pending))]))
     pending = []
     sent += text
   }
-  for await (const chunk of turn) {
+  for (; next.done !== true; next = await chunks.next()) {
+    if (sink.gone) break
+    const chunk = next.value
     context.tracker.token(Date.now())
     if (chunk.logprob !== undefined) pending.push(chunk.logprob)
     if (chunk.text.length > 0) await send(chunk.text)
   }
+  if (sink.gone) {
+    await chunks.return?.()
+    await turn.done
+    return 499
+  }
   const result = await turn.done
-  if (res.destroyed) return 499
   // Text the turn's end released after its chunk was read (a held-back partial stop string).
   if (result.text.length > sent.length && result.text.startsWith(sent)) await send(result.text.slice(sent.length))
   if (result.finishReason === 'failed') {
-    await write(res, `data: ${JSON.stringify(turnFailed(result).body())}\n\n`)
+    await sink.write(`data: ${JSON.stringify(turnFailed(context, job, result).body())}\n\n`)
   } else {
     const rest = pending.length > 0 ? logprobs.shape(pending) : null
-    await write(res, event([choiceDelta(job, job.kind === 'chat' ? null : '', false, finishReasonOf(result.finishReason), rest)]))
-    if (job.includeUsage) await write(res, event([], { usage: usageOf(result) }))
+    await sink.write(event([choiceDelta(job, job.kind === 'chat' ? null : '', false, finishReasonOf(result.finishReason), rest)]))
+    if (job.includeUsage) await sink.write(event([], { usage: usageOf(result) }))
   }
-  await write(res, 'data: [DONE]\n\n')
-  res.end()
-  return 200
+  sink.end('data: [DONE]\n\n')
+  return sink.gone ? 499 : 200
 }

@@ -259,7 +259,9 @@ export function parseChatRequest(value: unknown): CompletionJob {
   const body = checkObject(value)
   checkKnown(body, CHAT_FIELDS)
   refuseUnsupported(body, CHAT_UNSUPPORTED)
-  const maxTokens = integer(body, 'max_completion_tokens', 1, 2 ** 31 - 1) ?? integer(body, 'max_tokens', 1, 2 ** 31 - 1)
+  // Both are checked when both are sent (the first must not shadow a bad second); the newer wins.
+  const legacyMaxTokens = integer(body, 'max_tokens', 1, 2 ** 31 - 1)
+  const maxTokens = integer(body, 'max_completion_tokens', 1, 2 ** 31 - 1) ?? legacyMaxTokens
   const logprobs = chatLogprobs(body)
   const turn = withLogprobs(turnOptions(body, maxTokens), logprobs)
   return { kind: 'chat', ...common(body), messages: messages(body), prompt: null, turn, logprobs }

@@ -6,7 +6,7 @@
 // against llama.cpp's tokenization of the GGUF vocabulary (test/reference/llama-vocab.ts).
 
 import { spawnSync } from 'node:child_process'
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { dirname, join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -20,7 +20,7 @@ import { int4Value, packInt4 } from '../../ts/modelkit/gguf/int4'
 import { int8Value, packQ8_0 } from '../../ts/modelkit/gguf/int8'
 import { MODEL_LIMITS } from '../../ts/modelkit/gguf/architecture'
 import { GGUF_LIMITS, readGguf } from '../../ts/modelkit/gguf/reader'
-import { SUPPORTED_PRE_TOKENIZERS } from '../../ts/modelkit/gguf/tokenizer'
+import { SENTENCE_PIECE_LIMITS, SUPPORTED_PRE_TOKENIZERS } from '../../ts/modelkit/gguf/tokenizer'
 import { CHAT_TOKENS, TINY, tinySentencePieceVocabulary, type TinyGgufOptions, tinyGgufMetadata, tinyGgufTensors, tinyVocabulary, writeTinyGguf } from '../helpers/gguf-models'
 import { type MetaValue, TestRng, f32s, ggufBytes, ggufHeader, i32s, randomTensorData, str, strings, u32, writeSparse } from '../helpers/gguf-writer'
 import { ggufLogits } from '../reference/gguf-forward'
@@ -300,6 +300,109 @@ describe('the data section: tensors in table order, without overlaps or gaps, as
     const aligned64: Array<[string, MetaValue]> = [...tinyGgufMetadata(LLAMA), ['general.alignment', u32(64)]]
     const at64 = ggufHeader(aligned64, tensors.map((t) => ({ ...t, bytes: t.data.length })), 64).offsets
     expect(readGguf(write('align-64.gguf', at64, aligned64, 64)).alignment).toBe(64) // another power of two reads
+  })
+})
+
+describe('vocabularies the tokenizer could not load are refused before anything is written', () => {
+  const vocab = tinyVocabulary()
+  const write = (name: string, metadata: Array<[string, MetaValue]>) => {
+    const path = join(root, `${name}.gguf`)
+    writeFileSync(path, ggufBytes(tinyGgufMetadata({ ...LLAMA, metadata }), tinyGgufTensors(LLAMA)))
+    return path
+  }
+  const duplicated = [...vocab.tokens]
+  duplicated[100] = duplicated[1]! // "<s>" twice; token 100's own text is gone, and a merge names it
+  const merged = vocab.tokens[100]! + vocab.tokens[101]!
+  const cases: Array<[string, Array<[string, MetaValue]>, RegExp]> = [
+    ['merge-missing', [['tokenizer.ggml.merges', strings([...vocab.merges, 'zzq qqz'])]], /tokenizer\.ggml\.merges\[\d+\] "zzq qqz" names "zzq", which is not in the vocabulary/],
+    [
+      'merge-result',
+      [['tokenizer.ggml.merges', strings([...vocab.merges, `${vocab.tokens[100]} ${vocab.tokens[101]}`])]],
+      new RegExp(`tokenizer\\.ggml\\.merges\\[\\d+\\] ".*" names ${escape(JSON.stringify(merged))}, which is not in the vocabulary`),
+    ],
+    ['duplicate', [['tokenizer.ggml.tokens', strings(duplicated)]], /tokenizer\.ggml\.tokens holds "<s>" twice, as tokens 1 and 100/],
+  ]
+
+  it('by importGguf: a rejected promise naming the problem, and no folder', async () => {
+    expect(vocab.tokens.includes(merged)).toBe(false) // the merged token really is missing
+    for (const [name, metadata, message] of cases) {
+      const outDir = join(root, `vocab-${name}`)
+      await expectModelLoadError(importGguf({ file: write(name, metadata), outDir }), message)
+      expect(existsSync(outDir)).toBe(false)
+    }
+  })
+
+  it('by the command: status 1 and one line naming the problem, and no folder', () => {
+    for (const [name, metadata, message] of cases) {
+      const outDir = join(root, `vocab-cli-${name}`)
+      const run = importInChild(write(`cli-${name}`, metadata), '--out', outDir)
+      expect(run.status, name).toBe(1)
+      expect(run.stderr).toMatch(new RegExp(`^ortex: MODEL_LOAD: .*cli-${name}\\.gguf: ${message.source}.*\n$`))
+      expect(existsSync(outDir)).toBe(false)
+    }
+  })
+
+  it('a duplicated SentencePiece piece too', async () => {
+    const spm = tinySentencePieceVocabulary()
+    const tokens = [...spm.tokens]
+    tokens[300] = tokens[299]!
+    const metadata = tinyGgufMetadata({
+      ...LLAMA,
+      metadata: [
+        ['tokenizer.ggml.model', str('llama')],
+        ['tokenizer.ggml.tokens', strings(tokens)],
+        ['tokenizer.ggml.token_type', i32s(spm.types)],
+        ['tokenizer.ggml.scores', f32s(spm.scores)],
+      ],
+    }).filter(([key]) => key !== 'tokenizer.ggml.merges' && key !== 'tokenizer.ggml.pre')
+    const file = join(root, 'spm-duplicate.gguf')
+    writeFileSync(file, ggufBytes(metadata, tinyGgufTensors(LLAMA)))
+    await expectModelLoadError(importGguf({ file, outDir: join(root, 'spm-duplicate') }), /tokenizer\.ggml\.tokens holds ".*" twice, as tokens 299 and 300/)
+    // Pieces too long to derive merges from in bounded time are refused by name.
+    const long = [...spm.tokens]
+    long[300] = 'x'.repeat(Math.ceil(Math.sqrt(SENTENCE_PIECE_LIMITS.work)) + 1)
+    const longMetadata = metadata.map(([key, value]): [string, MetaValue] => [key, key === 'tokenizer.ggml.tokens' ? strings(long) : value])
+    writeFileSync(file, ggufBytes(longMetadata, tinyGgufTensors(LLAMA)))
+    await expectModelLoadError(importGguf({ file, outDir: join(root, 'spm-long') }), /the SentencePiece pieces are too long to derive merges from: their squared lengths sum to \d+, over the limit of 268435456/)
+  })
+})
+
+describe('a failed import leaves the folder as it was', () => {
+  const failingProgress = () => {
+    let calls = 0
+    return () => {
+      if (++calls === 3) throw new Error('disk full (simulated)')
+    }
+  }
+  const leftovers = (dir: string) => readdirSync(dir).filter((f) => f.startsWith('.ortex-import-'))
+
+  it('no folder when it made the folder', async () => {
+    const outDir = join(root, 'failed-new', 'model')
+    await expect(importGguf({ file: files.qwen2, outDir, onProgress: failingProgress() })).rejects.toThrow(/disk full/)
+    expect(existsSync(join(root, 'failed-new'))).toBe(false)
+  })
+
+  it("a previous import's files, untouched and loadable, when the folder was there", async () => {
+    const outDir = join(root, 'failed-over')
+    await importGguf({ file: files.qwen2, outDir, weights: 'int4' })
+    const before = Object.fromEntries(readdirSync(outDir).map((f) => [f, readFileSync(join(outDir, f)).length]))
+    await expect(importGguf({ file: files.llama, outDir, onProgress: failingProgress() })).rejects.toThrow(/disk full/)
+    expect(Object.fromEntries(readdirSync(outDir).map((f) => [f, readFileSync(join(outDir, f)).length]))).toEqual(before)
+    expect(leftovers(outDir)).toEqual([])
+    const engine = await Engine.load(outDir, { intraOpThreads: 1 })
+    await engine.close()
+  })
+
+  it("a new import replaces the old one's files, a stale chat template included", async () => {
+    const outDir = join(root, 'replaced')
+    await importGguf({ file: files.qwen2, outDir })
+    expect(existsSync(join(outDir, 'chat_template.jinja'))).toBe(true)
+    const noTemplate = join(root, 'no-template.gguf')
+    writeFileSync(noTemplate, ggufBytes(tinyGgufMetadata(LLAMA).filter(([k]) => k !== 'tokenizer.chat_template'), tinyGgufTensors(LLAMA)))
+    const summary = await importGguf({ file: noTemplate, outDir })
+    expect(readdirSync(outDir).sort()).toEqual(summary.files.map((f) => f.name).sort())
+    expect(existsSync(join(outDir, 'chat_template.jinja'))).toBe(false)
+    expect(json(outDir, 'genai_config.json').model.type).toBe('llama')
   })
 })
 

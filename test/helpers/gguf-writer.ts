@@ -2,7 +2,7 @@
 // the importer reads, so the importer's tests make their own small files at test time.
 
 import { setFloat16 } from '@petamoriken/float16'
-import { writeFileSync } from 'node:fs'
+import { truncateSync, writeFileSync } from 'node:fs'
 import { GGML_TYPES, GgmlTypeId } from '../../ts/modelkit/gguf/ggml-types'
 
 /** A typed metadata value (the format needs the type; a JS number alone is ambiguous). */
@@ -12,6 +12,13 @@ export type MetaValue =
   | { kind: 'string'; value: string }
   | { kind: 'array'; item: 'string'; values: string[] }
   | { kind: 'array'; item: 'i32' | 'f32'; values: number[] }
+  /** Only an array's item type (a GGUF value type number) and count: its items are whatever bytes
+   *  follow (a hostile file's claim, read from the zeros of a sparse file). */
+  | { kind: 'declared-array'; item: number; count: number }
+  /** Only a string's length: its bytes are whatever follows. */
+  | { kind: 'declared-string'; bytes: number }
+  /** An array of `count` u8 zeros. */
+  | { kind: 'zeros'; count: number }
 
 export const u32 = (value: number): MetaValue => ({ kind: 'u32', value })
 export const f32 = (value: number): MetaValue => ({ kind: 'f32', value })
@@ -29,7 +36,7 @@ export interface GgufTensor {
   data: Uint8Array
 }
 
-const TYPE_CODE = { u32: 4, i32: 5, f32: 6, bool: 7, string: 8, array: 9, u64: 10 } as const
+const TYPE_CODE = { u32: 4, i32: 5, f32: 6, bool: 7, string: 8, array: 9, u64: 10, 'declared-array': 9, 'declared-string': 8, zeros: 9 } as const
 
 class Bytes {
   private chunks: Buffer[] = []
@@ -84,6 +91,15 @@ function writeValue(out: Bytes, v: MetaValue): void {
       return out.push(Buffer.from([v.value ? 1 : 0]))
     case 'string':
       return out.string(v.value)
+    case 'declared-array':
+      out.u32(v.item)
+      return out.u64(v.count)
+    case 'declared-string':
+      return out.u64(v.bytes)
+    case 'zeros':
+      out.u32(0)
+      out.u64(v.count)
+      return out.push(new Uint8Array(v.count))
     case 'array':
       out.u32(TYPE_CODE[v.item])
       out.u64(v.values.length)
@@ -97,11 +113,13 @@ function writeValue(out: Bytes, v: MetaValue): void {
 
 /** A GGUF header: the metadata, then each tensor's name, shape, type and data offset (`bytes`
  *  long each, every one aligned). Returns the header and where each tensor's data starts, counted
- *  from the data section (which begins at the header's length rounded up to the alignment). */
+ *  from the data section (which begins at the header's length rounded up to the alignment).
+ *  `offsets` replaces the computed offsets (a hostile layout: overlaps, gaps, misalignment). */
 export function ggufHeader(
   metadata: Array<[string, MetaValue]>,
   tensors: { name: string; dims: number[]; type: number; bytes: number }[],
   alignment = 32,
+  offsets?: number[],
 ): { header: Buffer; offsets: number[]; dataBytes: number } {
   const head = new Bytes()
   head.push(Buffer.from('GGUF', 'latin1'))
@@ -113,31 +131,40 @@ export function ggufHeader(
     writeValue(head, value)
   }
   let offset = 0
-  const offsets: number[] = []
-  for (const t of tensors) {
+  let dataBytes = 0
+  const written: number[] = []
+  tensors.forEach((t, i) => {
     head.string(t.name)
     head.u32(t.dims.length)
     for (const d of t.dims) head.u64(d)
     head.u32(t.type)
-    offsets.push(offset)
-    head.u64(offset)
+    const at = offsets?.[i] ?? offset
+    written.push(at)
+    head.u64(at)
     offset = Math.ceil((offset + t.bytes) / alignment) * alignment
-  }
-  return { header: head.concat(), offsets, dataBytes: offset }
+    dataBytes = Math.max(dataBytes, Math.ceil((at + t.bytes) / alignment) * alignment)
+  })
+  return { header: head.concat(), offsets: written, dataBytes }
 }
 
-/** The bytes of a GGUF file with these metadata entries and tensors (in order). */
-export function ggufBytes(metadata: Array<[string, MetaValue]>, tensors: GgufTensor[], alignment = 32): Buffer {
-  const { header, offsets, dataBytes } = ggufHeader(metadata, tensors.map((t) => ({ ...t, bytes: t.data.length })), alignment)
+/** The bytes of a GGUF file with these metadata entries and tensors (in order; `offsets` as in ggufHeader). */
+export function ggufBytes(metadata: Array<[string, MetaValue]>, tensors: GgufTensor[], alignment = 32, offsets?: number[]): Buffer {
+  const { header, offsets: at, dataBytes } = ggufHeader(metadata, tensors.map((t) => ({ ...t, bytes: t.data.length })), alignment, offsets)
   const dataStart = Math.ceil(header.length / alignment) * alignment
   const file = Buffer.alloc(dataStart + dataBytes)
   header.copy(file)
-  tensors.forEach((t, i) => file.set(t.data, dataStart + offsets[i]!))
+  tensors.forEach((t, i) => file.set(t.data, dataStart + at[i]!))
   return file
 }
 
 export function writeGguf(path: string, metadata: Array<[string, MetaValue]>, tensors: GgufTensor[]): void {
   writeFileSync(path, ggufBytes(metadata, tensors))
+}
+
+/** A sparse file of `fileBytes` that starts with `header`: the rest reads as zeros and takes no disk. */
+export function writeSparse(path: string, header: Uint8Array, fileBytes: number): void {
+  writeFileSync(path, header)
+  truncateSync(path, fileBytes)
 }
 
 /** A small deterministic generator (xorshift32) for test data. */

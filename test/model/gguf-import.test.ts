@@ -6,7 +6,7 @@
 // against llama.cpp's tokenization of the GGUF vocabulary (test/reference/llama-vocab.ts).
 
 import { spawnSync } from 'node:child_process'
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { dirname, join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -18,10 +18,11 @@ import { GgmlTypeId, type GgmlTypeName } from '../../ts/modelkit/gguf/ggml-types
 import { importGguf, type ImportSummary } from '../../ts/modelkit/gguf/import'
 import { int4Value, packInt4 } from '../../ts/modelkit/gguf/int4'
 import { int8Value, packQ8_0 } from '../../ts/modelkit/gguf/int8'
-import { readGguf } from '../../ts/modelkit/gguf/reader'
-import { SUPPORTED_PRE_TOKENIZERS } from '../../ts/modelkit/gguf/tokenizer'
+import { MODEL_LIMITS } from '../../ts/modelkit/gguf/architecture'
+import { GGUF_LIMITS, readGguf } from '../../ts/modelkit/gguf/reader'
+import { SENTENCE_PIECE_LIMITS, SUPPORTED_PRE_TOKENIZERS } from '../../ts/modelkit/gguf/tokenizer'
 import { CHAT_TOKENS, TINY, tinySentencePieceVocabulary, type TinyGgufOptions, tinyGgufMetadata, tinyGgufTensors, tinyVocabulary, writeTinyGguf } from '../helpers/gguf-models'
-import { TestRng, f32s, ggufBytes, i32s, randomTensorData, str, strings, u32 } from '../helpers/gguf-writer'
+import { type MetaValue, TestRng, f32s, ggufBytes, ggufHeader, i32s, randomTensorData, str, strings, u32, writeSparse } from '../helpers/gguf-writer'
 import { ggufLogits } from '../reference/gguf-forward'
 import { LlamaCppBpe, LlamaCppSpm } from '../reference/llama-vocab'
 import { ReferenceModel, emptyCache, forwardBatch, naiveGenerate } from '../reference/reference'
@@ -127,11 +128,281 @@ describe('the GGUF reader', () => {
     variant((b) => b.write('GGML', 0, 'latin1'), /not a GGUF file/)
     variant((b) => b.writeUInt32LE(1, 4), /GGUF version 1 is not supported/)
     variant((b) => b.writeUInt32LE(0x03000000, 4), /big-endian/)
-    variant((b) => b.writeBigUInt64LE(1n << 40n, 8), /not plausible/)
-    variant((b) => b.writeBigUInt64LE(1n << 40n, 24), /runs past the end of the file/)
+    variant((b) => b.writeBigUInt64LE(1n << 40n, 8), /the header's tensor count 1099511627776 is not plausible: over the limit of 65536 tensors/)
+    variant((b) => b.writeBigUInt64LE(1n << 40n, 24), /metadata entry 0 of \d+: a key of 1099511627776 bytes is over the limit of 65535/)
+    // The first value's length (a string after the key "general.architecture" and its type).
+    const firstValue = 24 + 8 + 'general.architecture'.length + 4
+    variant((b) => b.writeBigUInt64LE(BigInt(b.length), firstValue), new RegExp(`metadata "general\\.architecture": a string of ${bytes.length} bytes runs past the end of the file`))
     // The first value's type (after the first key, "general.architecture") set to 99.
     variant((b) => b.writeUInt32LE(99, 24 + 8 + 'general.architecture'.length), /unknown value type 99/)
     await expectModelLoadError(importGguf({ file: join(root, 'missing.gguf'), outDir: join(root, 'x') }), /cannot open the file/)
+  })
+})
+
+const REPO = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..')
+/** The child's peak resident memory, printed on exit (in KiB, as resourceUsage gives it). */
+const PRINT_MAX_RSS = 'data:text/javascript,process.on("exit",()=>process.stderr.write(`maxrss ${process.resourceUsage().maxRSS}\\n`))'
+
+/** `ortex import` in a child process: its status, stderr and peak resident memory. */
+function importInChild(...args: string[]): { status: number | null; stderr: string; maxRssMiB: number } {
+  const run = spawnSync(process.execPath, ['--import', PRINT_MAX_RSS, join(REPO, 'dist', 'cli.js'), 'import', ...args], { encoding: 'utf8', timeout: 60_000 })
+  const rss = /maxrss (\d+)\n/.exec(run.stderr)
+  return { status: run.status, stderr: run.stderr.replace(/maxrss \d+\n/, ''), maxRssMiB: rss ? Number(rss[1]) / 1024 : Infinity }
+}
+
+const escape = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')
+
+describe('hostile headers: every count and size is checked before anything is sized by it', () => {
+  // Each of these cost gigabytes before the limits (block_count 0xFFFFFFFF: over 1 GiB in 3.5 s;
+  // context_length 50,000,000: over 1 GiB in 18 s; 200M array items: 1.4 GiB, then "Invalid array
+  // length"; context_length 2^31: "Invalid typed array length"). The command now refuses each
+  // with one line naming the file, the field and the limit, in about the memory of Node itself.
+  const tiny = (name: string, metadata: Array<[string, MetaValue]>) => {
+    const path = join(root, name)
+    writeFileSync(path, ggufBytes(tinyGgufMetadata({ ...LLAMA, metadata }), tinyGgufTensors(LLAMA)))
+    return path
+  }
+
+  it('the command refuses them at once, in bounded memory', () => {
+    const array = join(root, 'array-200m.gguf')
+    writeSparse(array, ggufHeader([['general.junk', { kind: 'declared-array', item: 0, count: 200_000_000 }]], []).header, 256 * 1024 * 1024)
+    const cases: Array<[string, RegExp]> = [
+      [tiny('layers-4g.gguf', [['llama.block_count', u32(0xffffffff)]]), /llama\.block_count is 4294967295: over the limit of 512 layers/],
+      [tiny('context-50m.gguf', [['llama.context_length', u32(50_000_000)]]), /llama\.context_length is 50000000: over the limit of 1048576 positions/],
+      [tiny('context-2g.gguf', [['llama.context_length', u32(2 ** 31)]]), /llama\.context_length is 2147483648: over the limit of 1048576 positions/],
+      [array, /metadata "general\.junk": an array of 200000000 items is over the limit of 2097152/],
+    ]
+    for (const [file, message] of cases) {
+      const out = join(root, 'hostile-out')
+      const run = importInChild(file, '--out', out)
+      expect(run.status, run.stderr).toBe(1)
+      expect(run.stderr).toMatch(new RegExp(`^ortex: MODEL_LOAD: ${escape(file)}: ${message.source}.*\n$`))
+      expect(run.maxRssMiB, file).toBeLessThan(200) // Node and the CLI take about 60 MiB
+      expect(existsSync(out)).toBe(false)
+    }
+  })
+
+  it('the reader refuses counts, lengths and sizes past the file or the limits', () => {
+    const header = (metadata: Array<[string, MetaValue]>, tensors: Parameters<typeof ggufHeader>[1] = []) => ggufHeader(metadata, tensors).header
+    const refuses = (name: string, bytes: Uint8Array, fileBytes: number, message: RegExp) => {
+      const path = join(root, name)
+      writeSparse(path, bytes, fileBytes)
+      expect(() => readGguf(path), name).toThrow(expect.objectContaining({ code: 'MODEL_LOAD', message: expect.stringMatching(message) }))
+    }
+    const MiB = 1024 * 1024
+    const counts = Buffer.from(header([]))
+    counts.writeBigUInt64LE(100_000n, 16) // metadata entries
+    refuses('kv-count.gguf', counts, 64 * MiB, /the header's metadata count 100000 is not plausible: over the limit of 65536 metadata entries/)
+    counts.writeBigUInt64LE(60_000n, 16)
+    refuses('kv-fit.gguf', counts, MiB / 4, /the header's metadata count 60000 is not plausible: the \d+ bytes after the header cannot hold that many/)
+    counts.writeBigUInt64LE(0n, 16)
+    counts.writeBigUInt64LE(60_000n, 8) // tensors
+    refuses('tensor-fit.gguf', counts, 1 * MiB, /the header's tensor count 60000 is not plausible: the \d+ bytes after the header cannot hold that many tensors/)
+    const declared = (item: number, count: number): MetaValue => ({ kind: 'declared-array', item, count })
+    refuses('array-fit.gguf', header([['a', declared(4, 1_000_000)]]), 1 * MiB, /metadata "a": an array of 1000000 items run past the end of the file/)
+    refuses('array-type.gguf', header([['a', declared(13, 4)]]), 1 * MiB, /metadata "a": unknown array item type 13/)
+    const arrays = Array.from({ length: 4 }, (_, i): [string, MetaValue] => [`a${i}`, { kind: 'zeros', count: GGUF_LIMITS.arrayItems }])
+    refuses('items.gguf', header([...arrays, ['a4', declared(0, GGUF_LIMITS.arrayItems)]]), 16 * MiB, /metadata "a4": an array of 2097152 items takes the metadata's arrays past 8388608 items in all, the limit/)
+    refuses('string.gguf', header([['s', { kind: 'declared-string', bytes: 300 * MiB }]]), 512 * MiB, /metadata "s": a string of 314572800 bytes would take the header past 268435456 bytes, the limit/)
+    refuses('key.gguf', header([['k'.repeat(65_536), u32(1)]]), 1 * MiB, /metadata entry 0 of 1: a key of 65536 bytes is over the limit of 65535/)
+    refuses('name.gguf', header([], [{ name: 'n'.repeat(64), dims: [4], type: 0, bytes: 16 }]), 1 * MiB, /tensor info 0 of 1: a tensor name of 64 bytes is over the limit of 63/)
+    refuses('dims.gguf', header([], [{ name: 'x', dims: [2 ** 40, 2 ** 20], type: 0, bytes: 0 }]), 1 * MiB, /tensor "x" has the shape \[1099511627776,1048576\]/)
+  })
+
+  it('the importer refuses sizes past its limits before sizing anything by them', async () => {
+    const cases: Array<[string, Array<[string, MetaValue]>, RegExp]> = [
+      ['layers-0', [['llama.block_count', u32(0)]], /llama\.block_count is 0, fewer than 1 layers/],
+      ['layers-more', [['llama.block_count', u32(40)]], /llama\.block_count is 40, but the file has \d+ tensors \(a layer has at least 9\)/],
+      ['context-0', [['llama.context_length', u32(0)]], /llama\.context_length is 0, fewer than 1 positions/],
+      ['heads', [['llama.attention.head_count', u32(1 << 20)]], /llama\.attention\.head_count is 1048576: over the limit of 1024 heads/],
+      ['kv-heads', [['llama.attention.head_count_kv', u32(8)]], /llama\.attention\.head_count_kv is 8: over the limit of 4 heads \(the query heads\)/],
+      ['key-length', [['llama.attention.key_length', u32(1 << 30)]], /llama\.attention\.key_length is 1073741824: over the limit of 1024 elements/],
+    ]
+    for (const [name, metadata, message] of cases) {
+      await expectModelLoadError(importGguf({ file: tiny(`${name}.gguf`, metadata), outDir: join(root, name) }), message)
+      expect(existsSync(join(root, name))).toBe(false)
+    }
+    // A vocabulary past the limit: the embedding's rows (a sparse file: only the header is written).
+    const tensors = tinyGgufTensors(LLAMA).map((t) => ({ ...t, bytes: t.data.length }))
+    const rows = MODEL_LIMITS.vocabSize + 32
+    tensors[0] = { ...tensors[0]!, dims: [TINY.hidden, rows], bytes: (TINY.hidden / 32) * 34 * rows }
+    const { header, dataBytes } = ggufHeader(tinyGgufMetadata(LLAMA), tensors)
+    const path = join(root, 'vocab.gguf')
+    writeSparse(path, header, Math.ceil(header.length / 32) * 32 + dataBytes)
+    await expectModelLoadError(importGguf({ file: path, outDir: join(root, 'vocab') }), /the vocabulary \(token_embd\.weight rows\) is 2097184: over the limit of 2097152 tokens/)
+  })
+
+  it('a long context is written in chunks of positions: the rotary tables are right across them', async () => {
+    const context = 10_000 // over two chunks of 4096 positions
+    const file = tiny('context-10k.gguf', [['llama.context_length', u32(context)]])
+    const dir = join(root, 'context-10k')
+    await importGguf({ file, outDir: dir, weights: 'int4' })
+    const graph = decodeModel(dir).graph!
+    const cos = graph.initializer!.find((t) => t.name === 'cos_cache')!
+    expect(cos.dims!.map(Number)).toEqual([context, TINY.headSize / 2])
+    const location = Object.fromEntries(cos.externalData!.map((e) => [e.key, e.value]))
+    const data = readFileSync(join(dir, 'model.onnx.data'))
+    const values = new Float32Array(data.buffer.slice(data.byteOffset + Number(location.offset), data.byteOffset + Number(location.offset) + Number(location.length)))
+    const half = TINY.headSize / 2
+    for (const p of [0, 1, 4095, 4096, 4097, 8191, 8192, context - 1]) {
+      for (const i of [0, 5, half - 1]) {
+        // rope_freqs.weight (LLAMA has it) divides each frequency; compare with tolerance for it
+        expect(values[p * half + i], `position ${p}, frequency ${i}`).toBeCloseTo(Math.cos(p * inverseFrequency(file, i)), 4)
+      }
+    }
+  })
+})
+
+/** Frequency i of the tiny llama file's rotary: theta^(-2i/D) / rope_freqs[i]. */
+function inverseFrequency(file: string, i: number): number {
+  const gguf = readGguf(file)
+  const theta = gguf.metadata.get('llama.rope.freq_base') as number
+  const factors = gguf.tensors.find((t) => t.name === 'rope_freqs.weight')!
+  const bytes = readFileSync(file).subarray(factors.offset, factors.offset + factors.bytes)
+  const factor = new Float32Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.length))[i]!
+  return Math.pow(Math.fround(theta), (-2 * i) / TINY.headSize) / factor
+}
+
+describe('the data section: tensors in table order, without overlaps or gaps, as llama.cpp requires', () => {
+  const tensors = tinyGgufTensors(LLAMA)
+  const natural = ggufHeader(tinyGgufMetadata(LLAMA), tensors.map((t) => ({ ...t, bytes: t.data.length }))).offsets
+  const write = (name: string, offsets: number[], metadata = tinyGgufMetadata(LLAMA), alignment = 32) => {
+    const path = join(root, name)
+    writeFileSync(path, ggufBytes(metadata, tensors, alignment, offsets))
+    return path
+  }
+  const names = tensors.map((t) => t.name.replace(/\./g, '\\.'))
+
+  it('refuses overlapping, misaligned and scattered tensors, by the importer and the command', async () => {
+    const moved = (i: number, to: number) => natural.map((o, j) => (j === i ? to : o))
+    const cases: Array<[string, number[], RegExp]> = [
+      ['overlap', moved(1, natural[0]!), new RegExp(`tensor "${names[1]}" starts at data offset 0, inside tensor "${names[0]}" \\(which ends at \\d+\\): tensors may not overlap`)],
+      ['overlap-inside', moved(2, natural[1]! + 32), new RegExp(`tensor "${names[2]}" starts at data offset \\d+, inside tensor "${names[1]}"`)],
+      ['misaligned', moved(3, natural[3]! + 4), new RegExp(`tensor "${names[3]}" starts at data offset \\d+, not on a 32-byte boundary`)],
+      ['gap', moved(3, natural[3]! + 64), new RegExp(`tensor "${names[3]}" starts at data offset \\d+, but tensor "${names[2]}" ends at \\d+, padded to \\d+: GGUF tensors follow each other in table order without gaps`)],
+      ['swapped', natural.map((o, j) => (j === 1 ? natural[2]! : j === 2 ? natural[1]! : o)), new RegExp(`tensor "${names[1]}" starts at data offset \\d+, but tensor "${names[0]}" ends`)],
+    ]
+    for (const [name, offsets, message] of cases) {
+      const file = write(`layout-${name}.gguf`, offsets)
+      await expectModelLoadError(importGguf({ file, outDir: join(root, `layout-${name}`) }), message)
+      expect(existsSync(join(root, `layout-${name}`))).toBe(false)
+    }
+    const run = importInChild(write('layout-cli.gguf', moved(1, natural[0]!)), '--out', join(root, 'layout-cli'))
+    expect(run.status).toBe(1)
+    expect(run.stderr).toMatch(/^ortex: MODEL_LOAD: .*layout-cli\.gguf: tensor ".*" starts at data offset 0, inside tensor "token_embd\.weight" .*: tensors may not overlap\n$/)
+    expect(existsSync(join(root, 'layout-cli'))).toBe(false)
+  })
+
+  it('refuses an alignment that is not a power of two', () => {
+    const metadata: Array<[string, MetaValue]> = [...tinyGgufMetadata(LLAMA), ['general.alignment', u32(48)]]
+    const { offsets } = ggufHeader(metadata, tensors.map((t) => ({ ...t, bytes: t.data.length })), 48)
+    expect(() => readGguf(write('align-48.gguf', offsets, metadata, 48))).toThrow(/general\.alignment must be a power of two from 8 to 2\^30, got 48/)
+    const aligned64: Array<[string, MetaValue]> = [...tinyGgufMetadata(LLAMA), ['general.alignment', u32(64)]]
+    const at64 = ggufHeader(aligned64, tensors.map((t) => ({ ...t, bytes: t.data.length })), 64).offsets
+    expect(readGguf(write('align-64.gguf', at64, aligned64, 64)).alignment).toBe(64) // another power of two reads
+  })
+})
+
+describe('vocabularies the tokenizer could not load are refused before anything is written', () => {
+  const vocab = tinyVocabulary()
+  const write = (name: string, metadata: Array<[string, MetaValue]>) => {
+    const path = join(root, `${name}.gguf`)
+    writeFileSync(path, ggufBytes(tinyGgufMetadata({ ...LLAMA, metadata }), tinyGgufTensors(LLAMA)))
+    return path
+  }
+  const duplicated = [...vocab.tokens]
+  duplicated[100] = duplicated[1]! // "<s>" twice; token 100's own text is gone, and a merge names it
+  const merged = vocab.tokens[100]! + vocab.tokens[101]!
+  const cases: Array<[string, Array<[string, MetaValue]>, RegExp]> = [
+    ['merge-missing', [['tokenizer.ggml.merges', strings([...vocab.merges, 'zzq qqz'])]], /tokenizer\.ggml\.merges\[\d+\] "zzq qqz" names "zzq", which is not in the vocabulary/],
+    [
+      'merge-result',
+      [['tokenizer.ggml.merges', strings([...vocab.merges, `${vocab.tokens[100]} ${vocab.tokens[101]}`])]],
+      new RegExp(`tokenizer\\.ggml\\.merges\\[\\d+\\] ".*" names ${escape(JSON.stringify(merged))}, which is not in the vocabulary`),
+    ],
+    ['duplicate', [['tokenizer.ggml.tokens', strings(duplicated)]], /tokenizer\.ggml\.tokens holds "<s>" twice, as tokens 1 and 100/],
+  ]
+
+  it('by importGguf: a rejected promise naming the problem, and no folder', async () => {
+    expect(vocab.tokens.includes(merged)).toBe(false) // the merged token really is missing
+    for (const [name, metadata, message] of cases) {
+      const outDir = join(root, `vocab-${name}`)
+      await expectModelLoadError(importGguf({ file: write(name, metadata), outDir }), message)
+      expect(existsSync(outDir)).toBe(false)
+    }
+  })
+
+  it('by the command: status 1 and one line naming the problem, and no folder', () => {
+    for (const [name, metadata, message] of cases) {
+      const outDir = join(root, `vocab-cli-${name}`)
+      const run = importInChild(write(`cli-${name}`, metadata), '--out', outDir)
+      expect(run.status, name).toBe(1)
+      expect(run.stderr).toMatch(new RegExp(`^ortex: MODEL_LOAD: .*cli-${name}\\.gguf: ${message.source}.*\n$`))
+      expect(existsSync(outDir)).toBe(false)
+    }
+  })
+
+  it('a duplicated SentencePiece piece too', async () => {
+    const spm = tinySentencePieceVocabulary()
+    const tokens = [...spm.tokens]
+    tokens[300] = tokens[299]!
+    const metadata = tinyGgufMetadata({
+      ...LLAMA,
+      metadata: [
+        ['tokenizer.ggml.model', str('llama')],
+        ['tokenizer.ggml.tokens', strings(tokens)],
+        ['tokenizer.ggml.token_type', i32s(spm.types)],
+        ['tokenizer.ggml.scores', f32s(spm.scores)],
+      ],
+    }).filter(([key]) => key !== 'tokenizer.ggml.merges' && key !== 'tokenizer.ggml.pre')
+    const file = join(root, 'spm-duplicate.gguf')
+    writeFileSync(file, ggufBytes(metadata, tinyGgufTensors(LLAMA)))
+    await expectModelLoadError(importGguf({ file, outDir: join(root, 'spm-duplicate') }), /tokenizer\.ggml\.tokens holds ".*" twice, as tokens 299 and 300/)
+    // Pieces too long to derive merges from in bounded time are refused by name.
+    const long = [...spm.tokens]
+    long[300] = 'x'.repeat(Math.ceil(Math.sqrt(SENTENCE_PIECE_LIMITS.work)) + 1)
+    const longMetadata = metadata.map(([key, value]): [string, MetaValue] => [key, key === 'tokenizer.ggml.tokens' ? strings(long) : value])
+    writeFileSync(file, ggufBytes(longMetadata, tinyGgufTensors(LLAMA)))
+    await expectModelLoadError(importGguf({ file, outDir: join(root, 'spm-long') }), /the SentencePiece pieces are too long to derive merges from: their squared lengths sum to \d+, over the limit of 268435456/)
+  })
+})
+
+describe('a failed import leaves the folder as it was', () => {
+  const failingProgress = () => {
+    let calls = 0
+    return () => {
+      if (++calls === 3) throw new Error('disk full (simulated)')
+    }
+  }
+  const leftovers = (dir: string) => readdirSync(dir).filter((f) => f.startsWith('.ortex-import-'))
+
+  it('no folder when it made the folder', async () => {
+    const outDir = join(root, 'failed-new', 'model')
+    await expect(importGguf({ file: files.qwen2, outDir, onProgress: failingProgress() })).rejects.toThrow(/disk full/)
+    expect(existsSync(join(root, 'failed-new'))).toBe(false)
+  })
+
+  it("a previous import's files, untouched and loadable, when the folder was there", async () => {
+    const outDir = join(root, 'failed-over')
+    await importGguf({ file: files.qwen2, outDir, weights: 'int4' })
+    const before = Object.fromEntries(readdirSync(outDir).map((f) => [f, readFileSync(join(outDir, f)).length]))
+    await expect(importGguf({ file: files.llama, outDir, onProgress: failingProgress() })).rejects.toThrow(/disk full/)
+    expect(Object.fromEntries(readdirSync(outDir).map((f) => [f, readFileSync(join(outDir, f)).length]))).toEqual(before)
+    expect(leftovers(outDir)).toEqual([])
+    const engine = await Engine.load(outDir, { intraOpThreads: 1 })
+    await engine.close()
+  })
+
+  it("a new import replaces the old one's files, a stale chat template included", async () => {
+    const outDir = join(root, 'replaced')
+    await importGguf({ file: files.qwen2, outDir })
+    expect(existsSync(join(outDir, 'chat_template.jinja'))).toBe(true)
+    const noTemplate = join(root, 'no-template.gguf')
+    writeFileSync(noTemplate, ggufBytes(tinyGgufMetadata(LLAMA).filter(([k]) => k !== 'tokenizer.chat_template'), tinyGgufTensors(LLAMA)))
+    const summary = await importGguf({ file: noTemplate, outDir })
+    expect(readdirSync(outDir).sort()).toEqual(summary.files.map((f) => f.name).sort())
+    expect(existsSync(join(outDir, 'chat_template.jinja'))).toBe(false)
+    expect(json(outDir, 'genai_config.json').model.type).toBe('llama')
   })
 })
 

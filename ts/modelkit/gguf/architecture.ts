@@ -51,8 +51,35 @@ export interface ModelPlan {
   parameters: number
 }
 
+/**
+ * Sane limits on the sizes the metadata declares, checked before anything is sized by them (the
+ * tensor mappings have a row per layer, the rotary tables a row per position). Real models are
+ * far below: Llama 3.1 405B has 126 layers, 128 heads of 128, a context of 131,072 and 128,256
+ * tokens.
+ */
+export const MODEL_LIMITS = {
+  /** llama.cpp's LLAMA_MAX_LAYERS. */
+  layers: 512,
+  /** 2^20 positions: a rotary table row each (Qwen2.5-1M's 1,010,000 fit). */
+  contextLength: 1 << 20,
+  heads: 1024,
+  headSize: 1024,
+  /** Rows of the token embedding (the vocabulary). */
+  vocabSize: 1 << 21,
+} as const
+
+/** The fewest tensors a layer has (norms, q/k/v/o, gate/up/down). */
+const TENSORS_PER_LAYER = 9
+
 function refuse(file: GgufFile, reason: string): never {
   throw new OrtexError('MODEL_LOAD', `${file.path}: ${reason}`)
+}
+
+/** A metadata count in [min, max] (max: the limit named in the refusal). */
+function bounded(file: GgufFile, key: string, value: number, min: number, max: number, unit: string): number {
+  if (value < min) refuse(file, `${key} is ${value}, fewer than ${min} ${unit}`)
+  if (value > max) refuse(file, `${key} is ${value}: over the limit of ${max} ${unit} (a corrupt file?)`)
+  return value
 }
 
 /** Reads the architecture's metadata and maps every tensor of the file, or refuses. */
@@ -84,29 +111,36 @@ export function planModel(file: GgufFile): ModelPlan {
 
 function readDims(file: GgufFile, m: Metadata, arch: Architecture, tensors: Map<string, GgufTensorInfo>): LlamaDims {
   const k = (key: string) => `${arch}.${key}`
+  const numLayers = bounded(file, k('block_count'), m.count(k('block_count')), 1, MODEL_LIMITS.layers, 'layers')
+  if (numLayers * TENSORS_PER_LAYER > file.tensors.length) {
+    refuse(file, `${k('block_count')} is ${numLayers}, but the file has ${file.tensors.length} tensors (a layer has at least ${TENSORS_PER_LAYER})`)
+  }
+  const contextLength = bounded(file, k('context_length'), m.count(k('context_length')), 1, MODEL_LIMITS.contextLength, 'positions')
   const hiddenSize = m.count(k('embedding_length'))
-  const numHeads = m.count(k('attention.head_count'))
-  const numKvHeads = m.count(k('attention.head_count_kv'), numHeads) ?? numHeads
-  const headSize = m.count(k('attention.key_length'), undefined) ?? hiddenSize / numHeads
+  const numHeads = bounded(file, k('attention.head_count'), m.count(k('attention.head_count')), 1, MODEL_LIMITS.heads, 'heads')
+  const numKvHeads = bounded(file, k('attention.head_count_kv'), m.count(k('attention.head_count_kv'), numHeads) ?? numHeads, 1, numHeads, 'heads (the query heads)')
+  const keyLength = m.count(k('attention.key_length'), undefined)
+  const headSize = keyLength === undefined ? hiddenSize / numHeads : bounded(file, k('attention.key_length'), keyLength, 2, MODEL_LIMITS.headSize, 'elements')
   const valueLength = m.count(k('attention.value_length'), headSize) ?? headSize
   const ropeDims = m.count(k('rope.dimension_count'), headSize) ?? headSize
   if (!Number.isInteger(headSize) || headSize <= 0 || headSize % 2 !== 0) refuse(file, `the head size ${headSize} must be an even integer`)
+  bounded(file, 'the head size', headSize, 2, MODEL_LIMITS.headSize, 'elements')
   if (valueLength !== headSize) refuse(file, `${k('attention.value_length')} ${valueLength} differs from the key length ${headSize}`)
   if (ropeDims !== headSize) refuse(file, `${k('rope.dimension_count')} is ${ropeDims}: partial rotary (fewer than ${headSize} dimensions) is not supported`)
-  if (numKvHeads <= 0 || numHeads % numKvHeads !== 0) refuse(file, `${numHeads} heads are not a multiple of ${numKvHeads} KV heads`)
+  if (numHeads % numKvHeads !== 0) refuse(file, `${numHeads} heads are not a multiple of ${numKvHeads} KV heads`)
   const embedding = tensors.get('token_embd.weight') ?? refuse(file, 'the tensor "token_embd.weight" is missing')
   if (embedding.dims.length !== 2 || embedding.dims[0] !== hiddenSize) {
     refuse(file, `token_embd.weight has the shape [${embedding.dims}], expected [${hiddenSize}, vocabulary]`)
   }
   return {
-    vocabSize: embedding.dims[1]!,
+    vocabSize: bounded(file, 'the vocabulary (token_embd.weight rows)', embedding.dims[1]!, 1, MODEL_LIMITS.vocabSize, 'tokens'),
     hiddenSize,
     intermediateSize: m.count(k('feed_forward_length')),
-    numLayers: m.count(k('block_count')),
+    numLayers,
     numHeads,
     numKvHeads,
     headSize,
-    contextLength: m.count(k('context_length')),
+    contextLength,
     ropeTheta: m.number(k('rope.freq_base'), 10000) ?? 10000,
     rmsNormEps: m.number(k('attention.layer_norm_rms_epsilon')),
   }

@@ -7,10 +7,18 @@
 //   tensors.ts       each weight, dequantized (fp32) or as MatMulNBits blocks (int4, int4.ts)
 //   ../llama.ts      the graph (GroupQueryAttention, as onnxruntime-genai's builder emits for CPU)
 //
-// Tensors stream from the GGUF file to model.onnx.data one at a time; genai_config.json is
-// written last, so an interrupted import leaves a folder that does not load.
+// Everything that can be refused is checked before anything is written (the header's counts and
+// sizes, the architecture, the vocabulary and merges as the tokenizers crate checks them). The
+// folder is then written into a staging folder inside outDir and moved into place at the end,
+// genai_config.json last: a failed import leaves outDir as it was (and no outDir if it made it),
+// never a folder that looks like a model and does not load.
+//
+//   outDir/.ortex-import-XXXXXX/   tokenizer files, model.onnx.data (streamed, one tensor at a
+//                                  time), model.onnx, genai_config.json
+//   outDir/                        <- the files renamed in: the old genai_config.json removed
+//                                     first, the new one renamed last
 
-import { mkdir, rm, writeFile } from 'node:fs/promises'
+import { mkdir, mkdtemp, rename, rm, writeFile } from 'node:fs/promises'
 import { join, resolve } from 'node:path'
 import { OrtexError } from '../../errors'
 import { genaiConfig } from '../genai-config'
@@ -66,6 +74,10 @@ export interface ImportSummary {
 }
 
 const TOKENIZER_FILES = ['tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json'] as const
+const CHAT_TEMPLATE_FILE = 'chat_template.jinja'
+/** Every file an import may write, so that publishing can remove one that a previous import into
+ *  the same folder left and this one does not write (a stale chat template would be used). */
+const IMPORT_FILES = [MODEL_FILE, DATA_FILE, ...TOKENIZER_FILES, CHAT_TEMPLATE_FILE] as const
 
 export async function importGguf(options: ImportOptions): Promise<ImportSummary> {
   const started = Date.now()
@@ -76,17 +88,18 @@ export async function importGguf(options: ImportOptions): Promise<ImportSummary>
   if (tokenizer.size > plan.dims.vocabSize) {
     throw new OrtexError('MODEL_LOAD', `${file.path}: the vocabulary has ${tokenizer.size} tokens but the embedding only ${plan.dims.vocabSize} rows`)
   }
-  const outDir = resolve(options.outDir)
-  await mkdir(outDir, { recursive: true })
-  await rm(join(outDir, CONFIG_FILE), { force: true }) // the folder is unfinished until the end
-  const tokenizerFiles = await writeTokenizer(outDir, tokenizer)
   const storage: LinearStorage = weights === 'int4' ? { kind: 'int4', accuracyLevel: INT4_ACCURACY_LEVEL } : { kind: 'fp32' }
   const planned = planTensors(plan, storage)
   const layout = layoutWeights(planned.flatMap((t) => t.specs), DATA_FILE)
-  await writeData(file, join(outDir, DATA_FILE), planned, layout, options.onProgress)
-  await writeGraph(outDir, plan, { storage, kv }, layout, weights)
-  await writeConfigLast(outDir, importedConfig(plan, tokenizer))
-  const { files, totalBytes } = await fileSizes(outDir, [CONFIG_FILE, MODEL_FILE, DATA_FILE, ...tokenizerFiles])
+  const outDir = resolve(options.outDir)
+  const names = await staged(outDir, async (dir) => {
+    const tokenizerFiles = await writeTokenizer(dir, tokenizer)
+    await writeData(file, join(dir, DATA_FILE), planned, layout, options.onProgress)
+    await writeGraph(dir, plan, { storage, kv }, layout, weights)
+    await writeConfigLast(dir, importedConfig(plan, tokenizer))
+    return [MODEL_FILE, DATA_FILE, ...tokenizerFiles]
+  })
+  const { files, totalBytes } = await fileSizes(outDir, [CONFIG_FILE, ...names])
   return {
     outDir,
     file: file.path,
@@ -118,14 +131,43 @@ function checkOptions(options: ImportOptions): { weights: WeightFormat; kv: KvTy
 /** The KV type an import keeps unless told: float16 beside 4-bit weights, float32 beside float32 ones. */
 const defaultKv = (weights: WeightFormat): KvType => (weights === 'int4' ? 'fp16' : 'fp32')
 
+/**
+ * Runs `write` on a fresh staging folder inside outDir (so the renames stay on one file system),
+ * then moves what it wrote into outDir, genai_config.json last. On any failure the staging folder
+ * is removed, and outDir too if this call created it.
+ */
+async function staged(outDir: string, write: (dir: string) => Promise<string[]>): Promise<string[]> {
+  const created = await mkdir(outDir, { recursive: true })
+  const staging = await mkdtemp(join(outDir, '.ortex-import-'))
+  try {
+    const names = await write(staging)
+    await publish(staging, outDir, names)
+    return names
+  } catch (error) {
+    if (created !== undefined) await rm(created, { recursive: true, force: true })
+    throw error
+  } finally {
+    await rm(staging, { recursive: true, force: true })
+  }
+}
+
+/** Moves the staged files into outDir: its genai_config.json (a previous import's) goes first, so
+ *  the folder does not load while it holds a mix of files; the new one comes last. */
+async function publish(staging: string, outDir: string, names: string[]): Promise<void> {
+  await rm(join(outDir, CONFIG_FILE), { force: true })
+  for (const name of IMPORT_FILES) if (!names.includes(name)) await rm(join(outDir, name), { force: true })
+  for (const name of names) await rename(join(staging, name), join(outDir, name))
+  await rename(join(staging, CONFIG_FILE), join(outDir, CONFIG_FILE))
+}
+
 /** The tokenizer files and the chat template; returns the names written. */
 async function writeTokenizer(outDir: string, tokenizer: TokenizerConversion): Promise<string[]> {
   await writeFile(join(outDir, 'tokenizer.json'), tokenizer.tokenizerJson)
   await writeFile(join(outDir, 'tokenizer_config.json'), tokenizer.tokenizerConfigJson)
   await writeFile(join(outDir, 'special_tokens_map.json'), tokenizer.specialTokensMapJson)
   if (tokenizer.chatTemplate === undefined) return [...TOKENIZER_FILES]
-  await writeFile(join(outDir, 'chat_template.jinja'), tokenizer.chatTemplate)
-  return [...TOKENIZER_FILES, 'chat_template.jinja']
+  await writeFile(join(outDir, CHAT_TEMPLATE_FILE), tokenizer.chatTemplate)
+  return [...TOKENIZER_FILES, CHAT_TEMPLATE_FILE]
 }
 
 async function writeGraph(

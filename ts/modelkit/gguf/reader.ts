@@ -2,7 +2,8 @@
 // metadata key/value pairs and the tensor table, then tensor data on demand, a slice at a time.
 // Nothing beyond the header is held in memory. A file that ends early, or whose counts, lengths,
 // types or tensor extents do not add up, is refused with MODEL_LOAD naming the file and what was
-// being read.
+// being read. Every count and length is checked against the bytes left in the file and against
+// GGUF_LIMITS before anything is sized by it, so a hostile header costs no memory.
 //
 //   magic "GGUF" | version u32 | tensor count u64 | kv count u64
 //   kv:     key (u64 length + UTF-8) | value type u32 | value
@@ -40,6 +41,32 @@ const MAGIC = 0x46554747 // "GGUF" read as a little-endian u32
 const MAX_DIMS = 4
 const WINDOW = 1 << 20
 
+/**
+ * What the reader accepts, far above any real model (a 262,144-token vocabulary with its scores,
+ * types and merges is about 1M array items and 10 MiB of header). The header is what is held in
+ * memory, so bounding it (and the items the arrays hold) bounds the reader's memory.
+ */
+export const GGUF_LIMITS = {
+  /** The header: metadata and tensor table, everything before the tensor data. */
+  headerBytes: 256 * 1024 * 1024,
+  tensors: 65_536,
+  metadataEntries: 65_536,
+  /** Items of one metadata array. */
+  arrayItems: 1 << 21,
+  /** Items of all metadata arrays together. */
+  metadataItems: 1 << 23,
+  /** The GGUF specification's limit on a key. */
+  keyBytes: 65_535,
+  /** ggml's GGML_MAX_NAME (64) less the terminating NUL; llama.cpp refuses longer names. */
+  tensorNameBytes: 63,
+} as const
+
+/** The fewest bytes a metadata entry (a 1-byte key, its type, a 1-byte value) and a tensor's
+ *  entry (empty name, one dimension, type, offset) take: the counts in the header cannot exceed
+ *  the bytes after it divided by these. */
+const MIN_ENTRY_BYTES = 8 + 1 + 4 + 1
+const MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8
+
 enum ValueType {
   U8 = 0,
   I8 = 1,
@@ -74,10 +101,14 @@ class Cursor {
     readonly fileBytes: number,
   ) {}
 
+  /** Items read into metadata arrays so far (GGUF_LIMITS.metadataItems). */
+  metadataItems = 0
+
   private take(n: number): Buffer {
     if (this.pos + n > this.fileBytes) {
       throw loadError(this.path, `the file is truncated: it ends at byte ${this.fileBytes} while reading ${this.context}`)
     }
+    if (this.pos + n > GGUF_LIMITS.headerBytes) throw this.overHeaderLimit(`${n} bytes`)
     const end = this.windowStart + this.window.length
     if (this.pos < this.windowStart || this.pos + n > end) {
       const length = Math.min(Math.max(n, WINDOW), this.fileBytes - this.pos)
@@ -93,6 +124,24 @@ class Cursor {
 
   remaining(): number {
     return this.fileBytes - this.pos
+  }
+
+  /** Bytes the header may still take: the file's end or the header limit, whichever is first. */
+  headerRemaining(): number {
+    return Math.min(this.fileBytes, GGUF_LIMITS.headerBytes) - this.pos
+  }
+
+  overHeaderLimit(what: string): OrtexError {
+    return loadError(this.path, `${this.context}: ${what} would take the header past ${GGUF_LIMITS.headerBytes} bytes, the limit (a corrupt file?)`)
+  }
+
+  /** Refuses `count` things of at least `minBytes` each that the rest of the header cannot hold. */
+  checkFits(count: number, minBytes: number, what: string): void {
+    if (count * minBytes <= this.headerRemaining()) return
+    if (count * minBytes > this.remaining()) {
+      throw loadError(this.path, `${this.context}: ${what} run past the end of the file (truncated or corrupt)`)
+    }
+    throw this.overHeaderLimit(what)
   }
 
   u8 = () => this.take(1).readUInt8(0)
@@ -115,11 +164,14 @@ class Cursor {
     return Number(this.take(8).readBigInt64LE(0))
   }
 
-  string(): string {
+  /** A length-prefixed UTF-8 string of at most `maxBytes` bytes (what the string is, for the error). */
+  string(maxBytes = Infinity, what = 'a string'): string {
     const length = this.u64()
+    if (length > maxBytes) throw loadError(this.path, `${this.context}: ${what} of ${length} bytes is over the limit of ${maxBytes}`)
     if (length > this.remaining()) {
-      throw loadError(this.path, `${this.context}: a string of ${length} bytes runs past the end of the file (truncated or corrupt)`)
+      throw loadError(this.path, `${this.context}: ${what} of ${length} bytes runs past the end of the file (truncated or corrupt)`)
     }
+    if (length > this.headerRemaining()) throw this.overHeaderLimit(`${what} of ${length} bytes`)
     return this.take(length).toString('utf8')
   }
 }
@@ -158,25 +210,57 @@ function readScalar(c: Cursor, type: number): GgufScalar {
   }
 }
 
+/** Bytes an item of each scalar type takes at least (a string: its 8-byte length). */
+const ITEM_BYTES: Readonly<Record<number, number>> = {
+  [ValueType.U8]: 1,
+  [ValueType.I8]: 1,
+  [ValueType.BOOL]: 1,
+  [ValueType.U16]: 2,
+  [ValueType.I16]: 2,
+  [ValueType.U32]: 4,
+  [ValueType.I32]: 4,
+  [ValueType.F32]: 4,
+  [ValueType.STRING]: 8,
+  [ValueType.U64]: 8,
+  [ValueType.I64]: 8,
+  [ValueType.F64]: 8,
+}
+
 function readValue(c: Cursor): GgufValue {
   const type = c.u32()
   if (type !== ValueType.ARRAY) return readScalar(c, type)
   const itemType = c.u32()
   const count = c.u64()
   if (itemType === ValueType.ARRAY) throw loadError(c.path, `${c.context}: nested arrays are not supported`)
-  if (count > c.remaining()) {
-    throw loadError(c.path, `${c.context}: an array of ${count} items runs past the end of the file (truncated or corrupt)`)
-  }
-  const values: GgufScalar[] = new Array(count)
-  for (let i = 0; i < count; i++) values[i] = readScalar(c, itemType)
+  const itemBytes = ITEM_BYTES[itemType]
+  if (itemBytes === undefined) throw loadError(c.path, `${c.context}: unknown array item type ${itemType} (a corrupt file, or a newer GGUF version)`)
+  checkArrayCount(c, count, itemBytes)
+  const values: GgufScalar[] = []
+  for (let i = 0; i < count; i++) values.push(readScalar(c, itemType))
   return values
+}
+
+/** Before an array is read: its count against the limits and against the bytes left. */
+function checkArrayCount(c: Cursor, count: number, itemBytes: number): void {
+  if (count > GGUF_LIMITS.arrayItems) {
+    throw loadError(c.path, `${c.context}: an array of ${count} items is over the limit of ${GGUF_LIMITS.arrayItems} (a corrupt file?)`)
+  }
+  if (c.metadataItems + count > GGUF_LIMITS.metadataItems) {
+    throw loadError(
+      c.path,
+      `${c.context}: an array of ${count} items takes the metadata's arrays past ${GGUF_LIMITS.metadataItems} items in all, the limit (a corrupt file?)`,
+    )
+  }
+  c.checkFits(count, itemBytes, `an array of ${count} items`)
+  c.metadataItems += count
 }
 
 function readMetadata(c: Cursor, count: number): Map<string, GgufValue> {
   const metadata = new Map<string, GgufValue>()
   for (let i = 0; i < count; i++) {
     c.context = `metadata entry ${i} of ${count}`
-    const key = c.string()
+    const key = c.string(GGUF_LIMITS.keyBytes, 'a key')
+    if (key === '') throw loadError(c.path, `${c.context}: the key is empty (a corrupt file?)`)
     c.context = `metadata "${key}"`
     if (metadata.has(key)) throw loadError(c.path, `metadata "${key}" appears twice (a corrupt file?)`)
     metadata.set(key, readValue(c))
@@ -186,7 +270,7 @@ function readMetadata(c: Cursor, count: number): Map<string, GgufValue> {
 
 function readTensorInfo(c: Cursor, index: number, count: number): Omit<GgufTensorInfo, 'offset'> & { relativeOffset: number } {
   c.context = `tensor info ${index} of ${count}`
-  const name = c.string()
+  const name = c.string(GGUF_LIMITS.tensorNameBytes, 'a tensor name')
   c.context = `tensor info "${name}"`
   const nDims = c.u32()
   if (nDims < 1 || nDims > MAX_DIMS) throw loadError(c.path, `tensor "${name}" has ${nDims} dimensions (1 to ${MAX_DIMS} allowed)`)
@@ -222,28 +306,71 @@ export function readGguf(path: string): GgufFile {
     }
     const tensorCount = c.u64()
     const kvCount = c.u64()
-    if (tensorCount > c.remaining() || kvCount > c.remaining()) throw loadError(path, 'the header counts are not plausible (a corrupt file?)')
+    checkHeaderCount(c, 'metadata', kvCount, GGUF_LIMITS.metadataEntries, kvCount * MIN_ENTRY_BYTES)
+    checkHeaderCount(c, 'tensor', tensorCount, GGUF_LIMITS.tensors, kvCount * MIN_ENTRY_BYTES + tensorCount * MIN_TENSOR_INFO_BYTES)
     const metadata = readMetadata(c, kvCount)
-    const infos = Array.from({ length: tensorCount }, (_, i) => readTensorInfo(c, i, tensorCount))
-    const alignment = metadata.get('general.alignment') ?? 32
-    if (typeof alignment !== 'number' || alignment <= 0 || alignment % 8 !== 0) {
-      throw loadError(path, `general.alignment must be a positive multiple of 8, got ${String(alignment)}`)
-    }
+    const infos: ReturnType<typeof readTensorInfo>[] = []
+    for (let i = 0; i < tensorCount; i++) infos.push(readTensorInfo(c, i, tensorCount))
+    const alignment = readAlignment(path, metadata)
     const dataStart = Math.ceil(c.pos / alignment) * alignment
+    checkLayout(path, alignment, infos)
     const tensors = infos.map(({ relativeOffset, ...t }) => ({ ...t, offset: dataStart + relativeOffset }))
-    checkExtents(path, c.fileBytes, alignment, tensors)
+    checkExtents(path, c.fileBytes, tensors)
     return { path, version, fileBytes: c.fileBytes, alignment, metadata, tensors }
   } finally {
     closeSync(fd)
   }
 }
 
-function checkExtents(path: string, fileBytes: number, alignment: number, tensors: GgufTensorInfo[]): void {
+/** The header's tensor or metadata count, against its limit and the bytes its entries need. */
+function checkHeaderCount(c: Cursor, what: 'tensor' | 'metadata', count: number, limit: number, neededBytes: number): void {
+  const entries = what === 'tensor' ? 'tensors' : 'metadata entries'
+  if (count > limit) throw loadError(c.path, `the header's ${what} count ${count} is not plausible: over the limit of ${limit} ${entries} (a corrupt file?)`)
+  if (neededBytes > c.remaining()) {
+    throw loadError(c.path, `the header's ${what} count ${count} is not plausible: the ${c.remaining()} bytes after the header cannot hold that many ${entries} (truncated or corrupt)`)
+  }
+}
+
+/** general.alignment: a power of two (llama.cpp refuses any other), at least 8. */
+function readAlignment(path: string, metadata: ReadonlyMap<string, GgufValue>): number {
+  const alignment = metadata.get('general.alignment') ?? 32
+  if (typeof alignment !== 'number' || !Number.isSafeInteger(alignment) || alignment < 8 || (alignment & (alignment - 1)) !== 0 || alignment > 2 ** 30) {
+    throw loadError(path, `general.alignment must be a power of two from 8 to 2^30, got ${String(alignment)}`)
+  }
+  return alignment
+}
+
+/**
+ * The data section as llama.cpp's gguf.cpp requires it: the tensors follow each other in table
+ * order, each starting where the previous one's bytes, padded to the alignment, end. So no tensor
+ * overlaps another, none is misaligned, and there are no gaps.
+ *
+ *   data section:  | t0 bytes | pad | t1 bytes | pad | t2 ...
+ *                  0          expected offset of t1 = align(t0.bytes)
+ */
+function checkLayout(path: string, alignment: number, infos: readonly { name: string; bytes: number; relativeOffset: number }[]): void {
   const names = new Set<string>()
-  for (const t of tensors) {
+  let expected = 0
+  let previous: { name: string; end: number } | undefined
+  for (const t of infos) {
     if (names.has(t.name)) throw loadError(path, `tensor "${t.name}" appears twice (a corrupt file?)`)
     names.add(t.name)
-    if (t.offset % alignment !== 0) throw loadError(path, `tensor "${t.name}" starts at byte ${t.offset}, not on a ${alignment}-byte boundary`)
+    const at = t.relativeOffset
+    if (at % alignment !== 0) throw loadError(path, `tensor "${t.name}" starts at data offset ${at}, not on a ${alignment}-byte boundary`)
+    if (previous && at < previous.end) {
+      throw loadError(path, `tensor "${t.name}" starts at data offset ${at}, inside tensor "${previous.name}" (which ends at ${previous.end}): tensors may not overlap`)
+    }
+    if (at !== expected) {
+      const after = previous ? `tensor "${previous.name}" ends at ${previous.end}, padded to ${expected}` : 'the data section starts at 0'
+      throw loadError(path, `tensor "${t.name}" starts at data offset ${at}, but ${after}: GGUF tensors follow each other in table order without gaps (llama.cpp refuses this file too)`)
+    }
+    previous = { name: t.name, end: at + t.bytes }
+    expected = Math.ceil(previous.end / alignment) * alignment
+  }
+}
+
+function checkExtents(path: string, fileBytes: number, tensors: GgufTensorInfo[]): void {
+  for (const t of tensors) {
     if (t.offset + t.bytes > fileBytes) {
       throw loadError(
         path,

@@ -181,7 +181,10 @@ function int8Tensor(proj: string, t: SourceTensor): PlannedTensor {
   }
 }
 
-/** cos/sin [context, head_size / 2] of p * invFreq[i]. */
+/** Positions of a rotary table computed at a time: a long context's table is never held whole. */
+const POSITIONS_PER_CHUNK = 4096
+
+/** cos/sin [context, head_size / 2] of p * invFreq[i], in chunks of positions. */
 function rotaryTables(plan: ModelPlan): PlannedTensor[] {
   const d: LlamaDims = plan.dims
   const half = d.headSize / 2
@@ -191,9 +194,12 @@ function rotaryTables(plan: ModelPlan): PlannedTensor[] {
     *chunks(data) {
       const divisors = factors ? new Float32Array(data.rows(factors, 0, 1).buffer.slice(0)) : undefined
       const invFreq = inverseFrequencies(d, plan.rope, divisors)
-      const values = new Float32Array(d.contextLength * half)
-      for (let p = 0; p < d.contextLength; p++) for (let i = 0; i < half; i++) values[p * half + i] = fn(p * invFreq[i]!)
-      yield [0, asBytes(values)]
+      const values = new Float32Array(Math.min(POSITIONS_PER_CHUNK, d.contextLength) * half)
+      for (let first = 0; first < d.contextLength; first += POSITIONS_PER_CHUNK) {
+        const count = Math.min(POSITIONS_PER_CHUNK, d.contextLength - first)
+        for (let r = 0; r < count; r++) for (let i = 0; i < half; i++) values[r * half + i] = fn((first + r) * invFreq[i]!)
+        yield [0, asBytes(values.subarray(0, count * half))]
+      }
     },
   })
   return [table('cos_cache', Math.cos), table('sin_cache', Math.sin)]

@@ -13,7 +13,7 @@
 // byte fallback, "▁" for spaces with a prefix space when add_space_prefix.
 
 import { OrtexError } from '../../errors'
-import { type GgufFile, Metadata } from './reader'
+import { GGUF_LIMITS, type GgufFile, Metadata } from './reader'
 
 /** llama.cpp's token types (llama_token_type). */
 export const TokenType = { NORMAL: 1, UNKNOWN: 2, CONTROL: 3, USER_DEFINED: 4, UNUSED: 5, BYTE: 6 } as const
@@ -81,6 +81,8 @@ function refuse(file: GgufFile, reason: string): never {
 
 interface Vocabulary {
   tokens: string[]
+  /** Token string -> id (the strings are unique: readVocabulary refuses a duplicate). */
+  ids: Map<string, number>
   types: number[]
   bos: number | undefined
   eos: number[]
@@ -94,6 +96,7 @@ function readVocabulary(file: GgufFile, m: Metadata): Vocabulary {
   const tokens = m.strings('tokenizer.ggml.tokens') ?? refuse(file, 'metadata "tokenizer.ggml.tokens" is missing (no vocabulary)')
   const types = m.numbers('tokenizer.ggml.token_type') ?? tokens.map(() => TokenType.NORMAL)
   if (types.length !== tokens.length) refuse(file, `tokenizer.ggml.token_type has ${types.length} entries for ${tokens.length} tokens`)
+  const ids = tokenIds(file, tokens)
   const id = (key: string): number | undefined => {
     const v = m.count(key, undefined)
     if (v !== undefined && v >= tokens.length) refuse(file, `${key} ${v} is outside the vocabulary of ${tokens.length}`)
@@ -105,6 +108,7 @@ function readVocabulary(file: GgufFile, m: Metadata): Vocabulary {
   if (eos.length === 0) refuse(file, 'metadata "tokenizer.ggml.eos_token_id" is missing')
   return {
     tokens,
+    ids,
     types,
     bos,
     eos,
@@ -113,6 +117,21 @@ function readVocabulary(file: GgufFile, m: Metadata): Vocabulary {
     addBos: m.boolean('tokenizer.ggml.add_bos_token', false),
     addEos: m.boolean('tokenizer.ggml.add_eos_token', false),
   }
+}
+
+/**
+ * Each token's id. Two ids with one text are refused, as llama.cpp refuses them (its
+ * llama_vocab::load asserts that every text has one id): one of the two could never be produced
+ * by tokenizing, and a text keyed twice in tokenizer.json's vocabulary loses the other id.
+ */
+function tokenIds(file: GgufFile, tokens: string[]): Map<string, number> {
+  const ids = new Map<string, number>()
+  tokens.forEach((token, id) => {
+    const first = ids.get(token)
+    if (first !== undefined) refuse(file, `tokenizer.ggml.tokens holds ${JSON.stringify(token)} twice, as tokens ${first} and ${id} (a corrupt vocabulary)`)
+    ids.set(token, id)
+  })
+  return ids
 }
 
 function addedToken(id: number, content: string, special: boolean) {
@@ -147,13 +166,25 @@ function postProcessor(v: Vocabulary): object | null {
   return { type: 'TemplateProcessing', single, pair, special_tokens: special }
 }
 
-function vocabObject(tokens: string[]): Record<string, number> {
-  const vocab: Record<string, number> = {}
-  tokens.forEach((t, id) => {
-    // A duplicated token string keeps its first id (llama.cpp's text_to_token does the same).
-    if (!Object.hasOwn(vocab, t)) vocab[t] = id
+function vocabObject(v: Vocabulary): Record<string, number> {
+  return Object.fromEntries(v.ids)
+}
+
+/**
+ * Each merge is "left right", and left, right and the merged left + right are tokens: the
+ * tokenizers crate refuses to load a BPE whose merges name anything else ("Token `x` out of
+ * vocabulary"), so the folder would not load.
+ */
+function checkMerges(file: GgufFile, merges: string[], v: Vocabulary): void {
+  merges.forEach((merge, rank) => {
+    const space = merge.indexOf(' ')
+    if (space <= 0 || space === merge.length - 1 || merge.indexOf(' ', space + 1) >= 0) refuse(file, `the merge ${JSON.stringify(merge)} is not "left right"`)
+    const left = merge.slice(0, space)
+    const right = merge.slice(space + 1)
+    for (const part of [left, right, left + right]) {
+      if (!v.ids.has(part)) refuse(file, `tokenizer.ggml.merges[${rank}] ${JSON.stringify(merge)} names ${JSON.stringify(part)}, which is not in the vocabulary`)
+    }
   })
-  return vocab
 }
 
 function byteLevelBpe(file: GgufFile, m: Metadata, v: Vocabulary): { tokenizer: object; pre: string } {
@@ -161,10 +192,7 @@ function byteLevelBpe(file: GgufFile, m: Metadata, v: Vocabulary): { tokenizer: 
   if (pre === undefined) refuse(file, 'metadata "tokenizer.ggml.pre" is missing: the pre-tokenizer is unknown, and it is not guessed')
   const preTokenizer = PRE_TOKENIZERS[pre] ?? refuse(file, `the pre-tokenizer "${pre}" is not supported (supported: ${SUPPORTED_PRE_TOKENIZERS.join(', ')})`)
   const merges = m.strings('tokenizer.ggml.merges') ?? refuse(file, 'metadata "tokenizer.ggml.merges" is missing (a BPE vocabulary needs its merges)')
-  for (const merge of merges) {
-    const space = merge.indexOf(' ')
-    if (space <= 0 || space === merge.length - 1 || merge.indexOf(' ', space + 1) >= 0) refuse(file, `the merge ${JSON.stringify(merge)} is not "left right"`)
-  }
+  checkMerges(file, merges, v)
   const tokenizer = {
     version: '1.0',
     truncation: null,
@@ -183,7 +211,7 @@ function byteLevelBpe(file: GgufFile, m: Metadata, v: Vocabulary): { tokenizer: 
       fuse_unk: false,
       byte_fallback: false,
       ignore_merges: preTokenizer.ignoreMerges,
-      vocab: vocabObject(v.tokens),
+      vocab: vocabObject(v),
       merges,
     },
   }
@@ -198,19 +226,8 @@ function byteLevelBpe(file: GgufFile, m: Metadata, v: Vocabulary): { tokenizer: 
 function sentencePiece(file: GgufFile, m: Metadata, v: Vocabulary): { tokenizer: object; pre: string } {
   const scores = m.numbers('tokenizer.ggml.scores') ?? refuse(file, 'metadata "tokenizer.ggml.scores" is missing (a SentencePiece vocabulary needs its scores)')
   if (scores.length !== v.tokens.length) refuse(file, `tokenizer.ggml.scores has ${scores.length} entries for ${v.tokens.length} tokens`)
-  const vocab = vocabObject(v.tokens)
-  const merges: Array<{ left: string; right: string; score: number; order: [number, number] }> = []
-  for (let id = 0; id < v.tokens.length; id++) {
-    const piece = v.tokens[id]!
-    if (v.types[id] !== TokenType.NORMAL && v.types[id] !== TokenType.USER_DEFINED) continue
-    const chars = Array.from(piece)
-    for (let cut = 1; cut < chars.length; cut++) {
-      const left = chars.slice(0, cut).join('')
-      const right = chars.slice(cut).join('')
-      if (Object.hasOwn(vocab, left) && Object.hasOwn(vocab, right)) merges.push({ left, right, score: scores[id]!, order: [vocab[left]!, vocab[right]!] })
-    }
-  }
-  merges.sort((a, b) => b.score - a.score || a.order[0] - b.order[0] || a.order[1] - b.order[1])
+  const vocab = vocabObject(v)
+  const merges = sentencePieceMerges(file, v, scores)
   const addPrefix = m.boolean('tokenizer.ggml.add_space_prefix', true)
   const normalizers: object[] = [{ type: 'Replace', pattern: { String: ' ' }, content: '▁' }]
   if (addPrefix) normalizers.unshift({ type: 'Prepend', prepend: '▁' })
@@ -245,6 +262,46 @@ function sentencePiece(file: GgufFile, m: Metadata, v: Vocabulary): { tokenizer:
   }
   return { tokenizer, pre: 'sentencepiece' }
 }
+
+/**
+ * Limits on deriving SentencePiece merges: each piece is cut at every character and both halves
+ * looked up, which costs the square of its length, and every cut whose halves are pieces is a merge.
+ * Llama 2's 32,000 pieces cost about 10^6 and give 61,249 merges.
+ */
+export const SENTENCE_PIECE_LIMITS = {
+  /** The sum over the pieces of their length squared (UTF-16 units). */
+  work: 1 << 28,
+  /** As many merges as the reader allows a BPE's merges array to hold. */
+  merges: GGUF_LIMITS.arrayItems,
+} as const
+
+type SentencePieceMerge = { left: string; right: string; score: number; order: [number, number] }
+
+/** Every split of a piece into two pieces, the merged piece's score first (SentencePieceExtractor). */
+function sentencePieceMerges(file: GgufFile, v: Vocabulary, scores: number[]): SentencePieceMerge[] {
+  const isPiece = (id: number) => v.types[id] === TokenType.NORMAL || v.types[id] === TokenType.USER_DEFINED
+  const work = v.tokens.reduce((sum, piece, id) => (isPiece(id) ? sum + piece.length * piece.length : sum), 0)
+  if (work > SENTENCE_PIECE_LIMITS.work) {
+    refuse(file, `the SentencePiece pieces are too long to derive merges from: their squared lengths sum to ${work}, over the limit of ${SENTENCE_PIECE_LIMITS.work}`)
+  }
+  const merges: SentencePieceMerge[] = []
+  for (let id = 0; id < v.tokens.length; id++) {
+    if (!isPiece(id)) continue
+    const piece = v.tokens[id]!
+    for (let cut = 1; cut < piece.length; cut++) {
+      if (isLowSurrogate(piece.charCodeAt(cut))) continue // cut between characters, not inside one
+      const left = v.ids.get(piece.slice(0, cut))
+      const right = v.ids.get(piece.slice(cut))
+      if (left === undefined || right === undefined) continue
+      if (merges.length === SENTENCE_PIECE_LIMITS.merges) refuse(file, `the SentencePiece pieces give more than ${SENTENCE_PIECE_LIMITS.merges} merges, the limit`)
+      merges.push({ left: v.tokens[left]!, right: v.tokens[right]!, score: scores[id]!, order: [left, right] })
+    }
+  }
+  merges.sort((a, b) => b.score - a.score || a.order[0] - b.order[0] || a.order[1] - b.order[1])
+  return merges
+}
+
+const isLowSurrogate = (unit: number) => unit >= 0xdc00 && unit <= 0xdfff
 
 const TOKENIZER_CLASS: Readonly<Record<string, string>> = {
   qwen2: 'Qwen2Tokenizer',

@@ -27,6 +27,8 @@ export const MAX_INT32 = 2 ** 31 - 1
 export const MAX_EVENT_CAPACITY = 65_536
 /** Most stop strings / stop token sequences per turn (the core's limit). */
 export const MAX_STOP_ENTRIES = LIMITS.maxStopEntries
+/** Longest session id, in characters (the core's limit; every entry taking an id checks it). */
+export const MAX_SESSION_ID_CHARS = LIMITS.maxSessionIdChars
 const MAX_REPETITION_PENALTY = LIMITS.maxRepetitionPenalty
 const MAX_ABS_OPENAI_PENALTY = LIMITS.maxAbsPresenceFrequencyPenalty
 
@@ -111,6 +113,13 @@ export function text(name: string, value: unknown, maxChars = Number.POSITIVE_IN
     throw invalidArgument(`${name} is longer than ${maxChars} characters`)
   }
   return s
+}
+
+/** A session id: well-formed Unicode of at most MAX_SESSION_ID_CHARS characters. Checked at every
+ *  entry that takes one, before any lookup: an id no session can have is a wrong argument, not a
+ *  session that is missing. */
+export function sessionId(name: string, value: unknown): string {
+  return text(name, value, MAX_SESSION_ID_CHARS)
 }
 
 export function oneOf<T extends string>(name: string, value: unknown, allowed: readonly T[]): T {

@@ -113,7 +113,7 @@ export class DuplexSessionManager {
    */
   open(options?: DuplexSessionOptions): DuplexSession {
     const present = v.options('options', options, OPEN_KEYS)
-    const sessionId = present.has('sessionId') ? v.text('options.sessionId', present.get('sessionId')) : randomUUID()
+    const sessionId = present.has('sessionId') ? v.sessionId('options.sessionId', present.get('sessionId')) : randomUUID()
     const config = checkConfig('options', {
       ...(present.has('turn') ? { turn: present.get('turn') } : {}),
       ...(present.has('respond') ? { respond: present.get('respond') } : {}),
@@ -151,7 +151,7 @@ export class DuplexSessionManager {
 
   /** The open (or detached) session with this id. */
   get(sessionId: string): DuplexSession | undefined {
-    v.string('sessionId', sessionId)
+    v.sessionId('sessionId', sessionId)
     return this.sessions.get(sessionId)
   }
 

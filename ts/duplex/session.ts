@@ -412,7 +412,7 @@ export function checkFence(name: string, value: unknown): Fence {
     if (!present.has(key)) throw invalidArgument(`${name}.${key} is missing`)
   }
   return {
-    sessionId: v.text(`${name}.sessionId`, present.get('sessionId')),
+    sessionId: v.sessionId(`${name}.sessionId`, present.get('sessionId')),
     incarnation: v.integer(`${name}.incarnation`, present.get('incarnation'), 0, Number.MAX_SAFE_INTEGER),
     epoch: v.integer(`${name}.epoch`, present.get('epoch'), 0, Number.MAX_SAFE_INTEGER),
     turnId: v.integer(`${name}.turnId`, present.get('turnId'), 0, Number.MAX_SAFE_INTEGER),

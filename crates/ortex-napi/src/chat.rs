@@ -3,10 +3,10 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use napi::bindgen_prelude::Unknown;
 use napi_derive::napi;
 use ortex_core::{ErrorCode, OrtexError};
 use ortex_ops as ops;
-use serde_json::Value;
 
 use crate::{coded, input};
 
@@ -30,7 +30,7 @@ fn guarded<T>(call: impl FnOnce() -> ortex_core::Result<T>) -> napi::Result<T, S
 impl CoreChat {
     /// A model folder's chat files (ChatFilesInput: their text, absent where missing).
     #[napi(factory)]
-    pub fn from_files(files: Value) -> napi::Result<Self, String> {
+    pub fn from_files(files: Unknown<'_>) -> napi::Result<Self, String> {
         let chat = guarded(|| ops::Chat::from_files(&input("chat files", files)?))?;
         Ok(CoreChat { chat })
     }
@@ -43,7 +43,7 @@ impl CoreChat {
 
     /// Renders a conversation (ChatRenderInput) to the text the model reads.
     #[napi]
-    pub fn render(&self, render_input: Value) -> napi::Result<String, String> {
+    pub fn render(&self, render_input: Unknown<'_>) -> napi::Result<String, String> {
         guarded(|| self.chat.render(input("chat template input", render_input)?))
     }
 

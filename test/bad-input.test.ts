@@ -599,3 +599,73 @@ describe.each(BACKENDS)('hostile JSON-like values (%s)', (backend: BackendName) 
     void engine.close()
   })
 })
+
+// -----------------------------------------------------------------------------------------------
+// A trap poisons its WebAssembly instance, and only it. Every wasm engine lives in the memory of
+// one instance; a trap leaves that memory unknown, so the engines on it fail, and the engines made
+// afterwards get a fresh instance (before: every wasm engine in the process, old or new, threw).
+// -----------------------------------------------------------------------------------------------
+
+describe('a trap in the WebAssembly instance (wasm)', () => {
+  const mod = ortex('wasm')
+
+  /** Traps the instance under an engine with a turn and a session, checks they fail, closes it.
+   *  Nothing it made stays reachable once it returns. */
+  async function trapUnderAnEngine(): Promise<void> {
+    const before = mod.Engine.simulated({ seed: 1 })
+    const session = new mod.DuplexSessionManager(before).open()
+    const events: string[] = []
+    const reading = (async () => {
+      for await (const event of session.events()) events.push(event.type)
+    })()
+    const request = before.createRequest()
+    const turn = request.beginTurn('hello', { maxGeneratedTokens: 50 })
+    // A real trap: the value the facade refuses, given to the binding through the backend (as the
+    // facade would call it), overflows the wasm stack ("memory access out of bounds").
+    const template = (mod.Engine as any)._backend.chat(null)
+    expectCode(mod, () => template.render({ messages: [{ role: 'user', content: nested(5000) }] }), 'ENGINE_UNHEALTHY')
+    await macrotask()
+    // The engine on the trapped instance: unhealthy, its turn failed, its session closed.
+    expect(before.healthy).toBe(false)
+    expect((await turn.done).finishReason).toBe('failed')
+    await reading
+    expect(events).toEqual(['session.closed'])
+    expectCode(mod, () => before.createRequest(), 'ENGINE_UNHEALTHY')
+    expectCode(mod, () => before.tokenize('x'), 'ENGINE_UNHEALTHY')
+    expectCode(mod, () => template.render({ messages: [{ role: 'user', content: 'x' }] }), 'ENGINE_UNHEALTHY')
+    request.close()
+    await before.close()
+  }
+
+  it('fails the engines on the trapped instance with ENGINE_UNHEALTHY; a new engine gets a fresh instance and works', async () => {
+    await trapUnderAnEngine()
+    // New engines: a fresh instance, everything works.
+    const after = mod.Engine.simulated({ seed: 1 })
+    smokeGeneration(after)
+    expect(after.applyChatTemplate([{ role: 'user', content: 'hi' }])).toContain('hi')
+    expect(new mod.DuplexSessionManager(after).open().append('more').seq).toBe(1)
+    ;(after as any).checkInvariants()
+    await after.close()
+  })
+
+  it('collecting what lived on a trapped instance runs nothing there (a free would trap in a finalizer)', async () => {
+    // Nothing made here stays reachable once it returns.
+    const trapUnreachably = async (): Promise<void> => {
+      const engine = mod.Engine.simulated({ seed: 1 })
+      engine.createRequest().beginTurn('hello', { maxGeneratedTokens: 5 })
+      const template = (mod.Engine as any)._backend.chat(null)
+      expectCode(mod, () => template.render({ messages: [{ role: 'user', content: nested(5000) }] }), 'ENGINE_UNHEALTHY')
+      await engine.close()
+    }
+    await trapUnreachably()
+    // wasm-bindgen's finalizers free what is collected; on the trapped memory a free traps, an
+    // uncaught exception in a finalizer (vitest reports it; in a plain process it is fatal).
+    for (let i = 0; i < 5; i++) {
+      ;(globalThis as { gc?: () => void }).gc?.()
+      await new Promise((resolve) => setTimeout(resolve, 10))
+    }
+    const fresh = mod.Engine.simulated({ seed: 2 })
+    smokeGeneration(fresh)
+    await fresh.close()
+  })
+})

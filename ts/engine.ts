@@ -141,6 +141,9 @@ export class Engine implements EventOwner {
       _pinRequests: (driven) => this.pinRequests(driven),
     }
     this.driver = new Driver(host)
+    // Weakly: the backend's note must not keep an engine the program dropped alive.
+    const self = new WeakRef(this)
+    backend.onTrap?.(core, () => self.deref()?.markUnhealthy('engine-execution-failure'))
   }
 
   createRequest(options?: RequestOptions): Request {

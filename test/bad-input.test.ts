@@ -5,7 +5,7 @@
 // works and that a fresh engine works.
 import { afterEach, describe, expect, it } from 'vitest'
 import { BACKENDS, ortex, type BackendName, type OrtexModule } from './helpers/backends'
-import { drain, expectCode, expectCodeAsync, expectRejects, smokeGeneration, type Engine, type EventBuffer, type Request } from './helpers/util'
+import { drain, expectCode, expectCodeAsync, expectRejects, macrotask, smokeGeneration, type Engine, type EventBuffer, type Request } from './helpers/util'
 
 interface Ctx {
   mod: OrtexModule
@@ -38,14 +38,28 @@ interface Case {
 const any = (v: unknown) => v as any
 
 /** Runs `call`, which must throw, and checks the message names `option` before rethrowing. */
-function expectNamed(call: () => unknown, option: string): never {
+function expectNamed(call: () => unknown, ...parts: string[]): never {
   try {
     call()
   } catch (error) {
-    expect((error as Error).message).toContain(option)
+    for (const part of parts) expect((error as Error).message).toContain(part)
     throw error
   }
-  throw new Error(`${option}: the call did not throw`)
+  throw new Error(`${parts.join(', ')}: the call did not throw`)
+}
+
+/** `leaf` inside `depth` arrays. */
+function nested(depth: number, leaf: unknown = 'x'): unknown {
+  let value = leaf
+  for (let i = 0; i < depth; i++) value = [value]
+  return value
+}
+
+/** A message that contains itself. */
+function selfContaining(): Record<string, unknown> {
+  const message: Record<string, unknown> = { role: 'user', content: 'hi' }
+  message.self = message
+  return message
 }
 
 const cases: Case[] = [
@@ -317,6 +331,41 @@ const cases: Case[] = [
   },
 
   // ----- loading models -----
+  // ----- JSON-like arguments: checked before they cross (a deep one trapped the wasm instance) -----
+  {
+    name: 'applyChatTemplate: content nested 5,000 deep',
+    code: 'INVALID_ARGUMENT',
+    call: ({ engine }) => expectNamed(() => engine.applyChatTemplate([{ role: 'user', content: nested(5000) as never }]), 'messages[0].content[0]', 'more than 64'),
+  },
+  {
+    name: 'applyChatTemplate: a message that contains itself',
+    code: 'INVALID_ARGUMENT',
+    call: ({ engine }) => expectNamed(() => engine.applyChatTemplate([selfContaining() as never]), 'messages[0].self refers back to messages[0]', 'cycle'),
+  },
+  {
+    name: 'chat: tools nested 5,000 deep',
+    code: 'INVALID_ARGUMENT',
+    call: ({ engine }) => expectNamed(() => engine.chat([{ role: 'user', content: 'hi' }], { tools: [nested(5000)] }), 'options.tools[0][0]', 'more than 64'),
+  },
+  {
+    name: 'createChat: a send of a message that contains itself',
+    code: 'INVALID_ARGUMENT',
+    call: ({ engine }) => expectNamed(() => engine.createChat().send(selfContaining() as never), 'content.self refers back to content'),
+  },
+  {
+    name: 'applyChatTemplate: shared branches that expand past the value budget',
+    code: 'INVALID_ARGUMENT',
+    call: ({ engine }) => {
+      let bomb: unknown = 'x'
+      for (let i = 0; i < 40; i++) bomb = [bomb, bomb]
+      return expectNamed(() => engine.applyChatTemplate([{ role: 'user', content: bomb as never }]), 'at most 500000')
+    },
+  },
+  { name: 'applyChatTemplate: 64 levels is the limit, 65 is refused', code: 'INVALID_ARGUMENT', call: ({ engine }) => {
+    // The messages array and the message are 2 levels: 62 arrays of content make 64.
+    expect(engine.applyChatTemplate([{ role: 'user', content: nested(62) as never }])).toContain('<|im_start|>user')
+    return engine.applyChatTemplate([{ role: 'user', content: nested(63) as never }])
+  } },
   { name: 'Engine.load on wasm', code: 'UNSUPPORTED', only: 'wasm', async: 'reject', call: ({ mod }) => mod.Engine.load('/nonexistent/model') },
   { name: 'Engine.load of a missing folder', code: 'MODEL_LOAD', only: 'native', async: 'reject', call: ({ mod }) => mod.Engine.load('/nonexistent/model') },
 ]
@@ -367,5 +416,256 @@ describe.each(BACKENDS)('bad input (%s)', (backend: BackendName) => {
       drain(ctx.engine, ctx.buffer)
     }
     ;(ctx.engine as any).checkInvariants()
+  })
+})
+
+// -----------------------------------------------------------------------------------------------
+// Hostile JSON-like values through every public entry that takes them: each call either works or
+// throws an OrtexError whose code is one of ERROR_CODES (napi-rs's own `InvalidArg` leaked here
+// once), and a value JSON cannot hold is INVALID_ARGUMENT.
+// -----------------------------------------------------------------------------------------------
+
+/** Values JSON cannot hold, each made fresh (some are stateful). */
+const HOSTILE: [string, () => unknown][] = [
+  ['nested 5,000 deep', () => nested(5000)],
+  ['an object that contains itself', () => selfContaining()],
+  ['an array that contains itself', () => {
+    const array: unknown[] = []
+    array.push(array)
+    return array
+  }],
+  ['shared branches expanding to 2^40 values', () => {
+    let bomb: unknown = 'x'
+    for (let i = 0; i < 40; i++) bomb = [bomb, bomb]
+    return bomb
+  }],
+  ['a BigInt', () => 10n],
+  ['NaN', () => Number.NaN],
+  ['Infinity', () => Number.POSITIVE_INFINITY],
+  ['-Infinity', () => Number.NEGATIVE_INFINITY],
+  ['a function', () => () => 1],
+  ['a symbol', () => Symbol('s')],
+  ['undefined in an array', () => ['a', undefined]],
+  ['a sparse array', () => {
+    const array = ['a']
+    array[3] = 'b'
+    return array
+  }],
+  ['a sparse array of length 2^32 - 1', () => {
+    const array: unknown[] = []
+    array.length = 2 ** 32 - 1
+    return array
+  }],
+  ['an object whose getter throws', () => ({ role: 'user', get content(): string { throw new Error('getter boom') } })],
+  ['an object whose getter throws a non-Error', () => ({ get role(): string { throw Object.create(null) } })],
+  ['a Proxy whose traps throw', () => {
+    const boom = () => {
+      throw new Error('trap boom')
+    }
+    return new Proxy({}, { get: boom, has: boom, ownKeys: boom, getPrototypeOf: boom, getOwnPropertyDescriptor: boom })
+  }],
+  ['a revoked Proxy', () => {
+    const { proxy, revoke } = Proxy.revocable({}, {})
+    revoke()
+    return proxy
+  }],
+  ['a Proxy array that nests forever', () => {
+    const deeper = (): unknown =>
+      new Proxy([], {
+        get: (target, key) => (key === 'length' ? 1 : key === '0' ? deeper() : Reflect.get(target, key)),
+        has: (target, key) => key === '0' || Reflect.has(target, key),
+      })
+    return deeper()
+  }],
+  ['a Date', () => new Date(0)],
+  ['a Map', () => new Map([['a', 1]])],
+  ['an Int32Array', () => new Int32Array(2)],
+]
+
+type Entry = (engine: Engine, mod: OrtexModule, value: unknown) => unknown
+
+/** Where the value crosses as JSON every value above is refused; elsewhere (an options object, a
+ *  token id list) some are fine (a Date as options has no keys, an Int32Array is token ids). */
+const JSON_SLOT = /message|content|extra|tools|documents|variables|options\.system|\.stop\)|\.seed|sessionId/
+
+const hi = [{ role: 'user', content: 'hi' }]
+const one = { maxGeneratedTokens: 1 }
+
+/** Every public entry that takes JSON-like values, with the hostile value at one place. */
+const ENTRIES: [string, Entry][] = [
+  ['applyChatTemplate(messages)', (engine, _mod, value) => engine.applyChatTemplate(value as never)],
+  ['applyChatTemplate(messages[0])', (engine, _mod, value) => engine.applyChatTemplate([value] as never)],
+  ['applyChatTemplate(messages[0].content)', (engine, _mod, value) => engine.applyChatTemplate([{ role: 'user', content: value }] as never)],
+  ['applyChatTemplate(messages[0].extra)', (engine, _mod, value) => engine.applyChatTemplate([{ role: 'user', content: 'x', extra: value }] as never)],
+  ['applyChatTemplate(options)', (engine, _mod, value) => engine.applyChatTemplate(hi, value as never)],
+  ['applyChatTemplate(options.tools)', (engine, _mod, value) => engine.applyChatTemplate(hi, { tools: value as never })],
+  ['applyChatTemplate(options.tools[0])', (engine, _mod, value) => engine.applyChatTemplate(hi, { tools: [value] })],
+  ['applyChatTemplate(options.documents[0])', (engine, _mod, value) => engine.applyChatTemplate(hi, { documents: [{ text: value }] })],
+  ['applyChatTemplate(options.variables)', (engine, _mod, value) => engine.applyChatTemplate(hi, { variables: value as never })],
+  ['applyChatTemplate(options.variables.x)', (engine, _mod, value) => engine.applyChatTemplate(hi, { variables: { x: value } })],
+  ['chat(messages[0].content)', (engine, _mod, value) => engine.chat([{ role: 'user', content: value }] as never, one)],
+  ['chat(options.tools[0])', (engine, _mod, value) => engine.chat(hi, { ...one, tools: [value] })],
+  ['chat(options.variables)', (engine, _mod, value) => engine.chat(hi, { ...one, variables: value as never })],
+  ['chat(options.stop)', (engine, _mod, value) => engine.chat(hi, { ...one, stop: value as never })],
+  ['createChat(options.tools[0])', (engine, _mod, value) => engine.createChat({ tools: [value] }).send('hi', one)],
+  ['createChat(options.variables)', (engine, _mod, value) => engine.createChat({ variables: value as never }).send('hi', one)],
+  ['createChat(options.system)', (engine, _mod, value) => engine.createChat({ system: value as never })],
+  ['send(message)', (engine, _mod, value) => engine.createChat().send(value as never, one)],
+  ['send(message.content)', (engine, _mod, value) => engine.createChat().send({ role: 'user', content: value } as never, one)],
+  ['send(options)', (engine, _mod, value) => engine.createChat().send('hi', value as never)],
+  ['send(options.stopTokenIds[0])', (engine, _mod, value) => engine.createChat().send('hi', { ...one, stopTokenIds: [value as never] })],
+  ['DuplexSessionManager.open(options)', (engine, mod, value) => new mod.DuplexSessionManager(engine).open(value as never)],
+  ['DuplexSessionManager.open(options.turn)', (engine, mod, value) => new mod.DuplexSessionManager(engine).open({ turn: value as never })],
+  ['DuplexSessionManager.open(options.turn.stop)', (engine, mod, value) => new mod.DuplexSessionManager(engine).open({ turn: { stop: value as never } })],
+  ['DuplexSessionManager.open(options.turn.seed)', (engine, mod, value) => new mod.DuplexSessionManager(engine).open({ turn: { seed: value as never } })],
+  ['DuplexSessionManager.open(options.sessionId)', (engine, mod, value) => new mod.DuplexSessionManager(engine).open({ sessionId: value as never })],
+  ['session.update(config)', (engine, mod, value) => new mod.DuplexSessionManager(engine).open().update(value as never)],
+  ['session.update(config.turn)', (engine, mod, value) => new mod.DuplexSessionManager(engine).open().update({ turn: value as never })],
+  ['session.update(config.turn.stopTokenIds)', (engine, mod, value) => new mod.DuplexSessionManager(engine).open().update({ turn: { stopTokenIds: value as never } })],
+]
+
+describe.each(BACKENDS)('hostile JSON-like values (%s)', (backend: BackendName) => {
+  const mod = ortex(backend)
+
+  it.each(ENTRIES)('%s: every value JSON cannot hold is INVALID_ARGUMENT, and the engine still works', async (entry, call) => {
+    const engine = mod.Engine.simulated({ seed: 1 })
+    try {
+      for (const [what, make] of HOSTILE) {
+        let thrown: unknown = null
+        try {
+          call(engine, mod, make())
+        } catch (error) {
+          thrown = error
+        }
+        if (thrown === null) {
+          expect(JSON_SLOT.test(entry), `${what}: the call returned`).toBe(false)
+          continue
+        }
+        expect(thrown, `${what}: ${String(thrown)}`).toBeInstanceOf(mod.OrtexError)
+        const { code } = thrown as { code: string }
+        expect(mod.ERROR_CODES, `${what}: ${String(thrown)}`).toContain(code)
+        expect(code, `${what}: ${String(thrown)}`).toBe('INVALID_ARGUMENT')
+      }
+      expect(engine.healthy).toBe(true)
+      if (engine.hasPendingWork()) await engine.stop()
+      ;(engine as any).checkInvariants()
+      expect(engine.applyChatTemplate(hi)).toContain('hi')
+      expect((await engine.chat(hi, { maxGeneratedTokens: 2 }).done).finishReason).toBe('max-generated-tokens')
+    } finally {
+      await engine.close()
+    }
+  })
+
+  it.runIf(backend === 'native')('the addon itself answers INVALID_ARGUMENT, not napi-rs\'s InvalidArg, for what it cannot convert', () => {
+    // Below the facade's check: what napi-rs's conversion refuses must still carry a known code.
+    const backendImpl = (mod.Engine as any)._backend
+    const template = backendImpl.chat(null, [])
+    const core = backendImpl.simulated({})
+    const cyclic: Record<string, unknown> = { role: 'user' }
+    cyclic.self = cyclic
+    // The binding throws plain errors with a `code` (the facade makes them OrtexErrors).
+    const codeOf = (call: () => unknown): unknown => {
+      try {
+        call()
+      } catch (error) {
+        return (error as { code?: unknown }).code
+      }
+      return 'returned'
+    }
+    for (const value of [10n, Number.NaN, () => 1, Symbol('s'), [undefined], nested(200), cyclic]) {
+      expect(codeOf(() => template.render({ messages: [{ role: 'user', content: value }] }))).toBe('INVALID_ARGUMENT')
+      expect(codeOf(() => core.createRequest({ maxSessionTokens: value }))).toBe('INVALID_ARGUMENT')
+      expect(codeOf(() => core.createSessions({ maxSessions: value }))).toBe('INVALID_ARGUMENT')
+    }
+    expect(template.render({ messages: [{ role: 'user', content: 'hi' }] })).toContain('hi')
+    core.close()
+  })
+
+  it('a copy crosses, not the caller\'s value: a __proto__ key stays a key, and a getter is read once', () => {
+    const engine = mod.Engine.simulated({ seed: 1 })
+    let reads = 0
+    const message = {
+      role: 'user',
+      get content() {
+        reads++
+        return reads === 1 ? 'first' : nested(5000)
+      },
+    }
+    expect(engine.applyChatTemplate([message as never])).toContain('first')
+    expect(reads).toBe(1)
+    const variables = JSON.parse('{"__proto__": {"polluted": true}}') as Record<string, unknown>
+    expect(engine.applyChatTemplate(hi, { variables })).toContain('hi')
+    expect(({} as Record<string, unknown>).polluted).toBeUndefined()
+    void engine.close()
+  })
+})
+
+// -----------------------------------------------------------------------------------------------
+// A trap poisons its WebAssembly instance, and only it. Every wasm engine lives in the memory of
+// one instance; a trap leaves that memory unknown, so the engines on it fail, and the engines made
+// afterwards get a fresh instance (before: every wasm engine in the process, old or new, threw).
+// -----------------------------------------------------------------------------------------------
+
+describe('a trap in the WebAssembly instance (wasm)', () => {
+  const mod = ortex('wasm')
+
+  /** Traps the instance under an engine with a turn and a session, checks they fail, closes it.
+   *  Nothing it made stays reachable once it returns. */
+  async function trapUnderAnEngine(): Promise<void> {
+    const before = mod.Engine.simulated({ seed: 1 })
+    const session = new mod.DuplexSessionManager(before).open()
+    const events: string[] = []
+    const reading = (async () => {
+      for await (const event of session.events()) events.push(event.type)
+    })()
+    const request = before.createRequest()
+    const turn = request.beginTurn('hello', { maxGeneratedTokens: 50 })
+    // A real trap: the value the facade refuses, given to the binding through the backend (as the
+    // facade would call it), overflows the wasm stack ("memory access out of bounds").
+    const template = (mod.Engine as any)._backend.chat(null, [])
+    expectCode(mod, () => template.render({ messages: [{ role: 'user', content: nested(5000) }] }), 'ENGINE_UNHEALTHY')
+    await macrotask()
+    // The engine on the trapped instance: unhealthy, its turn failed, its session closed.
+    expect(before.healthy).toBe(false)
+    expect((await turn.done).finishReason).toBe('failed')
+    await reading
+    expect(events).toEqual(['session.closed'])
+    expectCode(mod, () => before.createRequest(), 'ENGINE_UNHEALTHY')
+    expectCode(mod, () => before.tokenize('x'), 'ENGINE_UNHEALTHY')
+    expectCode(mod, () => template.render({ messages: [{ role: 'user', content: 'x' }] }), 'ENGINE_UNHEALTHY')
+    request.close()
+    await before.close()
+  }
+
+  it('fails the engines on the trapped instance with ENGINE_UNHEALTHY; a new engine gets a fresh instance and works', async () => {
+    await trapUnderAnEngine()
+    // New engines: a fresh instance, everything works.
+    const after = mod.Engine.simulated({ seed: 1 })
+    smokeGeneration(after)
+    expect(after.applyChatTemplate([{ role: 'user', content: 'hi' }])).toContain('hi')
+    expect(new mod.DuplexSessionManager(after).open().append('more').seq).toBe(1)
+    ;(after as any).checkInvariants()
+    await after.close()
+  })
+
+  it('collecting what lived on a trapped instance runs nothing there (a free would trap in a finalizer)', async () => {
+    // Nothing made here stays reachable once it returns.
+    const trapUnreachably = async (): Promise<void> => {
+      const engine = mod.Engine.simulated({ seed: 1 })
+      engine.createRequest().beginTurn('hello', { maxGeneratedTokens: 5 })
+      const template = (mod.Engine as any)._backend.chat(null, [])
+      expectCode(mod, () => template.render({ messages: [{ role: 'user', content: nested(5000) }] }), 'ENGINE_UNHEALTHY')
+      await engine.close()
+    }
+    await trapUnreachably()
+    // wasm-bindgen's finalizers free what is collected; on the trapped memory a free traps, an
+    // uncaught exception in a finalizer (vitest reports it; in a plain process it is fatal).
+    for (let i = 0; i < 5; i++) {
+      ;(globalThis as { gc?: () => void }).gc?.()
+      await new Promise((resolve) => setTimeout(resolve, 10))
+    }
+    const fresh = mod.Engine.simulated({ seed: 2 })
+    smokeGeneration(fresh)
+    await fresh.close()
   })
 })

@@ -20,6 +20,9 @@ export interface Backend {
   chat(files: ChatFilesInput | null, controls: string[]): CoreChat
   /** Drains retained events or executes one transaction; resolves with the event count. */
   run(core: CoreEngine, events: Int32Array, capacity: number): Promise<number>
+  /** Where engines share memory (WebAssembly: one instance), a trap of one poisons all: calls
+   *  `listener` once, after the failing call, if that happens to `core`'s memory. */
+  onTrap?(core: CoreEngine, listener: () => void): void
 }
 
 /** The folder this module's file lives in: dist/ when built, ts/ when run from source. Both sit

@@ -19,8 +19,9 @@ import { readFileSync } from 'node:fs'
 import path from 'node:path'
 
 import type { CoreChat } from './binding'
-import { OrtexError, invalidArgument } from './errors'
+import { OrtexError, invalidArgument, isErrorCode } from './errors'
 import type { ChatFilesInput, ChatRenderInput } from './generated/boundary'
+import { JsonCopier, copyJson } from './json'
 import type { Request } from './request'
 import type { Turn } from './turn'
 import type { ChatMessage, ChatTemplateOptions, TurnResult } from './types'
@@ -51,7 +52,9 @@ export function readChatFiles(modelDir: string): ChatFilesInput {
   }
 }
 
-export function checkMessages(name: string, value: unknown): ChatMessage[] {
+/** A checked copy of the messages (json.ts: the copy, not the caller's array, crosses). */
+export function checkMessages(name: string, messages: unknown, json: JsonCopier = new JsonCopier()): ChatMessage[] {
+  const value = json.copy(name, messages)
   if (!Array.isArray(value)) throw invalidArgument(`${name} must be an array of messages, got ${v.describe(value)}`)
   if (value.length === 0) throw invalidArgument(`${name} is empty`)
   if (value.length > MAX_CHAT_MESSAGES) throw invalidArgument(`${name} holds at most ${MAX_CHAT_MESSAGES} messages`)
@@ -59,7 +62,7 @@ export function checkMessages(name: string, value: unknown): ChatMessage[] {
   return value as ChatMessage[]
 }
 
-function checkMessage(name: string, message: unknown): void {
+function checkMessage(name: string, message: unknown): asserts message is ChatMessage {
   if (typeof message !== 'object' || message === null || Array.isArray(message)) {
     throw invalidArgument(`${name} must be a message object ({ role, content }), got ${v.describe(message)}`)
   }
@@ -76,8 +79,9 @@ function plainList(name: string, value: unknown): unknown[] {
   return value
 }
 
-/** ChatTemplateOptions from the keys present (validate.options already refused unknown ones). */
-export function templateOptions(name: string, present: Map<string, unknown>): ChatTemplateOptions {
+/** ChatTemplateOptions from the keys present (validate.options already refused unknown ones);
+ *  tools, documents and variables as checked copies (json.ts). */
+export function templateOptions(name: string, present: Map<string, unknown>, json: JsonCopier = new JsonCopier()): ChatTemplateOptions {
   const out: ChatTemplateOptions = {}
   for (const [key, value] of present) {
     const arg = `${name}.${key}`
@@ -87,17 +91,19 @@ export function templateOptions(name: string, present: Map<string, unknown>): Ch
         break
       case 'tools':
       case 'documents':
-        out[key] = plainList(arg, value)
+        out[key] = plainList(arg, json.copy(arg, value))
         break
       case 'templateName':
         out.templateName = v.string(arg, value)
         break
-      case 'variables':
-        if (typeof value !== 'object' || value === null || Array.isArray(value)) {
-          throw invalidArgument(`${arg} must be an object, got ${v.describe(value)}`)
+      case 'variables': {
+        const variables = json.copy(arg, value)
+        if (typeof variables !== 'object' || variables === null || Array.isArray(variables)) {
+          throw invalidArgument(`${arg} must be an object, got ${v.describe(variables)}`)
         }
-        out.variables = value as Record<string, unknown>
+        out.variables = variables
         break
+      }
     }
   }
   return out
@@ -177,7 +183,9 @@ export function toChatError(error: unknown): OrtexError {
   if (error instanceof OrtexError) return error
   const code = (error as { code?: unknown })?.code
   const message = (error as Error)?.message ?? String(error)
-  return new OrtexError(typeof code === 'string' ? (code as never) : 'CHAT_TEMPLATE_FAILED', message, { cause: error })
+  // Only the core's codes pass: anything else a binding throws is a failed render, never a code
+  // the caller was not told about.
+  return new OrtexError(isErrorCode(code) ? code : 'CHAT_TEMPLATE_FAILED', message, { cause: error })
 }
 
 /** The turn options' eosTokenIds plus the template's end-of-turn tokens. */
@@ -234,7 +242,7 @@ export class Chat {
   /** A user message (or any message object) and the assistant's reply to it, as a Turn. Throws
    *  TURN_ACTIVE while the previous reply is still generating. */
   send(content: string | ChatMessage, options?: import('./types').TurnOptions): Turn {
-    const message: ChatMessage = typeof content === 'string' ? { role: 'user', content } : content
+    const message = copyJson('content', typeof content === 'string' ? { role: 'user', content } : content)
     checkMessage('content', message)
     if (this.pending !== null) {
       throw new OrtexError('TURN_ACTIVE', `the reply to the previous message (turn ${this.pending.id}) has not finished yet`)

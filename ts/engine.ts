@@ -15,6 +15,7 @@ import * as chat from './chat'
 import { Driver, type DriverHost } from './driver'
 import { OrtexError, toOrtexError } from './errors'
 import { EventBuffer, type EventOwner } from './events'
+import { JsonCopier } from './json'
 import type { ConfigView, RequestOptionsInput, SessionsOptionsInput, TokenLogprobsView } from './generated/boundary'
 import type { DuplexHost, EngineEndReason } from './link'
 import { RequestRegistry } from './registry'
@@ -140,6 +141,9 @@ export class Engine implements EventOwner {
       _pinRequests: (driven) => this.pinRequests(driven),
     }
     this.driver = new Driver(host)
+    // Weakly: the backend's note must not keep an engine the program dropped alive.
+    const self = new WeakRef(this)
+    backend.onTrap?.(core, () => self.deref()?.markUnhealthy('engine-execution-failure'))
   }
 
   createRequest(options?: RequestOptions): Request {
@@ -249,9 +253,11 @@ export class Engine implements EventOwner {
   /** The text the model reads for `messages`, rendered with the model folder's chat template
    *  (the simulated model's: ChatML). CHAT_TEMPLATE_MISSING names what a folder lacks. */
   applyChatTemplate(messages: ChatMessage[], options?: ChatTemplateOptions): string {
-    const checked = chat.checkMessages('messages', messages)
+    // One budget for the call's JSON-like arguments together (json.ts).
+    const json = new JsonCopier()
+    const checked = chat.checkMessages('messages', messages, json)
     const present = v.options('options', options, chat.CHAT_TEMPLATE_KEYS)
-    const templateOptions = chat.templateOptions('options', present)
+    const templateOptions = chat.templateOptions('options', present, json)
     this.checkOpen()
     return chat.render(this.chatHost(), checked, templateOptions)
   }
@@ -259,10 +265,11 @@ export class Engine implements EventOwner {
   /** One chat turn on its own request (closed when it finishes), as generate: the messages are
    *  rendered with a generation prompt; the template's end-of-turn token ends it with 'eos'. */
   chat(messages: ChatMessage[], options?: ChatOptions): Turn {
-    const checked = chat.checkMessages('messages', messages)
+    const json = new JsonCopier()
+    const checked = chat.checkMessages('messages', messages, json)
     const present = v.options('options', options, [...v.REQUEST_KEYS, ...v.TURN_KEYS, ...chat.CHAT_TEMPLATE_KEYS, ...chat.CHAT_PROMPT_KEYS])
     if (present.has('addGenerationPrompt')) throw v.invalidArgumentFor('options.addGenerationPrompt', 'is not a chat option')
-    const templateOptions = chat.templateOptions('options', chat.takeTemplateKeys(present))
+    const templateOptions = chat.templateOptions('options', chat.takeTemplateKeys(present), json)
     const { parseSpecialTokens } = chat.takePromptOptions('options', present)
     this.checkUsable()
     const host = this.chatHost()

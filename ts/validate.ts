@@ -11,7 +11,7 @@
 //   a later version, but a misspelled option (`maxTokens`, `top_k`) silently ignored is a trap
 //   that costs far more; the core refuses unknown JSON fields for the same reason.
 
-import { invalidArgument } from './errors'
+import { OrtexError, invalidArgument } from './errors'
 import {
   type FaultsInput,
   LIMITS,
@@ -27,6 +27,8 @@ export const MAX_INT32 = 2 ** 31 - 1
 export const MAX_EVENT_CAPACITY = 65_536
 /** Most stop strings / stop token sequences per turn (the core's limit). */
 export const MAX_STOP_ENTRIES = LIMITS.maxStopEntries
+/** Longest session id, in characters (the core's limit; every entry taking an id checks it). */
+export const MAX_SESSION_ID_CHARS = LIMITS.maxSessionIdChars
 const MAX_REPETITION_PENALTY = LIMITS.maxRepetitionPenalty
 const MAX_ABS_OPENAI_PENALTY = LIMITS.maxAbsPresenceFrequencyPenalty
 
@@ -41,7 +43,8 @@ export function describe(value: unknown): string {
   if (typeof value === 'number') return Number.isNaN(value) ? 'NaN' : String(value)
   if (typeof value === 'string') return value.length > 40 ? `a string of ${value.length} chars` : JSON.stringify(value)
   if (typeof value === 'bigint') return `${value}n`
-  if (Array.isArray(value)) return 'an array'
+  // Array.isArray throws for a revoked Proxy; describing a wrong value must not throw.
+  if (readOnce('', () => Array.isArray(value), false)) return 'an array'
   if (ArrayBuffer.isView(value)) return `a ${value.constructor.name}`
   if (typeof value === 'function') return 'a function'
   if (typeof value === 'object') return 'an object'
@@ -113,11 +116,51 @@ export function text(name: string, value: unknown, maxChars = Number.POSITIVE_IN
   return s
 }
 
+/** A session id: well-formed Unicode of at most MAX_SESSION_ID_CHARS characters. Checked at every
+ *  entry that takes one, before any lookup: an id no session can have is a wrong argument, not a
+ *  session that is missing. */
+export function sessionId(name: string, value: unknown): string {
+  return text(name, value, MAX_SESSION_ID_CHARS)
+}
+
 export function oneOf<T extends string>(name: string, value: unknown, allowed: readonly T[]): T {
   if (typeof value !== 'string' || !(allowed as readonly string[]).includes(value)) {
     throw invalidArgument(`${name} must be one of ${allowed.map((a) => `'${a}'`).join(', ')}, got ${describe(value)}`)
   }
   return value as T
+}
+
+/** One read of the caller's object (its keys, a property): what a getter or a Proxy trap throws
+ *  becomes INVALID_ARGUMENT naming what was read (`name` is formatted only then), or `fallback`
+ *  where one is given. */
+export function readOnce<T>(name: string | { toString(): string }, read: () => T, fallback?: T): T {
+  try {
+    return read()
+  } catch (error) {
+    if (fallback !== undefined) return fallback
+    throw invalidArgument(`${String(name)} cannot be read: ${thrownMessage(error)}`)
+  }
+}
+
+/** Runs a check that reads the caller's value deeply (an array's items, a signal's fields): what
+ *  a getter or a Proxy trap throws becomes INVALID_ARGUMENT, while the check's own refusals (and
+ *  an OrtexError the caller's getter threw) pass as they are. */
+export function checkingReads<T>(name: string, check: () => T): T {
+  try {
+    return check()
+  } catch (error) {
+    if (error instanceof OrtexError) throw error
+    throw invalidArgument(`${name} cannot be read: ${thrownMessage(error)}`)
+  }
+}
+
+/** What a caller's getter threw, as text; never throws itself (the thrown value may be hostile). */
+function thrownMessage(error: unknown): string {
+  try {
+    return error instanceof Error ? String(error.message) : String(error)
+  } catch {
+    return 'it threw a value that cannot be shown'
+  }
 }
 
 /**
@@ -127,11 +170,12 @@ export function oneOf<T extends string>(name: string, value: unknown, allowed: r
 export function options(name: string, value: unknown, known: readonly string[]): Map<string, unknown> {
   const present = new Map<string, unknown>()
   if (value === undefined) return present
-  if (typeof value !== 'object' || value === null || Array.isArray(value) || ArrayBuffer.isView(value)) {
+  if (typeof value !== 'object' || value === null || readOnce(name, () => Array.isArray(value)) || ArrayBuffer.isView(value)) {
     throw invalidArgument(`${name} must be an object, got ${describe(value)}`)
   }
-  for (const key of Object.keys(value)) {
-    const v = (value as Record<string, unknown>)[key]
+  for (const key of readOnce(name, () => Object.keys(value))) {
+    // Each value is read once, here: what the caller's getter answers now is what is checked.
+    const v = readOnce(`${name}.${key}`, () => (value as Record<string, unknown>)[key])
     if (v === undefined) continue
     if (!known.includes(key)) {
       throw invalidArgument(`${name} has an unknown option "${key}" (known: ${known.join(', ')})`)
@@ -147,6 +191,10 @@ export function options(name: string, value: unknown, known: readonly string[]):
  * Range against the vocabulary is the core's check.
  */
 export function tokens(name: string, value: unknown): Int32Array {
+  return checkingReads(name, () => tokensOf(name, value))
+}
+
+function tokensOf(name: string, value: unknown): Int32Array {
   if (value instanceof Int32Array) {
     for (let i = 0; i < value.length; i++) {
       if (value[i]! < 0) throw invalidArgument(`${name}[${i}] must be a token id (an integer in [0, ${MAX_INT32}]), got ${value[i]}`)
@@ -190,6 +238,10 @@ export function capacity(name: string, value: unknown): number {
 
 /** An AbortSignal (or anything shaped like one: `aborted` plus add/removeEventListener). */
 export function signal(name: string, value: unknown): AbortSignal {
+  return checkingReads(name, () => signalOf(name, value))
+}
+
+function signalOf(name: string, value: unknown): AbortSignal {
   const s = value as Partial<AbortSignal> | null
   if (
     typeof s !== 'object' ||
@@ -331,7 +383,7 @@ export function engineOptions(name: string, value: unknown): ModelOptionsInput {
 function stepList(name: string, value: unknown): number[] {
   if (!Array.isArray(value)) throw invalidArgument(`${name} must be an array of step numbers, got ${describe(value)}`)
   if (value.length > 1_000_000) throw invalidArgument(`${name} holds at most 1000000 steps`)
-  return value.map((v, i) => seed(`${name}[${i}]`, v))
+  return items(value, (v, i) => seed(`${name}[${i}]`, v))
 }
 
 function faults(name: string, value: unknown): FaultsInput {
@@ -382,7 +434,7 @@ export function simulatedOptions(name: string, value: unknown): SimOptionsInput 
         out.eosProbability = finite(arg, v, 0, 1)
         break
       case 'faults':
-        out.faults = faults(arg, v)
+        out.faults = checkingReads(arg, () => faults(arg, v))
         break
       default:
         engine.set(key, v)
@@ -407,7 +459,7 @@ export interface CheckedTurnOptions {
 function stopTokenIds(name: string, value: unknown): number[][] {
   if (!Array.isArray(value)) throw invalidArgument(`${name} must be an array of token id arrays, got ${describe(value)}`)
   if (value.length > MAX_STOP_ENTRIES) throw invalidArgument(`${name} holds at most ${MAX_STOP_ENTRIES} sequences`)
-  return value.map((sequence, i) => {
+  return items(value, (sequence, i) => {
     const ids = tokens(`${name}[${i}]`, sequence)
     if (ids.length === 0) throw invalidArgument(`${name}[${i}] is empty`)
     return Array.from(ids)
@@ -417,7 +469,7 @@ function stopTokenIds(name: string, value: unknown): number[][] {
 function stopStrings(name: string, value: unknown): string[] | null {
   if (!Array.isArray(value)) throw invalidArgument(`${name} must be an array of strings, got ${describe(value)}`)
   if (value.length > MAX_STOP_ENTRIES) throw invalidArgument(`${name} holds at most ${MAX_STOP_ENTRIES} strings`)
-  const out = value.map((s, i) => {
+  const out = items(value, (s, i) => {
     if (typeof s !== 'string' || s.length === 0) {
       throw invalidArgument(`${name}[${i}] must be a non-empty string, got ${describe(s)}`)
     }
@@ -426,56 +478,69 @@ function stopStrings(name: string, value: unknown): string[] | null {
   return out.length > 0 ? out : null
 }
 
+/** `check` of every item of `array`, holes included (Array.prototype.map skips a sparse array's
+ *  holes, which would leave holes in what was checked). */
+function items<T>(array: unknown[], check: (item: unknown, index: number) => T): T[] {
+  const out: T[] = []
+  for (let i = 0; i < array.length; i++) out.push(check(array[i], i))
+  return out
+}
+
 export function turnOptions(name: string, present: Map<string, unknown>): CheckedTurnOptions {
   const checked: CheckedTurnOptions = { core: {}, stop: null, signal: null }
-  const core = checked.core
   for (const [key, value] of present) {
     const arg = `${name}.${key}`
-    switch (key) {
-      case 'maxGeneratedTokens':
-      case 'topK':
-        core[key] = integer(arg, value)
-        break
-      case 'temperature':
-        core.temperature = finite(arg, value, 0, Number.MAX_VALUE)
-        break
-      case 'topP':
-        core.topP = finite(arg, value, 0, 1, true)
-        break
-      case 'minP':
-        core.minP = finite(arg, value, 0, 1)
-        break
-      case 'repetitionPenalty':
-        core.repetitionPenalty = finite(arg, value, 0, MAX_REPETITION_PENALTY, true)
-        break
-      case 'presencePenalty':
-      case 'frequencyPenalty':
-        core[key] = finite(arg, value, -MAX_ABS_OPENAI_PENALTY, MAX_ABS_OPENAI_PENALTY)
-        break
-      case 'seed':
-        core.seed = seed(arg, value)
-        break
-      case 'ignoreEos':
-        core.ignoreEos = boolean(arg, value)
-        break
-      case 'stopTokenIds':
-        core.stopTokenIds = stopTokenIds(arg, value)
-        break
-      case 'logprobs':
-        core.logprobs = integer(arg, value, 0, LIMITS.maxTopLogprobs)
-        break
-      case 'eosTokenIds':
-        if (!Array.isArray(value)) throw invalidArgument(`${arg} must be an array of token ids, got ${describe(value)}`)
-        if (value.length > MAX_STOP_ENTRIES) throw invalidArgument(`${arg} holds at most ${MAX_STOP_ENTRIES} ids`)
-        core.eosTokenIds = Array.from(tokens(arg, value))
-        break
-      case 'stop':
-        checked.stop = stopStrings(arg, value)
-        break
-      case 'signal':
-        checked.signal = signal(arg, value)
-        break
-    }
+    checkingReads(arg, () => turnOption(checked, key, arg, value))
   }
   return checked
+}
+
+/** One turn option into `checked`. */
+function turnOption(checked: CheckedTurnOptions, key: string, arg: string, value: unknown): void {
+  const core = checked.core
+  switch (key) {
+    case 'maxGeneratedTokens':
+    case 'topK':
+      core[key] = integer(arg, value)
+      break
+    case 'temperature':
+      core.temperature = finite(arg, value, 0, Number.MAX_VALUE)
+      break
+    case 'topP':
+      core.topP = finite(arg, value, 0, 1, true)
+      break
+    case 'minP':
+      core.minP = finite(arg, value, 0, 1)
+      break
+    case 'repetitionPenalty':
+      core.repetitionPenalty = finite(arg, value, 0, MAX_REPETITION_PENALTY, true)
+      break
+    case 'presencePenalty':
+    case 'frequencyPenalty':
+      core[key] = finite(arg, value, -MAX_ABS_OPENAI_PENALTY, MAX_ABS_OPENAI_PENALTY)
+      break
+    case 'seed':
+      core.seed = seed(arg, value)
+      break
+    case 'ignoreEos':
+      core.ignoreEos = boolean(arg, value)
+      break
+    case 'stopTokenIds':
+      core.stopTokenIds = stopTokenIds(arg, value)
+      break
+    case 'logprobs':
+      core.logprobs = integer(arg, value, 0, LIMITS.maxTopLogprobs)
+      break
+    case 'eosTokenIds':
+      if (!Array.isArray(value)) throw invalidArgument(`${arg} must be an array of token ids, got ${describe(value)}`)
+      if (value.length > MAX_STOP_ENTRIES) throw invalidArgument(`${arg} holds at most ${MAX_STOP_ENTRIES} ids`)
+      core.eosTokenIds = Array.from(tokens(arg, value))
+      break
+    case 'stop':
+      checked.stop = stopStrings(arg, value)
+      break
+    case 'signal':
+      checked.signal = signal(arg, value)
+      break
+  }
 }

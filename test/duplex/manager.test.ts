@@ -610,6 +610,28 @@ describe.each(selectedBackends())('duplex sessions (%s)', (backend) => {
     expect(manager.list()).toEqual([])
   })
 
+  it('checks the session id limit (128 characters) first at every entry that takes an id', () => {
+    const { engine, manager } = setup()
+    const long = 'é'.repeat(129)
+    const named = (fn: () => unknown, what: string) => {
+      expectCode(mod, fn, 'INVALID_ARGUMENT')
+      expect(() => fn()).toThrow(what)
+    }
+    named(() => manager.open({ sessionId: long }), 'options.sessionId is longer than 128 characters')
+    // Refused before the session's request was made.
+    expect(engine.stats().activeRequests).toBe(0)
+    named(() => manager.get(long), 'sessionId is longer than 128 characters')
+    named(() => manager.get('user-\uD83D'), 'sessionId is not well-formed')
+    const session = manager.open({ sessionId: 'é'.repeat(128) })
+    expect(manager.get('é'.repeat(128))).toBe(session)
+    expect(manager.get('é'.repeat(127))).toBeUndefined()
+    const stale = { ...session.fence, sessionId: long }
+    named(() => session.append('x', { fence: stale }), 'opts.fence.sessionId is longer than 128 characters')
+    named(() => session.cancel(stale), 'cancelled.sessionId is longer than 128 characters')
+    expect(session.fence.epoch).toBe(0)
+    manager.checkInvariants()
+  })
+
   it('a clock that fails once leaks nothing: later appends of every session keep working', async () => {
     let broken = false
     const { engine, manager } = setup({ now: () => (broken ? Number.NaN : clock) })

@@ -383,6 +383,28 @@ describe.each(selectedBackends())('duplex server end to end (%s)', (backend) => 
     expect((await client.type('session.closed')).reason).toBe('é'.repeat(200))
   })
 
+  it('checks the session id limit (128 characters) before any lookup: a longer id is INVALID_EVENT, not a closed session', async () => {
+    const { connect } = await start()
+    const first = await connect()
+    first.send({ type: 'session.update', session: { respond: 'manual' } })
+    const created = await first.type('session.created')
+    const fence = created.session.fence
+    const long = 'é'.repeat(129)
+    const resumer = await connect()
+    resumer.send({ type: 'session.resume', session_id: long, resume_token: created.resume_token, lease_generation: 0, event_id: 'r1' })
+    const tooLong = (await resumer.type('error')).error
+    expect(tooLong).toMatchObject({ code: 'INVALID_EVENT', event_id: 'r1' })
+    expect(tooLong.message).toContain('128')
+    // At the limit the id is a well-formed one that no session has.
+    resumer.send({ type: 'session.resume', session_id: 'é'.repeat(128), resume_token: created.resume_token, lease_generation: 0 })
+    expect((await resumer.type('error')).error.code).toBe('SESSION_CLOSED')
+    // A fence names a session too.
+    first.send({ type: 'response.cancel', fence: { ...fence, session_id: long } })
+    expect((await first.type('error')).error.code).toBe('INVALID_EVENT')
+    first.send({ type: 'response.cancel', fence })
+    expect((await first.type('response.cancelled')).fence.session_id).toBe(fence.session_id)
+  })
+
   it('bounds what it buffers for a client that floods and never reads, stops reading it, then closes it (1008)', async () => {
     const maxBufferedBytes = 64 * 1024
     const sendStallMs = 300

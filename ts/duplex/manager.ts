@@ -6,7 +6,7 @@
 import { randomUUID } from 'node:crypto'
 
 import { Engine } from '../engine'
-import { invalidArgument } from '../errors'
+import { OrtexError, invalidArgument } from '../errors'
 import type { DuplexHost } from '../link'
 import type { TurnOptions } from '../types'
 import * as v from '../validate'
@@ -113,7 +113,7 @@ export class DuplexSessionManager {
    */
   open(options?: DuplexSessionOptions): DuplexSession {
     const present = v.options('options', options, OPEN_KEYS)
-    const sessionId = present.has('sessionId') ? v.text('options.sessionId', present.get('sessionId')) : randomUUID()
+    const sessionId = present.has('sessionId') ? v.sessionId('options.sessionId', present.get('sessionId')) : randomUUID()
     const config = checkConfig('options', {
       ...(present.has('turn') ? { turn: present.get('turn') } : {}),
       ...(present.has('respond') ? { respond: present.get('respond') } : {}),
@@ -151,7 +151,7 @@ export class DuplexSessionManager {
 
   /** The open (or detached) session with this id. */
   get(sessionId: string): DuplexSession | undefined {
-    v.string('sessionId', sessionId)
+    v.sessionId('sessionId', sessionId)
     return this.sessions.get(sessionId)
   }
 
@@ -213,7 +213,13 @@ export class DuplexSessionManager {
   /** The second phase of a close: frees the slot. Returns the session's last fence. */
   private finalize(session: DuplexSession): Fence {
     const fence = session.fence
-    this.rules.finalizeClose(session.id)
+    try {
+      this.rules.finalizeClose(session.id)
+    } catch (error) {
+      // Only rules that are gone answer so: their WebAssembly instance trapped (ENGINE_UNHEALTHY),
+      // and the slot went with them. The session still ends here, with its session.closed.
+      if (!(error instanceof OrtexError && error.code === 'ENGINE_UNHEALTHY')) throw error
+    }
     if (this.sessions.get(session.id) === session) this.sessions.delete(session.id)
     return fence
   }

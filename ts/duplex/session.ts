@@ -412,7 +412,7 @@ export function checkFence(name: string, value: unknown): Fence {
     if (!present.has(key)) throw invalidArgument(`${name}.${key} is missing`)
   }
   return {
-    sessionId: v.text(`${name}.sessionId`, present.get('sessionId')),
+    sessionId: v.sessionId(`${name}.sessionId`, present.get('sessionId')),
     incarnation: v.integer(`${name}.incarnation`, present.get('incarnation'), 0, Number.MAX_SAFE_INTEGER),
     epoch: v.integer(`${name}.epoch`, present.get('epoch'), 0, Number.MAX_SAFE_INTEGER),
     turnId: v.integer(`${name}.turnId`, present.get('turnId'), 0, Number.MAX_SAFE_INTEGER),
@@ -425,12 +425,16 @@ export function checkConfig(name: string, value: unknown): DuplexSessionConfig {
   const present = v.options(name, value, ['turn', 'respond'])
   const out: DuplexSessionConfig = {}
   if (present.has('respond')) out.respond = v.oneOf(`${name}.respond`, present.get('respond'), ['on-final', 'manual'] as const)
-  if (present.has('turn')) {
-    const turn = present.get('turn')
-    v.turnOptions(`${name}.turn`, v.options(`${name}.turn`, turn, v.TURN_KEYS))
-    out.turn = { ...(turn as TurnOptions) }
-  }
+  if (present.has('turn')) out.turn = checkedTurn(`${name}.turn`, present.get('turn'))
   return out
+}
+
+/** Turn options built from the checked values only (the caller's object is read once, and its
+ *  arrays are copied): the session keeps them and the core's configuration record gets them as
+ *  JSON, so what was checked is what is used. */
+function checkedTurn(name: string, value: unknown): TurnOptions {
+  const { core, stop, signal } = v.turnOptions(name, v.options(name, value, v.TURN_KEYS))
+  return { ...core, ...(stop === null ? {} : { stop }), ...(signal === null ? {} : { signal }) }
 }
 
 /** The serializable part of turn options, for the core's configuration record. */

@@ -6,7 +6,7 @@
 // {session_id, incarnation, epoch, turn_id, response_seq}.
 
 import { OrtexError } from '../errors'
-import { charCount } from '../validate'
+import { MAX_SESSION_ID_CHARS, charCount } from '../validate'
 import type { Fence, SessionEvent } from '../duplex/events'
 import type { DuplexAppendResult, DuplexSessionConfig, RespondMode } from '../duplex/session'
 import type { TurnOptions, TurnUsage } from '../types'
@@ -138,7 +138,9 @@ function parseCommand(type: string, f: Fields): ClientCommand {
     case 'session.resume':
       return {
         type,
-        sessionId: f.string('session_id', true)!,
+        // The limit first: a resume naming an id no session can have is a wrong event, not a
+        // closed session.
+        sessionId: f.string('session_id', true, MAX_SESSION_ID_CHARS)!,
         resumeToken: f.string('resume_token', true, MAX_RESUME_TOKEN_CHARS)!,
         leaseGeneration: f.count('lease_generation', true)!,
       }
@@ -285,7 +287,7 @@ export function fenceFromWire(value: Record<string, unknown>): Fence {
   }
   const sessionId = value.session_id
   if (typeof sessionId !== 'string') throw new ProtocolError('INVALID_EVENT', 'fence.session_id must be a string')
-  str(value, 'session_id', Number.POSITIVE_INFINITY)
+  str(value, 'session_id', MAX_SESSION_ID_CHARS)
   return {
     sessionId,
     incarnation: count('incarnation'),

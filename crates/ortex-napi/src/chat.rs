@@ -3,10 +3,10 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use napi::bindgen_prelude::Unknown;
 use napi_derive::napi;
 use ortex_core::{ErrorCode, OrtexError};
 use ortex_ops as ops;
-use serde_json::Value;
 
 use crate::{coded, input};
 
@@ -31,7 +31,7 @@ impl CoreChat {
     /// A model folder's chat files (ChatFilesInput: their text, absent where missing);
     /// `controls`: the control strings of the engine that tokenizes its prompts.
     #[napi(factory)]
-    pub fn from_files(files: Value, controls: Vec<String>) -> napi::Result<Self, String> {
+    pub fn from_files(files: Unknown<'_>, controls: Vec<String>) -> napi::Result<Self, String> {
         let chat = guarded(|| ops::Chat::from_files(&input("chat files", files)?))?;
         Ok(CoreChat { chat: chat.with_control_strings(controls) })
     }
@@ -44,13 +44,13 @@ impl CoreChat {
 
     /// Renders a conversation (ChatRenderInput) to the text the model reads.
     #[napi]
-    pub fn render(&self, render_input: Value) -> napi::Result<String, String> {
+    pub fn render(&self, render_input: Unknown<'_>) -> napi::Result<String, String> {
         guarded(|| self.chat.render(input("chat template input", render_input)?))
     }
 
     /// The same, with the caller's strings marked, for `CoreEngine.tokenizeMarked`.
     #[napi]
-    pub fn render_marked(&self, render_input: Value) -> napi::Result<String, String> {
+    pub fn render_marked(&self, render_input: Unknown<'_>) -> napi::Result<String, String> {
         guarded(|| self.chat.render_marked(input("chat template input", render_input)?))
     }
 

@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use completions::Completions;
 use napi::bindgen_prelude::*;
+use napi::JsValue;
 use napi_derive::napi;
 use ortex_core::{Engine, ErrorCode, OrtexError, RunStart, Transaction};
 use ortex_ops as ops;
@@ -37,8 +38,21 @@ use serde_json::Value;
 use step_thread::{Job, StepThread};
 
 /// A JavaScript object as one of ops' typed inputs; a wrong shape is INVALID_ARGUMENT.
-fn input<T: DeserializeOwned>(what: &str, value: Value) -> ortex_core::Result<T> {
-    serde_json::from_value(value).map_err(|error| ops::invalid_input(what, error))
+///
+/// The methods take their object arguments as `Unknown` and convert them here, not as `Value`
+/// parameters: napi-rs converts those before the method runs and throws its own status as the
+/// error's code (`InvalidArg` for a function, a BigInt, NaN, nesting past 128 levels or a cycle),
+/// a code the caller was never told about. Converted here, every such value is INVALID_ARGUMENT.
+fn input<T: DeserializeOwned>(what: &str, value: Unknown<'_>) -> ortex_core::Result<T> {
+    serde_json::from_value(json(what, value)?).map_err(|error| ops::invalid_input(what, error))
+}
+
+/// A JavaScript value as JSON (napi-rs's conversion: bounded in depth and size).
+fn json(what: &str, value: Unknown<'_>) -> ortex_core::Result<Value> {
+    let raw = value.value();
+    // SAFETY: `raw` is an argument of the method running now on the JS thread, in its own env.
+    unsafe { Value::from_napi_value(raw.env, raw.value) }
+        .map_err(|error| OrtexError::invalid(format!("{what} cannot be read as JSON: {}", error.reason)))
 }
 
 /// One of ops' views as a JavaScript object.
@@ -206,7 +220,7 @@ fn commit(
 impl CoreEngine {
     /// An engine over the deterministic simulated model; `optionsJson` is SimOptions as JSON.
     #[napi(factory)]
-    pub fn simulated(options: Value) -> napi::Result<Self, String> {
+    pub fn simulated(options: Unknown<'_>) -> napi::Result<Self, String> {
         let engine = catch_unwind(|| ops::simulated_impl(input("engine options", options)?))
             .unwrap_or_else(|payload| Err(unhealthy_after_panic(&ops::panic_message(payload.as_ref()))))
             .map_err(coded)?;
@@ -224,12 +238,12 @@ impl CoreEngine {
     }
 
     #[napi]
-    pub fn create_request(&self, options: Value) -> napi::Result<u32, String> {
+    pub fn create_request(&self, options: Unknown<'_>) -> napi::Result<u32, String> {
         self.call(|engine| ops::create_request_impl(engine, input("request options", options)?))
     }
 
     #[napi]
-    pub fn begin_turn(&self, request_id: u32, tokens: &[i32], options: Value) -> napi::Result<u32, String> {
+    pub fn begin_turn(&self, request_id: u32, tokens: &[i32], options: Unknown<'_>) -> napi::Result<u32, String> {
         self.call(|engine| ops::begin_turn_impl(engine, request_id, tokens, input("turn options", options)?))
     }
 
@@ -376,7 +390,7 @@ impl CoreEngine {
 
     /// A full-duplex session manager (the core's session rules) for this engine's sessions.
     #[napi]
-    pub fn create_sessions(&self, options: Value) -> napi::Result<CoreSessions, String> {
+    pub fn create_sessions(&self, options: Unknown<'_>) -> napi::Result<CoreSessions, String> {
         let sessions = catch_unwind(|| ops::Sessions::new(input("session manager options", options)?))
             .unwrap_or_else(|payload| Err(sessions_panic(&ops::panic_message(payload.as_ref()))))
             .map_err(coded)?;
@@ -437,7 +451,7 @@ impl CoreSessions {
         is_final: bool,
         operation_id: Option<String>,
         input_digest: f64,
-        fence: Option<Value>,
+        fence: Option<Unknown<'_>>,
     ) -> napi::Result<Value, String> {
         self.call(|sessions| {
             let fence = fence.map(|f| input("fence", f)).transpose()?;
@@ -464,7 +478,7 @@ impl CoreSessions {
     }
 
     #[napi(ts_return_type = "CancelView")]
-    pub fn cancel(&mut self, session_id: String, cancelled: Option<Value>, now_ms: f64) -> napi::Result<Value, String> {
+    pub fn cancel(&mut self, session_id: String, cancelled: Option<Unknown<'_>>, now_ms: f64) -> napi::Result<Value, String> {
         self.call(|sessions| {
             let cancelled = cancelled.map(|f| input("cancelled fence", f)).transpose()?;
             sessions.cancel(&session_id, cancelled, now_ms).map(view)
@@ -472,7 +486,7 @@ impl CoreSessions {
     }
 
     #[napi]
-    pub fn validate_fence(&mut self, session_id: String, fence: Value) -> napi::Result<(), String> {
+    pub fn validate_fence(&mut self, session_id: String, fence: Unknown<'_>) -> napi::Result<(), String> {
         self.call(|sessions| sessions.validate_fence(&session_id, input("fence", fence)?))
     }
 
@@ -507,7 +521,7 @@ impl CoreSessions {
     }
 
     #[napi]
-    pub fn replace_configs(&mut self, session_id: String, configs: Value) -> napi::Result<f64, String> {
+    pub fn replace_configs(&mut self, session_id: String, configs: Unknown<'_>) -> napi::Result<f64, String> {
         self.call(|sessions| sessions.replace_configs(&session_id, input("session configs", configs)?))
     }
 
@@ -515,7 +529,7 @@ impl CoreSessions {
     pub fn begin_close(
         &mut self,
         session_id: String,
-        fence: Option<Value>,
+        fence: Option<Unknown<'_>>,
         reason: String,
     ) -> napi::Result<bool, String> {
         self.call(|sessions| {

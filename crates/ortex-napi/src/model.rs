@@ -94,7 +94,7 @@ impl CoreEngine {
     #[napi(ts_return_type = "Promise<CoreEngine>")]
     pub fn load(
         model_dir: String,
-        options: serde_json::Value,
+        options: Unknown<'_>,
         ort_library_path: Option<String>,
     ) -> napi::Result<AsyncTask<LoadTask>, String> {
         let options = crate::input("engine options", options).map_err(crate::coded)?;

@@ -89,7 +89,15 @@ fn write_repr(out: &mut BoundedText, value: &Value) {
 fn write_str_repr(out: &mut BoundedText, text: &str) {
     let quote = if text.contains('\'') && !text.contains('"') { '"' } else { '\'' };
     out.push(quote);
-    for c in text.chars() {
+    // Runs of characters printed as they are go out as one slice: a long string is one write.
+    let mut run_start = 0;
+    for (index, c) in text.char_indices() {
+        let plain = c != '\\' && c != quote && c != '\n' && c != '\r' && c != '\t' && is_printable(c);
+        if plain {
+            continue;
+        }
+        out.push_str(&text[run_start..index]);
+        run_start = index + c.len_utf8();
         match c {
             '\\' => out.push_str("\\\\"),
             '\n' => out.push_str("\\n"),
@@ -99,7 +107,6 @@ fn write_str_repr(out: &mut BoundedText, text: &str) {
                 out.push('\\');
                 out.push(c);
             }
-            c if is_printable(c) => out.push(c),
             c if (c as u32) < 0x100 => {
                 let _ = write!(out, "\\x{:02x}", c as u32);
             }
@@ -110,7 +117,11 @@ fn write_str_repr(out: &mut BoundedText, text: &str) {
                 let _ = write!(out, "\\U{:08x}", c as u32);
             }
         }
+        if out.is_over() {
+            return;
+        }
     }
+    out.push_str(&text[run_start..]);
     out.push(quote);
 }
 

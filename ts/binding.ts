@@ -132,6 +132,9 @@ export interface NativeCoreEngine extends CoreEngine {
  *  CHAT_* codes (CHAT_TEMPLATE_MISSING, CHAT_TEMPLATE_RAISED, ...) or INVALID_ARGUMENT. */
 export interface CoreChat {
   render(input: ChatRenderInput): string
+  /** Native only: render on the libuv thread pool, the input as JSON text; rejects with the same
+   *  codes. The WebAssembly binding renders on the calling thread only. */
+  renderAsync?(inputJson: string): Promise<string>
   stopStrings(): string[]
   hasTemplate(): boolean
 }

@@ -118,7 +118,16 @@ export interface ChatHost {
 }
 
 export function render(host: ChatHost, messages: ChatMessage[], options: ChatTemplateOptions): string {
-  const input: ChatRenderInput = {
+  const input = renderInput(messages, options)
+  try {
+    return host.template().render(input)
+  } catch (error) {
+    throw toChatError(error)
+  }
+}
+
+function renderInput(messages: ChatMessage[], options: ChatTemplateOptions): ChatRenderInput {
+  return {
     messages,
     addGenerationPrompt: options.addGenerationPrompt ?? true,
     tools: options.tools,
@@ -128,8 +137,22 @@ export function render(host: ChatHost, messages: ChatMessage[], options: ChatTem
     // Templates that print today's date (Llama 3's) read it here: the core reads no clock.
     nowUnixSeconds: Math.floor(Date.now() / 1000),
   }
+}
+
+/** render() off the JS thread where the binding can (native: the libuv thread pool, so a large
+ *  conversation or a template that spends its whole budget does not hold the event loop); the
+ *  WebAssembly binding renders on the calling thread. */
+export async function renderAsync(host: ChatHost, messages: ChatMessage[], options: ChatTemplateOptions): Promise<string> {
+  const template = host.template()
+  if (template.renderAsync === undefined) return render(host, messages, options)
+  let json: string
   try {
-    return host.template().render(input)
+    json = JSON.stringify(renderInput(messages, options))
+  } catch (error) {
+    throw invalidArgument(`messages, tools, documents and variables must be JSON: ${(error as Error).message}`)
+  }
+  try {
+    return await template.renderAsync(json)
   } catch (error) {
     throw toChatError(error)
   }

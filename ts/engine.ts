@@ -259,13 +259,28 @@ export class Engine implements EventOwner {
   /** One chat turn on its own request (closed when it finishes), as generate: the messages are
    *  rendered with a generation prompt; the template's end-of-turn token ends it with 'eos'. */
   chat(messages: ChatMessage[], options?: ChatOptions): Turn {
+    const { host, checked, templateOptions, present } = this.chatArguments(messages, options)
+    return this.chatTurn(host, chat.render(host, checked, templateOptions), present)
+  }
+
+  /** Addition: chat() with the template rendered off the JS thread on native (the libuv thread
+   *  pool), so a large conversation does not hold the event loop; the turn begins once the text
+   *  is rendered. WebAssembly renders on the calling thread. Rejects where chat() throws. */
+  async chatAsync(messages: ChatMessage[], options?: ChatOptions): Promise<Turn> {
+    const { host, checked, templateOptions, present } = this.chatArguments(messages, options)
+    return this.chatTurn(host, await chat.renderAsync(host, checked, templateOptions), present)
+  }
+
+  private chatArguments(messages: ChatMessage[], options: ChatOptions | undefined) {
     const checked = chat.checkMessages('messages', messages)
     const present = v.options('options', options, [...v.REQUEST_KEYS, ...v.TURN_KEYS, ...chat.CHAT_TEMPLATE_KEYS])
     if (present.has('addGenerationPrompt')) throw v.invalidArgumentFor('options.addGenerationPrompt', 'is not a chat option')
     const templateOptions = chat.templateOptions('options', chat.takeTemplateKeys(present))
     this.checkUsable()
-    const host = this.chatHost()
-    const text = chat.render(host, checked, templateOptions)
+    return { host: this.chatHost(), checked, templateOptions, present }
+  }
+
+  private chatTurn(host: chat.ChatHost, text: string, present: Map<string, unknown>): Turn {
     present.set('eosTokenIds', chat.withEndTokens(host, present.get('eosTokenIds')))
     return this.generate(host.tokenize(text), Object.fromEntries(present))
   }

@@ -73,14 +73,16 @@ export function apiErrorOf(error: unknown): ApiError {
   return new ApiError(500, 'internal error', 'server_error')
 }
 
-function startTurn(context: CompletionContext, job: CompletionJob): Turn {
+/** A chat turn renders its template off the JS thread (engine.chatAsync), so a large request
+ *  does not hold the server's other requests. */
+async function startTurn(context: CompletionContext, job: CompletionJob): Promise<Turn> {
   const { engine } = context
   if (job.kind === 'chat') {
     const turn = { ...job.turn }
     if (turn.maxGeneratedTokens === undefined && context.defaultMaxTokens !== undefined) {
       turn.maxGeneratedTokens = context.defaultMaxTokens
     }
-    return engine.chat(job.messages!, turn)
+    return engine.chatAsync(job.messages!, turn)
   }
   return engine.generate(job.prompt!, job.turn)
 }
@@ -186,14 +188,16 @@ function choiceDelta(
 export async function complete(context: CompletionContext, job: CompletionJob, res: ServerResponse): Promise<number> {
   let turn: Turn
   try {
-    turn = startTurn(context, job)
+    turn = await startTurn(context, job)
   } catch (error) {
     context.tracker.end(0, 0)
     throw apiErrorOf(error)
   }
-  // The client went away: cancel now, not when the next write fails.
+  // The client went away: cancel now, not when the next write fails (it may have gone while the
+  // template rendered).
   const cancel = (): void => void turn.cancel()
   res.on('close', cancel)
+  if (res.destroyed) cancel()
   try {
     return job.stream ? await streamTurn(context, job, turn, res) : await answerTurn(context, job, turn, res)
   } catch (error) {

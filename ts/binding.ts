@@ -140,6 +140,9 @@ export interface CoreChat {
   render(input: ChatRenderInput): string
   /** The prompt with every string of the input marked, for CoreEngine.tokenizeMarked. */
   renderMarked(input: ChatRenderInput): string
+  /** Native only: render (marked: renderMarked) on the libuv thread pool, the input as JSON
+   *  text; rejects with the same codes. The WebAssembly binding renders on the calling thread. */
+  renderAsync?(inputJson: string, marked: boolean): Promise<string>
   stopStrings(): string[]
   hasTemplate(): boolean
 }

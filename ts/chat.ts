@@ -136,16 +136,19 @@ export interface ChatHost {
  *  callers (ChatPromptOptions.parseSpecialTokens). */
 export interface PromptCodec {
   render(messages: ChatMessage[], options: ChatTemplateOptions): string
+  /** render() off the JS thread where the binding can (native: the libuv thread pool, so a large
+   *  conversation or a template that spends its whole budget does not hold the event loop); the
+   *  WebAssembly binding renders on the calling thread. */
+  renderAsync(messages: ChatMessage[], options: ChatTemplateOptions): Promise<string>
   tokenize(text: string): Int32Array
 }
 
 export function promptCodec(host: ChatHost, parseSpecialTokens: boolean): PromptCodec {
-  if (parseSpecialTokens) {
-    return { render: (messages, options) => render(host, messages, options), tokenize: (text) => host.tokenize(text) }
-  }
+  const marked = !parseSpecialTokens
   return {
-    render: (messages, options) => renderWith((input) => host.template().renderMarked(input), messages, options),
-    tokenize: (text) => host.tokenizeMarked(text),
+    render: (messages, options) => renderOnThread(host, messages, options, marked),
+    renderAsync: (messages, options) => renderOffThread(host, messages, options, marked),
+    tokenize: marked ? (text) => host.tokenizeMarked(text) : (text) => host.tokenize(text),
   }
 }
 
@@ -158,11 +161,37 @@ export function takePromptOptions(name: string, present: Map<string, unknown>): 
 
 /** The prompt as plain text (applyChatTemplate). */
 export function render(host: ChatHost, messages: ChatMessage[], options: ChatTemplateOptions): string {
-  return renderWith((input) => host.template().render(input), messages, options)
+  return renderOnThread(host, messages, options, false)
 }
 
-function renderWith(renderer: (input: ChatRenderInput) => string, messages: ChatMessage[], options: ChatTemplateOptions): string {
-  const input: ChatRenderInput = {
+function renderOnThread(host: ChatHost, messages: ChatMessage[], options: ChatTemplateOptions, marked: boolean): string {
+  const template = host.template()
+  const input = renderInput(messages, options)
+  try {
+    return marked ? template.renderMarked(input) : template.render(input)
+  } catch (error) {
+    throw toChatError(error)
+  }
+}
+
+async function renderOffThread(host: ChatHost, messages: ChatMessage[], options: ChatTemplateOptions, marked: boolean): Promise<string> {
+  const template = host.template()
+  if (template.renderAsync === undefined) return renderOnThread(host, messages, options, marked)
+  let json: string
+  try {
+    json = JSON.stringify(renderInput(messages, options))
+  } catch (error) {
+    throw invalidArgument(`messages, tools, documents and variables must be JSON: ${(error as Error).message}`)
+  }
+  try {
+    return await template.renderAsync(json, marked)
+  } catch (error) {
+    throw toChatError(error)
+  }
+}
+
+function renderInput(messages: ChatMessage[], options: ChatTemplateOptions): ChatRenderInput {
+  return {
     messages,
     addGenerationPrompt: options.addGenerationPrompt ?? true,
     tools: options.tools,
@@ -171,11 +200,6 @@ function renderWith(renderer: (input: ChatRenderInput) => string, messages: Chat
     variables: options.variables,
     // Templates that print today's date (Llama 3's) read it here: the core reads no clock.
     nowUnixSeconds: Math.floor(Date.now() / 1000),
-  }
-  try {
-    return renderer(input)
-  } catch (error) {
-    throw toChatError(error)
   }
 }
 

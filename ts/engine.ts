@@ -265,6 +265,19 @@ export class Engine implements EventOwner {
   /** One chat turn on its own request (closed when it finishes), as generate: the messages are
    *  rendered with a generation prompt; the template's end-of-turn token ends it with 'eos'. */
   chat(messages: ChatMessage[], options?: ChatOptions): Turn {
+    const { host, prompts, checked, templateOptions, present } = this.chatArguments(messages, options)
+    return this.chatTurn(host, prompts, prompts.render(checked, templateOptions), present)
+  }
+
+  /** Addition: chat() with the template rendered off the JS thread on native (the libuv thread
+   *  pool), so a large conversation does not hold the event loop; the turn begins once the text
+   *  is rendered. WebAssembly renders on the calling thread. Rejects where chat() throws. */
+  async chatAsync(messages: ChatMessage[], options?: ChatOptions): Promise<Turn> {
+    const { host, prompts, checked, templateOptions, present } = this.chatArguments(messages, options)
+    return this.chatTurn(host, prompts, await prompts.renderAsync(checked, templateOptions), present)
+  }
+
+  private chatArguments(messages: ChatMessage[], options: ChatOptions | undefined) {
     const json = new JsonCopier()
     const checked = chat.checkMessages('messages', messages, json)
     const present = v.options('options', options, [...v.REQUEST_KEYS, ...v.TURN_KEYS, ...chat.CHAT_TEMPLATE_KEYS, ...chat.CHAT_PROMPT_KEYS])
@@ -273,8 +286,10 @@ export class Engine implements EventOwner {
     const { parseSpecialTokens } = chat.takePromptOptions('options', present)
     this.checkUsable()
     const host = this.chatHost()
-    const prompts = chat.promptCodec(host, parseSpecialTokens)
-    const text = prompts.render(checked, templateOptions)
+    return { host, prompts: chat.promptCodec(host, parseSpecialTokens), checked, templateOptions, present }
+  }
+
+  private chatTurn(host: chat.ChatHost, prompts: chat.PromptCodec, text: string, present: Map<string, unknown>): Turn {
     present.set('eosTokenIds', chat.withEndTokens(host, present.get('eosTokenIds')))
     return this.generate(prompts.tokenize(text), Object.fromEntries(present))
   }

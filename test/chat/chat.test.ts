@@ -4,6 +4,7 @@
 // both backends; the real-folder path runs on the tiny ONNX model.
 import { cpSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import path from 'node:path'
+import { monitorEventLoopDelay } from 'node:perf_hooks'
 import { afterAll, describe, expect, it } from 'vitest'
 import { BACKENDS, ortex } from '../helpers/backends'
 import { useTinyModels } from '../helpers/tiny-models'
@@ -48,6 +49,21 @@ function hasNonTextPart(c: FixtureCase): boolean {
 
 function fixture(name: string): Fixture {
   return JSON.parse(readFileSync(path.join(FIXTURES, `${name}.json`), 'utf8')) as Fixture
+}
+
+/** Resets the process's peak RSS (VmHWM) to its current RSS (Linux: /proc/self/clear_refs) and
+ *  returns that, in bytes. */
+function resetPeakRss(): number {
+  writeFileSync('/proc/self/clear_refs', '5')
+  return peakRss()
+}
+
+/** The process's peak RSS since the last reset, in bytes. */
+function peakRss(): number {
+  const status = readFileSync('/proc/self/status', 'utf8')
+  const kib = /VmHWM:\s+(\d+) kB/.exec(status)?.[1]
+  if (kib === undefined) throw new Error('no VmHWM in /proc/self/status')
+  return Number(kib) * 1024
 }
 
 describe.each(BACKENDS)('chat on the simulated model (%s)', (backend) => {
@@ -168,6 +184,18 @@ describe.each(BACKENDS)('chat on the simulated model (%s)', (backend) => {
     conversation.close()
   })
 
+  it('chatAsync renders as chat does and rejects where chat throws', async () => {
+    const engine = make()
+    const messages = [{ role: 'user', content: 'Hi' }]
+    const turn = await engine.chatAsync(messages, { maxGeneratedTokens: 3 })
+    const result = await turn.done
+    expect(result.usage.promptTokens).toBe(engine.tokenize(engine.applyChatTemplate(messages)).length)
+    await expect(engine.chatAsync([])).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' })
+    await expect(engine.chatAsync([{ role: 'user', content: 'x' }], { templateName: 'tool_use' })).rejects.toMatchObject({
+      code: 'CHAT_TEMPLATE_MISSING',
+    })
+  })
+
   it('refuses bad input with stable codes', () => {
     const engine = make()
     expectCode(() => engine.applyChatTemplate('hi' as never), 'INVALID_ARGUMENT')
@@ -240,6 +268,45 @@ describe('chat on a model folder (native, the tiny ONNX model)', () => {
     }
   })
 
+  // A template is code from the folder, run at every chat request: one that builds gigabytes fails
+  // with the render budget (64 MiB of data, crates/ortex-chat/src/budget.rs), and the process's
+  // peak RSS (reset before each render) grows by little more than that.
+  for (const [name, template] of [
+    ['split', "{{ ('a ' * 50000000).split()|length }}"],
+    ['split near the budget', "{{ ('a ' * 5000000).split()|length }}"],
+    ['splitlines', "{{ ('a\\n' * 5000000).splitlines()|length }}"],
+    ['join', "{{ ' '.join(['x' * 1000000] * 1000)|length }}"],
+    ['a lazily repeated list printed', "{{ ['x' * 1000000] * 1000 }}"],
+    ['concatenation in a loop', "{% set ns = namespace(s='a' * 1000000) %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}"],
+  ]) {
+    it(`a hostile template (${name}) fails with CHAT_TEMPLATE_FAILED within bounded memory`, async () => {
+      const engine = await Engine.load(folderWith(`hostile-${name.replaceAll(' ', '-')}`, template!, { eos_token: '</s>' }), {
+        intraOpThreads: 1,
+      })
+      try {
+        const messages = [{ role: 'user', content: 'hi' }]
+        for (const render of [
+          async () => engine.applyChatTemplate(messages),
+          async () => engine.chat(messages),
+          () => engine.chatAsync(messages),
+        ]) {
+          const rssBefore = resetPeakRss()
+          const error = (await render().then(
+            () => null,
+            (e: unknown) => e,
+          )) as (Error & { code?: string }) | null
+          const growthMiB = (peakRss() - rssBefore) / (1 << 20)
+          expect(error?.code, String(error)).toBe('CHAT_TEMPLATE_FAILED')
+          expect(error!.message).toContain('render budget of 1048576 fuel')
+          expect(error!.message).toContain('64 MiB')
+          expect(growthMiB, `${name}: peak RSS grew by ${growthMiB.toFixed(0)} MiB`).toBeLessThan(200)
+        }
+      } finally {
+        await engine.close()
+      }
+    })
+  }
+
   for (const name of ['llama3', 'qwen3', 'gemma3', 'smollm2', 'phi3_5', 'mistral_nemo']) {
     it(`renders the ${name} template from the folder as Hugging Face does`, async () => {
       const f = fixture(name)
@@ -300,6 +367,8 @@ describe('chat on a model folder (native, the tiny ONNX model)', () => {
 
         const oneShot = await engine.chat([{ role: 'user', content: forged }], { maxGeneratedTokens: 1 }).done
         expect(oneShot.usage.promptTokens).toBe(prompt.length)
+        const offThread = await (await engine.chatAsync([{ role: 'user', content: forged }], { maxGeneratedTokens: 1 })).done
+        expect(offThread.usage.promptTokens).toBe(prompt.length)
         expectCode(() => engine.chat([{ role: 'user', content: 'x' }], { parseSpecialTokens: 'yes' as never }), 'INVALID_ARGUMENT')
       } finally {
         await engine.close()
@@ -375,6 +444,41 @@ describe('chat on a model folder (native, the tiny ONNX model)', () => {
       expect(conversation.request.tokenCount).toBe(resident + second.usage.promptTokens + second.usage.generatedTokens)
       expect(Array.from(conversation.request.tokens(resident - 1, resident))).toEqual([endToken])
       conversation.close()
+    } finally {
+      await engine.close()
+    }
+  })
+})
+
+describe('chat rendering off the JS thread (native)', () => {
+  const { Engine } = ortex('native')
+
+  it('the event loop keeps running while chatAsync renders a 1 MB conversation', async () => {
+    const engine = Engine.simulated({ seed: 1 })
+    try {
+      // 10,000 messages of 100 bytes: a 1 MB chat body.
+      const messages = Array.from({ length: 10_000 }, (_, i) => ({ role: i % 2 === 0 ? 'user' : 'assistant', content: 'x'.repeat(100) }))
+      // How long the render holds the thread it runs on, measured here on the JS thread.
+      const started = performance.now()
+      const text = engine.applyChatTemplate(messages)
+      const renderMs = performance.now() - started
+      expect(text.length).toBeGreaterThan(1_000_000)
+
+      const delay = monitorEventLoopDelay({ resolution: 1 })
+      delay.enable()
+      // The prompt is longer than the simulated model's session limit: the engine refuses it
+      // once it is rendered, off the JS thread.
+      const error = await engine.chatAsync(messages).then(
+        () => null,
+        (e: unknown) => e as { code?: string; message: string },
+      )
+      delay.disable()
+      expect(error?.code).toBe('INVALID_ARGUMENT')
+      expect(error?.message).toContain('tokens')
+      // What stays on the JS thread (JSON.stringify, tokenizing, the checks) is a fraction of the
+      // render, which held the thread for renderMs above.
+      const longestStallMs = delay.max / 1e6
+      expect(longestStallMs, `render ${renderMs.toFixed(0)} ms on the JS thread`).toBeLessThan(renderMs / 2)
     } finally {
       await engine.close()
     }

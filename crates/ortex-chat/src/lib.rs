@@ -19,7 +19,11 @@
 //! - [`ChatTemplate`] is one compiled template; [`ChatTemplate::render`] turns a [`RenderInput`] into text.
 //! - [`CHATML_TEMPLATE`] is the built-in template of models without one and of the simulated engine.
 //! - [`ChatError`] carries a stable [`ChatErrorCode`].
+//! - A render is bounded: at most [`RENDER_FUEL`] fuel, so at most [`RENDER_DATA_BYTES`] of data (budget.rs);
+//!   past it, it fails with [`ChatErrorCode::TemplateFailed`].
 
+mod budget;
+mod builtins;
 mod chatml;
 mod config;
 mod error;
@@ -27,6 +31,7 @@ mod python;
 mod strftime;
 mod template;
 
+pub use budget::{RENDER_DATA_BYTES, RENDER_FUEL};
 pub use chatml::CHATML_TEMPLATE;
 pub use config::{ChatConfig, ModelFiles, END_OF_TURN_MARKERS};
 pub use error::{ChatError, ChatErrorCode};

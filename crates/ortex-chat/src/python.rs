@@ -4,27 +4,35 @@
 //! `{{ none }}` is `None`, a list prints as `['a', 1]`, and `tojson` is Hugging Face's own filter over
 //! `json.dumps` (no HTML escaping, `ensure_ascii=False`, `", "` and `": "` separators). minijinja's own forms
 //! differ (`["a", 1]`, HTML-safe JSON), so the environment prints through these functions instead.
+//!
+//! Printing is bounded by the render's budget (budget.rs): a lazily repeated list (`[text] * 100000`)
+//! holds little but prints a lot, so the text stops growing where the budget ends and the render fails.
 
 use std::fmt::Write;
 
-use minijinja::value::{Kwargs, ValueKind};
-use minijinja::{Error, ErrorKind, Value};
+use minijinja::value::{from_args, Kwargs, Rest, ValueKind, ValueOrKwargs};
+use minijinja::{Error, ErrorKind, State, Value};
+
+use crate::budget::{self, BoundedText};
 
 /// Python's `str(value)`: what `{{ value }}` and `value | string` print.
-pub(crate) fn py_str(value: &Value) -> String {
+pub(crate) fn py_str(state: &State, value: &Value) -> Result<String, Error> {
+    py_str_within(value, usize::try_from(budget::bytes_left(state)).unwrap_or(usize::MAX))
+}
+
+/// [`py_str`] of at most `limit` bytes; longer is the budget error.
+fn py_str_within(value: &Value, limit: usize) -> Result<String, Error> {
+    let mut out = BoundedText::with_limit(limit);
     match value.as_str() {
-        Some(text) if value.kind() == ValueKind::String => text.to_owned(),
-        _ => {
-            let mut out = String::new();
-            write_repr(&mut out, value);
-            out
-        }
+        Some(text) if value.kind() == ValueKind::String => out.push_str(text),
+        _ => write_repr(&mut out, value),
     }
+    out.finish("printing a value")
 }
 
 /// Python's `repr(value)`, as containers print their items. Undefined prints as nothing, as Jinja2's
 /// `Undefined` does when it is printed.
-fn write_repr(out: &mut String, value: &Value) {
+fn write_repr(out: &mut BoundedText, value: &Value) {
     match value.kind() {
         ValueKind::Undefined => {}
         ValueKind::None => out.push_str("None"),
@@ -42,6 +50,9 @@ fn write_repr(out: &mut String, value: &Value) {
                     }
                     write_repr(out, &item);
                     count += 1;
+                    if out.is_over() {
+                        return;
+                    }
                 }
             }
             if value.is_tuple() && count == 1 {
@@ -59,6 +70,9 @@ fn write_repr(out: &mut String, value: &Value) {
                     write_repr(out, &key);
                     out.push_str(": ");
                     write_repr(out, &item);
+                    if out.is_over() {
+                        return;
+                    }
                 }
             }
             out.push('}');
@@ -72,10 +86,18 @@ fn write_repr(out: &mut String, value: &Value) {
 
 /// Python's `repr(str)`: single quotes unless the text has a single quote and no double quote, with the
 /// escapes Python uses for characters it does not consider printable.
-fn write_str_repr(out: &mut String, text: &str) {
+fn write_str_repr(out: &mut BoundedText, text: &str) {
     let quote = if text.contains('\'') && !text.contains('"') { '"' } else { '\'' };
     out.push(quote);
-    for c in text.chars() {
+    // Runs of characters printed as they are go out as one slice: a long string is one write.
+    let mut run_start = 0;
+    for (index, c) in text.char_indices() {
+        let plain = c != '\\' && c != quote && c != '\n' && c != '\r' && c != '\t' && is_printable(c);
+        if plain {
+            continue;
+        }
+        out.push_str(&text[run_start..index]);
+        run_start = index + c.len_utf8();
         match c {
             '\\' => out.push_str("\\\\"),
             '\n' => out.push_str("\\n"),
@@ -85,7 +107,6 @@ fn write_str_repr(out: &mut String, text: &str) {
                 out.push('\\');
                 out.push(c);
             }
-            c if is_printable(c) => out.push(c),
             c if (c as u32) < 0x100 => {
                 let _ = write!(out, "\\x{:02x}", c as u32);
             }
@@ -96,7 +117,11 @@ fn write_str_repr(out: &mut String, text: &str) {
                 let _ = write!(out, "\\U{:08x}", c as u32);
             }
         }
+        if out.is_over() {
+            return;
+        }
     }
+    out.push_str(&text[run_start..]);
     out.push(quote);
 }
 
@@ -121,7 +146,7 @@ enum FloatStyle {
     Json,
 }
 
-fn write_number(out: &mut String, value: &Value, style: FloatStyle) {
+fn write_number(out: &mut impl Write, value: &Value, style: FloatStyle) {
     if value.is_integer() {
         // Integers print the same in Python and Rust, whatever their width.
         let _ = write!(out, "{value}");
@@ -137,16 +162,15 @@ fn write_number(out: &mut String, value: &Value, style: FloatStyle) {
 
 /// Python's `repr(float)`: the shortest text that reads back as the same number, positional for decimal
 /// exponents from -4 to 15 (with a `.0` when integral) and scientific outside (`1e-05`, `1.5e+16`).
-fn write_float(out: &mut String, number: f64, style: FloatStyle) {
+fn write_float(out: &mut impl Write, number: f64, style: FloatStyle) {
     if number.is_nan() {
-        out.push_str(if style == FloatStyle::Json { "NaN" } else { "nan" });
+        let _ = out.write_str(if style == FloatStyle::Json { "NaN" } else { "nan" });
         return;
     }
     if number.is_infinite() {
         let sign = if number < 0.0 { "-" } else { "" };
         let word = if style == FloatStyle::Json { "Infinity" } else { "inf" };
-        out.push_str(sign);
-        out.push_str(word);
+        let _ = write!(out, "{sign}{word}");
         return;
     }
     // Rust's `{:e}` gives the shortest round-trip digits with the exponent, e.g. "1.5e16", "-1e-7".
@@ -155,10 +179,8 @@ fn write_float(out: &mut String, number: f64, style: FloatStyle) {
     let exponent: i32 = exponent.parse().unwrap_or(0);
     if (-4..16).contains(&exponent) {
         let positional = format!("{number}");
-        out.push_str(&positional);
-        if !positional.contains('.') {
-            out.push_str(".0");
-        }
+        let fraction = if positional.contains('.') { "" } else { ".0" };
+        let _ = write!(out, "{positional}{fraction}");
     } else {
         let sign = if exponent < 0 { '-' } else { '+' };
         let _ = write!(out, "{mantissa}e{sign}{:02}", exponent.unsigned_abs());
@@ -176,15 +198,18 @@ struct JsonOptions {
 }
 
 /// Hugging Face's `tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)`: the
-/// arguments may be given by name, and all but `sort_keys` by position too (minijinja's filters take at
-/// most five arguments; no template passes four positionally).
-pub(crate) fn tojson_filter(
-    value: &Value,
-    ensure_ascii: Option<Value>,
-    indent: Option<Value>,
-    separators: Option<Value>,
-    kwargs: Kwargs,
-) -> Result<Value, Error> {
+/// arguments may be given by name, and all but `sort_keys` by position too. The JSON text is bounded by
+/// the render's budget.
+pub(crate) fn tojson_filter(state: &State, value: &Value, args: Rest<ValueOrKwargs>) -> Result<Value, Error> {
+    let args = args.into_values();
+    // Filters take five arguments at most, one too few for the state, the value, three positional
+    // arguments and the keyword ones: they come as one list, the keyword ones last.
+    let (positional, kwargs) = match args.split_last() {
+        Some((last, positional)) if last.is_kwargs() => (positional, std::slice::from_ref(last)),
+        _ => (&args[..], &[][..]),
+    };
+    let (ensure_ascii, indent, separators): (Option<Value>, Option<Value>, Option<Value>) = from_args(positional)?;
+    let (kwargs,): (Kwargs,) = from_args(kwargs)?;
     let ensure_ascii = named_or_positional(&kwargs, "ensure_ascii", ensure_ascii)?;
     let indent = named_or_positional(&kwargs, "indent", indent)?;
     let separators = named_or_positional(&kwargs, "separators", separators)?;
@@ -200,12 +225,14 @@ pub(crate) fn tojson_filter(
             // Python repeats a space `indent` times; a negative count is an empty indent.
             let spaces = i64::try_from(unit.clone())
                 .map_err(|_| invalid(format!("tojson: indent must be an integer or a string, not {unit}")))?;
-            Some(" ".repeat(usize::try_from(spaces.max(0)).unwrap_or(0)))
+            let spaces = usize::try_from(spaces.max(0)).unwrap_or(0);
+            budget::ensure_bytes(state, spaces as u64, "tojson's indent")?;
+            Some(" ".repeat(spaces))
         }
     };
     let (item_separator, key_separator) = match separators {
         Some(pair) if !pair.is_none() => {
-            let parts: Vec<Value> = pair.try_iter()?.collect();
+            let parts: Vec<Value> = pair.try_iter()?.take(3).collect();
             match parts.as_slice() {
                 [item, key] if item.as_str().is_some() && key.as_str().is_some() => {
                     (item.as_str().unwrap_or_default().to_owned(), key.as_str().unwrap_or_default().to_owned())
@@ -223,9 +250,9 @@ pub(crate) fn tojson_filter(
         key_separator,
         sort_keys: sort_keys.is_some_and(|flag| flag.is_true()),
     };
-    let mut out = String::new();
+    let mut out = BoundedText::for_state(state);
     write_json(&mut out, value, &options, 0)?;
-    Ok(Value::from_safe_string(out))
+    out.finish("tojson").map(Value::from_safe_string)
 }
 
 fn named_or_positional(kwargs: &Kwargs, name: &str, positional: Option<Value>) -> Result<Option<Value>, Error> {
@@ -237,19 +264,21 @@ fn invalid(message: impl Into<String>) -> Error {
     Error::new(ErrorKind::InvalidOperation, message.into())
 }
 
-fn write_json(out: &mut String, value: &Value, options: &JsonOptions, depth: usize) -> Result<(), Error> {
+/// Writes `value` as JSON; stops early (leaving `out` over its limit) where the budget ends, so a
+/// lazily repeated list is never walked past it.
+fn write_json(out: &mut BoundedText, value: &Value, options: &JsonOptions, depth: usize) -> Result<(), Error> {
     match value.kind() {
         ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
         ValueKind::Number => write_number(out, value, FloatStyle::Json),
         ValueKind::String => write_json_str(out, value.as_str().unwrap_or_default(), options.ensure_ascii),
         ValueKind::Seq | ValueKind::Iterable => {
-            let items: Vec<Value> = value.try_iter()?.collect();
-            write_container(out, options, depth, ('[', ']'), items.len(), |out, index| {
-                write_json(out, &items[index], options, depth + 1)
+            write_container(out, options, depth, ('[', ']'), value.try_iter()?, |out, item| {
+                write_json(out, &item, options, depth + 1)
             })?;
         }
         ValueKind::Map => {
+            // A map holds what the input or the template's own dict literals put there, both paid for.
             let mut pairs: Vec<(String, Value)> = Vec::new();
             if let Some(iter) = value.as_object().and_then(|object| object.try_iter_pairs()) {
                 for (key, item) in iter {
@@ -260,11 +289,10 @@ fn write_json(out: &mut String, value: &Value, options: &JsonOptions, depth: usi
                 // A stable sort keeps the first of two keys that print the same, as Python compares them.
                 pairs.sort_by(|a, b| a.0.cmp(&b.0));
             }
-            write_container(out, options, depth, ('{', '}'), pairs.len(), |out, index| {
-                let (key, item) = &pairs[index];
-                write_json_str(out, key, options.ensure_ascii);
+            write_container(out, options, depth, ('{', '}'), pairs.into_iter(), |out, (key, item)| {
+                write_json_str(out, &key, options.ensure_ascii);
                 out.push_str(&options.key_separator);
-                write_json(out, item, options, depth + 1)
+                write_json(out, &item, options, depth + 1)
             })?;
         }
         ValueKind::Undefined => return Err(invalid("tojson: an undefined value is not JSON serializable")),
@@ -288,40 +316,49 @@ fn json_key(key: &Value) -> Result<String, Error> {
     }
 }
 
-fn write_container(
-    out: &mut String,
+fn write_container<T>(
+    out: &mut BoundedText,
     options: &JsonOptions,
     depth: usize,
     (open, close): (char, char),
-    len: usize,
-    mut write_item: impl FnMut(&mut String, usize) -> Result<(), Error>,
+    items: impl Iterator<Item = T>,
+    mut write_item: impl FnMut(&mut BoundedText, T) -> Result<(), Error>,
 ) -> Result<(), Error> {
     out.push(open);
-    if len == 0 {
-        out.push(close);
-        return Ok(());
-    }
-    for index in 0..len {
-        if index > 0 {
+    let mut empty = true;
+    for item in items {
+        if !empty {
             out.push_str(&options.item_separator);
         }
-        if let Some(unit) = &options.indent {
-            out.push('\n');
-            out.push_str(&unit.repeat(depth + 1));
+        empty = false;
+        write_indent(out, options, depth + 1);
+        write_item(out, item)?;
+        if out.is_over() {
+            return Ok(());
         }
-        write_item(out, index)?;
     }
-    if let Some(unit) = &options.indent {
-        out.push('\n');
-        out.push_str(&unit.repeat(depth));
+    if !empty {
+        write_indent(out, options, depth);
     }
     out.push(close);
     Ok(())
 }
 
+/// A new line indented `depth` units, when the options indent.
+fn write_indent(out: &mut BoundedText, options: &JsonOptions, depth: usize) {
+    let Some(unit) = &options.indent else { return };
+    out.push('\n');
+    for _ in 0..depth {
+        out.push_str(unit);
+        if out.is_over() {
+            return;
+        }
+    }
+}
+
 /// A JSON string as json.dumps writes it: `"` `\` and control characters escaped (`\n`, `\u001b`), and with
 /// `ensure_ascii` everything outside printable ASCII as `\uXXXX` (surrogate pairs above U+FFFF).
-fn write_json_str(out: &mut String, text: &str, ensure_ascii: bool) {
+fn write_json_str(out: &mut BoundedText, text: &str, ensure_ascii: bool) {
     out.push('"');
     for c in text.chars() {
         match c {
@@ -376,9 +413,9 @@ mod tests {
     #[test]
     fn strings_repr_as_python() {
         let repr = |text: &str| {
-            let mut out = String::new();
+            let mut out = BoundedText::with_limit(usize::MAX);
             write_str_repr(&mut out, text);
-            out
+            out.finish("repr").unwrap()
         };
         assert_eq!(repr("plain"), "'plain'");
         assert_eq!(repr("it's"), "\"it's\"");
@@ -390,6 +427,7 @@ mod tests {
     #[test]
     fn containers_print_as_python() {
         let value = Value::from(minijinja::value::Serde(serde_json::json!({"a": [1, 2.5, null, true, "x"], "b": {}})));
+        let py_str = |value: &Value| py_str_within(value, usize::MAX).unwrap();
         assert_eq!(py_str(&value), "{'a': [1, 2.5, None, True, 'x'], 'b': {}}");
         assert_eq!(py_str(&Value::from("text")), "text");
         assert_eq!(py_str(&Value::UNDEFINED), "");

@@ -11,10 +11,12 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
-use minijinja::value::Serde;
-use minijinja::{AutoEscape, Environment, Error, ErrorKind, UndefinedBehavior, Value};
+use minijinja::value::{Serde, ValueKind};
+use minijinja::{AutoEscape, Environment, Error, ErrorKind, State, UndefinedBehavior, Value};
 use serde_json::{Map, Value as JsonValue};
 
+use crate::budget::{self, RENDER_DATA_BYTES, RENDER_FUEL};
+use crate::builtins;
 use crate::error::{ChatError, ChatErrorCode};
 use crate::python;
 use crate::strftime::DateTime;
@@ -61,13 +63,6 @@ const TEMPLATE_NAME: &str = "chat_template";
 
 /// The variables the renderer sets itself; `RenderInput::extra` may not shadow them.
 const RESERVED_VARIABLES: [&str; 4] = ["messages", "tools", "documents", "add_generation_prompt"];
-
-/// The most instructions one render may execute. Templates are code from the model folder; a runaway
-/// loop must end with an error, not hang the engine. The fixtures' templates spend 100-250 a message
-/// (Qwen 3 walks the conversation twice), so this allows conversations of tens of thousands of messages
-/// and stops a runaway template after about half a second of a release build. Unit tests spend a
-/// smaller budget to keep the debug build fast.
-const RENDER_FUEL: u64 = if cfg!(test) { 1_000_000 } else { 10_000_000 };
 
 /// A compiled chat template with the special tokens it renders with. Cheap to clone (the environment is
 /// shared).
@@ -172,14 +167,21 @@ fn environment() -> Environment<'static> {
     env.set_auto_escape_callback(|_| AutoEscape::None);
     // Jinja2's default `Undefined`: printing it gives nothing, using it in an operation fails.
     env.set_undefined_behavior(UndefinedBehavior::Lenient);
+    // The render budget (budget.rs): instructions and the data the render creates.
     env.set_fuel(Some(RENDER_FUEL));
-    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.set_unknown_method_callback(builtins::method_callback);
     // Jinja2's `cycler`, `joiner`, `truncate`, `striptags`, `filesizeformat` (and `pluralize`). The
     // contrib's clock and randomness need features this crate does not enable.
     minijinja_contrib::add_to_environment(&mut env);
-    env.set_formatter(|out, _state, value| out.write_str(&python::py_str(value)).map_err(Error::from));
+    env.set_formatter(|out, state, value| match value.as_str() {
+        // The output charges the render's budget for every byte it takes.
+        Some(text) if value.kind() == ValueKind::String => out.write_str(text).map_err(Error::from),
+        _ => out.write_str(&python::py_str(state, value)?).map_err(Error::from),
+    });
     env.add_filter("tojson", python::tojson_filter);
-    env.add_filter("string", |value: &Value| python::py_str(value));
+    env.add_filter("string", python::py_str);
+    env.add_filter("split", builtins::split_filter);
+    env.add_filter("lines", builtins::lines_filter);
     env.add_function("raise_exception", raise_exception);
     env
 }
@@ -208,7 +210,8 @@ impl fmt::Display for TimeNotGiven {
 
 impl std::error::Error for TimeNotGiven {}
 
-fn raise_exception(message: String) -> Result<Value, Error> {
+fn raise_exception(state: &State, message: &Value) -> Result<Value, Error> {
+    let message = budget::display(state, message, "raise_exception's message")?;
     Err(Error::new(ErrorKind::InvalidOperation, message.clone()).with_source(RaisedByTemplate(message)))
 }
 
@@ -233,7 +236,27 @@ fn render_error(error: Error) -> ChatError {
         }
         cause = current.source();
     }
+    if error.kind() == ErrorKind::OutOfFuel {
+        return over_budget(&error);
+    }
     ChatError::new(ChatErrorCode::TemplateFailed, format!("the chat template failed: {error}"))
+}
+
+/// A render that ran out of its budget: the message names the limit and where the template was.
+fn over_budget(error: &Error) -> ChatError {
+    let detail = error.detail().map(|detail| format!(" ({detail})")).unwrap_or_default();
+    let place = match (error.name(), error.line()) {
+        (Some(name), Some(line)) => format!(" at {name}:{line}"),
+        _ => String::new(),
+    };
+    ChatError::new(
+        ChatErrorCode::TemplateFailed,
+        format!(
+            "the chat template exceeded the render budget of {RENDER_FUEL} fuel (one an instruction, one for every {} bytes it creates: at most {} MiB of data){detail}{place}",
+            budget::BYTES_PER_FUEL,
+            RENDER_DATA_BYTES >> 20
+        ),
+    )
 }
 
 /// What `apply_chat_template` does to the conversation before rendering: each message must be an object,

@@ -79,14 +79,16 @@ export function apiErrorOf(error: unknown): ApiError {
   return new ApiError(500, 'internal error', 'server_error')
 }
 
-function startTurn(context: CompletionContext, job: CompletionJob): Turn {
+/** A chat turn renders its template off the JS thread (engine.chatAsync), so a large request
+ *  does not hold the server's other requests. */
+async function startTurn(context: CompletionContext, job: CompletionJob): Promise<Turn> {
   const { engine } = context
   if (job.kind === 'chat') {
     const turn = { ...job.turn }
     if (turn.maxGeneratedTokens === undefined && context.defaultMaxTokens !== undefined) {
       turn.maxGeneratedTokens = context.defaultMaxTokens
     }
-    return engine.chat(job.messages!, turn)
+    return engine.chatAsync(job.messages!, turn)
   }
   return engine.generate(job.prompt!, job.turn)
 }
@@ -239,14 +241,16 @@ function choiceDelta(
 export async function complete(context: CompletionContext, job: CompletionJob, res: ServerResponse): Promise<number> {
   let turn: Turn
   try {
-    turn = startTurn(context, job)
+    turn = await startTurn(context, job)
   } catch (error) {
     context.tracker.end(0, 0)
     throw startError(context, job, error)
   }
-  // The client went away: cancel now, not when the next write fails.
+  // The client went away: cancel now, not when the next write fails (it may have gone while the
+  // template rendered).
   const cancel = (): void => void turn.cancel()
   res.on('close', cancel)
+  if (res.destroyed) cancel()
   const sink = new ResponseSink(res, context.flow)
   try {
     return job.stream ? await streamTurn(context, job, turn, sink) : await answerTurn(context, job, turn, sink)

@@ -21,3 +21,6 @@ esbuild bench/prefix-cache/main.ts bench/out/prefix-cache.mjs && node bench/out/
 echo "== ortex against llama.cpp (node-llama-cpp) on the same GGUF files"
 esbuild bench/llama-cpp/main.ts bench/out/llama-cpp.mjs --external:node-llama-cpp --external:yauzl \
   && node bench/out/llama-cpp.mjs "$@"
+echo "== faithfulness: KL divergence against the float32 import, ortex's imports and llama.cpp"
+esbuild bench/quality/main.ts bench/out/quality.mjs --external:node-llama-cpp --external:yauzl \
+  && node bench/out/quality.mjs

@@ -672,6 +672,26 @@ describe('imported folders', () => {
     })
   }
 
+  it('int4 with accuracy level 0 (float32 activations): exactly kept blocks give the float32 import\'s logits', async () => {
+    // qwen2's linears are all exactly kept 4-bit blocks, so with float32 KV on both sides only the
+    // activations' int8 rounding (level 4, the default) separates its int4 logits from its fp32
+    // ones; at level 0 what is left is the order of float32 sums.
+    const dirs = { level0: join(root, 'qwen2-int4-level0'), level4: join(root, 'qwen2-int4-level4') }
+    const level0 = await importGguf({ file: files.qwen2, outDir: dirs.level0, weights: 'int4', kv: 'fp32', accuracyLevel: 0 })
+    const level4 = await importGguf({ file: files.qwen2, outDir: dirs.level4, weights: 'int4', kv: 'fp32' })
+    expect([level0.accuracyLevel, level4.accuracyLevel, summaries.qwen2.fp32.accuracyLevel]).toEqual([0, 4, null])
+    const levels = (d: string) => decodeModel(d).graph!.node!.filter((n) => n.opType === 'MatMulNBits').map((n) => Number(n.attribute!.find((a) => a.name === 'accuracy_level')!.i))
+    expect(new Set(levels(dirs.level0))).toEqual(new Set([0]))
+    expect(new Set(levels(dirs.level4))).toEqual(new Set([4]))
+    const fp32 = (await folderLogits(folders.qwen2.fp32, PROMPT)).map((l) => Float64Array.from(l))
+    const error0 = worstError(await folderLogits(dirs.level0, PROMPT), fp32)
+    const error4 = worstError(await folderLogits(dirs.level4, PROMPT), fp32)
+    expect(error0.relativeRms).toBeLessThan(1e-5) // 2e-6 here
+    expect(error4.relativeRms).toBeGreaterThan(1e-3) // 2% here: the check can tell the two apart
+    await expect(importGguf({ file: files.qwen2, outDir: join(root, 'bad-level'), weights: 'int4', accuracyLevel: 2 as never })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' })
+    await expect(importGguf({ file: files.qwen2, outDir: join(root, 'bad-level'), accuracyLevel: 4 })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT', message: /int4 weights only/ })
+  })
+
   for (const arch of ['llama', 'qwen2'] as const) {
     for (const weights of ['fp32', 'int4'] as const) {
       it(`${arch} ${weights}: the engine's greedy tokens equal the plain onnxruntime-node loop, alone and batched`, async () => {
@@ -818,9 +838,15 @@ describe('ortex import (the command)', () => {
     const lines = run.stdout.trim().split('\n')
     expect(lines).toHaveLength(1)
     expect(lines[0]).toMatch(
-      new RegExp(`^${out.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}: llama "tiny llama", [\\d,]+ parameters, int4 weights \\(blocks kept exactly: .*Q4_1 x2.*; requantized to 4 bits: .*Q6_K x2.*; float32: .*\\), float(16|32) KV, [\\d.]+ MB in [\\d.]+ s$`),
+      new RegExp(`^${out.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}: llama "tiny llama", [\\d,]+ parameters, int4 weights \\(blocks kept exactly: .*Q4_1 x2.*; requantized to 4 bits: .*Q6_K x2.*; float32: .*\\), int8 activations, float16 KV, [\\d.]+ MB in [\\d.]+ s$`),
     )
     expect(json(out, 'genai_config.json').model.type).toBe('llama')
+    const level0 = ortex(files.llama, '--out', join(root, 'cli-level0'), '--weights', 'int4', '--accuracy-level', '0', '--kv', 'fp32')
+    expect(level0.status, level0.stderr).toBe(0)
+    expect(level0.stdout).toMatch(/\), float32 activations, float32 KV, /)
+    const fp32 = ortex(files.llama, '--out', join(root, 'cli-fp32'))
+    expect(fp32.status, fp32.stderr).toBe(0)
+    expect(fp32.stdout).toMatch(/fp32 weights \(float32: [^)]*\), float32 KV, /) // no activations: no MatMulNBits
   })
 
   it('fails with one line and status 1 for a bad file, 2 for a wrong invocation', () => {
@@ -832,7 +858,12 @@ describe('ortex import (the command)', () => {
     expect(ortex('--out', join(root, 'x')).status).toBe(2)
     expect(ortex(files.llama).stderr).toMatch(/give --out DIR/)
     expect(ortex(files.llama, '--out', join(root, 'x'), '--weights', 'int8').stderr).toMatch(/--weights must be 'fp32' or 'int4', got "int8"/)
+    const badLevel = ortex(files.llama, '--out', join(root, 'x'), '--weights', 'int4', '--accuracy-level', '1')
+    expect([badLevel.status, badLevel.stderr]).toEqual([2, expect.stringMatching(/--accuracy-level must be '0' or '4', got "1"/)])
+    const fp32Level = ortex(files.llama, '--out', join(root, 'x'), '--accuracy-level', '4')
+    expect([fp32Level.status, fp32Level.stderr]).toEqual([2, expect.stringMatching(/--accuracy-level applies to --weights int4 only/)])
     expect(ortex('--help').stdout).toMatch(/^Usage: ortex import <file\.gguf> --out DIR/)
+    expect(ortex('--help').stdout).toMatch(/--accuracy-level N +int4 only/)
   })
 })
 

@@ -7,6 +7,7 @@ import { parseArgs } from 'node:util'
 import { UsageError, choiceFlag, progressBar } from './args'
 
 export const IMPORT_HELP = `Usage: ortex import <file.gguf> --out DIR [--weights fp32|int4] [--kv fp32|fp16]
+                    [--accuracy-level 0|4]
 
 Converts a GGUF file (llama.cpp's format) into a model folder that ortex and onnxruntime-genai load:
 genai_config.json, model.onnx with its weights in model.onnx.data, tokenizer.json,
@@ -22,6 +23,10 @@ Options:
   --kv TYPE            the KV cache's element type, 'fp32' or 'fp16' (half the memory a
                        position, as llama.cpp's default f16 cache); the logits stay float32.
                        Default: fp16 with int4 weights, fp32 with fp32 weights
+  --accuracy-level N   int4 only: what MatMulNBits computes with, 4 (default: activations
+                       quantized to int8 blocks and integer dot products, as onnxruntime-genai's
+                       builder sets for CPU and as llama.cpp does for 4-bit types) or 0 (float32
+                       activations); docs/model-format.md measures both
   -h, --help           show this help
 `
 
@@ -34,6 +39,7 @@ export async function runImportCommand(argv: string[]): Promise<void> {
       out: { type: 'string' },
       weights: { type: 'string' },
       kv: { type: 'string' },
+      'accuracy-level': { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
   })
@@ -45,11 +51,13 @@ export async function runImportCommand(argv: string[]): Promise<void> {
   if (values.out === undefined || values.out === '') throw new UsageError('give --out DIR')
   const weights = choiceFlag('weights', values.weights, ['fp32', 'int4'] as const)
   const kv = choiceFlag('kv', values.kv, ['fp32', 'fp16'] as const)
+  const level = choiceFlag('accuracy-level', values['accuracy-level'], ['0', '4'] as const)
+  if (level !== undefined && weights !== 'int4') throw new UsageError('--accuracy-level applies to --weights int4 only')
   const { importGguf, describeImport } = await import('../modelkit/gguf/import')
   const bar = progressBar('importing')
   let summary
   try {
-    summary = await importGguf({ file: positionals[0]!, outDir: values.out, weights, kv, onProgress: (done, total) => bar.update(done, total) })
+    summary = await importGguf({ file: positionals[0]!, outDir: values.out, weights, kv, accuracyLevel: level === undefined ? undefined : (Number(level) as 0 | 4), onProgress: (done, total) => bar.update(done, total) })
   } finally {
     bar.end()
   }

@@ -36,8 +36,15 @@ export const IMPORTER_VERSION = 2
 
 export type WeightFormat = 'fp32' | 'int4'
 
-/** MatMulNBits accuracy level for CPU: int8 activations, as onnxruntime-genai's builder sets for CPU int4. */
-export const INT4_ACCURACY_LEVEL = 4
+/**
+ * MatMulNBits' accuracy_level in an int4 import: what its CPU kernel computes with. 4 quantizes
+ * each activation row to int8 blocks and runs integer dot products (faster, as onnxruntime-genai's
+ * builder sets for CPU int4); 0 multiplies float32 activations by the dequantized weights.
+ */
+export type AccuracyLevel = 0 | 4
+
+/** The default: int8 activations, as onnxruntime-genai's builder sets for CPU int4. */
+export const INT4_ACCURACY_LEVEL: AccuracyLevel = 4
 
 export interface ImportOptions {
   /** The .gguf file. */
@@ -51,6 +58,11 @@ export interface ImportOptions {
    * the memory a position, as llama.cpp's default cache), fp32 with fp32 weights (exact).
    */
   kv?: KvType
+  /**
+   * MatMulNBits' accuracy_level, int4 only: 4 (default) int8 activations, 0 float32 activations
+   * (docs/model-format.md, "Faithfulness").
+   */
+  accuracyLevel?: AccuracyLevel
   /** Bytes of model.onnx.data written so far. */
   onProgress?: (done: number, total: number, label: string) => void
 }
@@ -62,6 +74,8 @@ export interface ImportSummary {
   name: string | undefined
   weights: WeightFormat
   kv: KvType
+  /** MatMulNBits' accuracy_level (int4 imports); null for fp32 weights (no MatMulNBits). */
+  accuracyLevel: AccuracyLevel | null
   parameters: number
   dims: LlamaDims
   tiedEmbeddings: boolean
@@ -81,14 +95,14 @@ const IMPORT_FILES = [MODEL_FILE, DATA_FILE, ...TOKENIZER_FILES, CHAT_TEMPLATE_F
 
 export async function importGguf(options: ImportOptions): Promise<ImportSummary> {
   const started = Date.now()
-  const { weights, kv } = checkOptions(options)
+  const { weights, kv, accuracyLevel } = checkOptions(options)
   const file = readGguf(resolve(options.file))
   const plan = planModel(file)
   const tokenizer = convertTokenizer(file, plan.dims.contextLength)
   if (tokenizer.size > plan.dims.vocabSize) {
     throw new OrtexError('MODEL_LOAD', `${file.path}: the vocabulary has ${tokenizer.size} tokens but the embedding only ${plan.dims.vocabSize} rows`)
   }
-  const storage: LinearStorage = weights === 'int4' ? { kind: 'int4', accuracyLevel: INT4_ACCURACY_LEVEL } : { kind: 'fp32' }
+  const storage: LinearStorage = accuracyLevel === null ? { kind: 'fp32' } : { kind: 'int4', accuracyLevel }
   const planned = planTensors(plan, storage)
   const layout = layoutWeights(planned.flatMap((t) => t.specs), DATA_FILE)
   const outDir = resolve(options.outDir)
@@ -107,6 +121,7 @@ export async function importGguf(options: ImportOptions): Promise<ImportSummary>
     name: plan.name,
     weights,
     kv,
+    accuracyLevel,
     parameters: plan.parameters,
     dims: plan.dims,
     tiedEmbeddings: plan.tiedEmbeddings,
@@ -118,14 +133,25 @@ export async function importGguf(options: ImportOptions): Promise<ImportSummary>
   }
 }
 
-function checkOptions(options: ImportOptions): { weights: WeightFormat; kv: KvType } {
+function checkOptions(options: ImportOptions): { weights: WeightFormat; kv: KvType; accuracyLevel: AccuracyLevel | null } {
   const weights = options.weights ?? 'fp32'
   if (weights !== 'fp32' && weights !== 'int4') throw new OrtexError('INVALID_ARGUMENT', `weights must be 'fp32' or 'int4', got ${JSON.stringify(weights)}`)
   const kv = options.kv ?? defaultKv(weights)
   if (kv !== 'fp32' && kv !== 'fp16') throw new OrtexError('INVALID_ARGUMENT', `kv must be 'fp32' or 'fp16', got ${JSON.stringify(kv)}`)
   if (!options.file) throw new OrtexError('INVALID_ARGUMENT', 'file is required')
   if (!options.outDir) throw new OrtexError('INVALID_ARGUMENT', 'outDir is required')
-  return { weights, kv }
+  return { weights, kv, accuracyLevel: checkAccuracyLevel(weights, options.accuracyLevel) }
+}
+
+/** An int4 import's accuracy level (default 4); fp32 weights have no MatMulNBits to set it on. */
+function checkAccuracyLevel(weights: WeightFormat, level: AccuracyLevel | undefined): AccuracyLevel | null {
+  if (weights === 'fp32') {
+    if (level !== undefined) throw new OrtexError('INVALID_ARGUMENT', 'accuracyLevel applies to int4 weights only (fp32 weights have no MatMulNBits)')
+    return null
+  }
+  if (level === undefined) return INT4_ACCURACY_LEVEL
+  if (level !== 0 && level !== 4) throw new OrtexError('INVALID_ARGUMENT', `accuracyLevel must be 0 or 4, got ${JSON.stringify(level)}`)
+  return level
 }
 
 /** The KV type an import keeps unless told: float16 beside 4-bit weights, float32 beside float32 ones. */
@@ -237,8 +263,9 @@ function tally(planned: PlannedTensor[]): ImportSummary['tensors'] {
 
 /**
  * The one-line summary: architecture, parameters, weights written, what was kept exactly or
- * requantized, the KV type, time. E.g. "out/smollm2: llama "SmolLM2", 134,515,008 parameters, int4 weights
- * (blocks kept exactly: Q4_1 x210, Q8_0 x1; float32: F32 x61), float16 KV, 140.3 MB in 4.8 s".
+ * requantized, int4's activations, the KV type, time. E.g. "out/smollm2: llama "SmolLM2",
+ * 134,515,008 parameters, int4 weights (blocks kept exactly: Q4_1 x210, Q8_0 x1; float32: F32 x61),
+ * int8 activations, float16 KV, 140.3 MB in 4.8 s".
  */
 export function describeImport(s: ImportSummary): string {
   const list = (counts: Record<string, number>) =>
@@ -250,8 +277,9 @@ export function describeImport(s: ImportSummary): string {
   if (Object.keys(s.tensors.requantized).length > 0) parts.push(`requantized to 4 bits: ${list(s.tensors.requantized)}`)
   if (Object.keys(s.tensors.dequantized).length > 0) parts.push(`float32: ${list(s.tensors.dequantized)}`)
   const name = s.name === undefined ? '' : ` "${s.name}"`
+  const activations = s.accuracyLevel === null ? '' : `${s.accuracyLevel === 4 ? 'int8' : 'float32'} activations, `
   return (
     `${s.outDir}: ${s.architecture}${name}, ${s.parameters.toLocaleString('en-US')} parameters, ${s.weights} weights ` +
-    `(${parts.join('; ')}), ${s.kv === 'fp32' ? 'float32' : 'float16'} KV, ${(s.totalBytes / 1e6).toFixed(1)} MB in ${(s.elapsedMs / 1000).toFixed(1)} s`
+    `(${parts.join('; ')}), ${activations}${s.kv === 'fp32' ? 'float32' : 'float16'} KV, ${(s.totalBytes / 1e6).toFixed(1)} MB in ${(s.elapsedMs / 1000).toFixed(1)} s`
   )
 }

@@ -34,7 +34,7 @@ pub struct EngineStats {
     pub virtual_time_us: u64,
     /// Blocks the prefix cache can find by hash (in use or evictable).
     pub cached_blocks: u32,
-    /// Full prompt blocks looked up in the prefix cache, each counted once per admission.
+    /// Full prompt blocks looked up in the prefix cache (every lookup counted).
     pub prefix_cache_lookups: u64,
     /// Of those, the blocks found and attached instead of computed.
     pub prefix_cache_hits: u64,

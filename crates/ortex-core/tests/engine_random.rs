@@ -66,6 +66,9 @@ fn options_json(seed: u64, rng: &mut Rng) -> String {
 fn check_seed(seed: u64) {
     let mut rng = Rng::new(seed);
     let json = options_json(seed, &mut rng);
+    if std::env::var("ORTEX_TRACE").is_ok() {
+        eprintln!("{json}");
+    }
     let mut engine: Engine = sim(&json);
     let mut model: BTreeMap<u32, ReqModel> = BTreeMap::new();
     let mut live: Vec<RequestId> = Vec::new();
@@ -84,6 +87,10 @@ fn check_seed(seed: u64) {
         check_events(&events, &mut model, seed, 300 + settle_runs);
         settle_runs += 1;
         assert!(settle_runs < 5000, "seed {seed}: the engine does not settle");
+    }
+    // A fatal fault at a rate may also end the engine in the last runs.
+    if !engine.is_healthy() {
+        return check_unhealthy_end(engine, &mut rng, live, seed);
     }
     for id in live.drain(..) {
         assert!(

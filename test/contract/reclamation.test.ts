@@ -185,6 +185,25 @@ describeContract(({ mod, make }) => {
       expect(engine.stats().freeBlocks).toBe(total)
       expect(engine.hasPendingWork()).toBe(false)
     })
+
+    it('a Request dropped with a running turn on an engine that then failed is reclaimed after GC (issue 30)', async () => {
+      // An unhealthy engine refuses run() and createRequest() and reports no pending work: the
+      // reclamation cannot wait for one of those, or the request holds its slot and blocks until
+      // the engine closes.
+      const engine = make({ maxRequests: 2, faults: { fatalSteps: [3] } })
+      const buffer = engine.createEventBuffer(64)
+      const total = engine.stats().totalBlocks
+      const kept = engine.createRequest()
+      kept.beginTurn(new Array(20).fill(79), { maxGeneratedTokens: 1000 })
+      dropWhileRunning(engine, buffer)
+      expect(engine.runSync(buffer)).toBe(1)
+      expectCode(mod, () => engine.runSync(buffer), 'ENGINE_UNHEALTHY')
+      kept.close()
+      const reclaimed = await gcUntil(() => engine.stats().activeRequests === 0, () => engine.hasPendingWork())
+      expect(reclaimed).toBe(true)
+      expect(engine.stats()).toMatchObject({ activeRequests: 0, pendingTurns: 0, freeBlocks: total })
+      ;(engine as any).checkInvariants()
+    })
   })
 })
 

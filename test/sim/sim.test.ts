@@ -23,8 +23,8 @@ const chunks: number[][] = []
 for (let i = 0; i < seeds.length; i += CHUNK) chunks.push(seeds.slice(i, i + CHUNK))
 
 const hasGc = typeof (globalThis as any).gc === 'function'
-/** Dropping handles needs the collector; a few seeds in every chunk do it. */
-const usesGc = (seed: number) => hasGc && seed % 25 === 0
+/** Dropping handles needs the collector; one seed in ten does it. */
+const usesGc = (seed: number) => hasGc && seed % 10 === 0
 
 function replayCommand(seed: number, backend: string): string {
   return `SIM_SEED=${seed} SIM_BACKEND=${backend} npx vitest run test/sim`

@@ -25,10 +25,33 @@ export interface Workload {
 export function workloadFor(rng: Prng): Workload {
   const options = engineOptionsFor(rng)
   const iterations = rng.int(20, 120)
-  const faults = faultsFor(rng, 2 * iterations)
+  const corner = rng.chance(0.15)
+  if (corner) Object.assign(options, cornerOptions(rng))
+  const faults = corner ? cornerFaults(rng, 2 * iterations) : faultsFor(rng, 2 * iterations)
   if (faults !== null) options.faults = faults
-  if (rng.chance(0.1)) options.maxRequests = rng.int(1, 4)
+  if (!corner && rng.chance(0.1)) options.maxRequests = rng.int(1, 4)
   return { options, iterations, faultHorizonSteps: faultHorizon(faults) }
+}
+
+/**
+ * The corners where few things move at once (issue 30's leak): one token a step, a request
+ * count at its limit (the actions keep up to 8 open), prefills never waiting, and faults at
+ * high rates, a fatal one included.
+ */
+function cornerOptions(rng: Prng): Record<string, unknown> {
+  const options: Record<string, unknown> = { maxScheduledTokens: rng.pick([1, 1, 2]), maxRequests: rng.int(1, 3), maxPrefillWaitSteps: 0 }
+  if (rng.chance(0.5)) options.prefillChunkSize = rng.int(1, 4)
+  return options
+}
+
+/** Capacity faults on up to half the steps, retryable ones, and a fatal one for half the seeds. */
+function cornerFaults(rng: Prng, windowSteps: number): Faults {
+  const faults: Faults = {
+    retryableSteps: stepsAtRate(rng, rng.pick([0, 0.1]), windowSteps),
+    capacitySteps: stepsAtRate(rng, rng.pick([0.2, 0.4, 0.5]), windowSteps),
+  }
+  if (rng.chance(0.5)) faults.fatalSteps = [rng.int(0, windowSteps)]
+  return faults
 }
 
 /** KV pressure, scheduling, sampling model: everything but the faults and maxRequests. */

@@ -34,7 +34,7 @@ pub struct EngineStats {
     pub virtual_time_us: u64,
     /// Blocks the prefix cache can find by hash (in use or evictable).
     pub cached_blocks: u32,
-    /// Full prompt blocks looked up in the prefix cache, each counted once per admission.
+    /// Full prompt blocks looked up in the prefix cache (every lookup counted).
     pub prefix_cache_lookups: u64,
     /// Of those, the blocks found and attached instead of computed.
     pub prefix_cache_hits: u64,
@@ -332,11 +332,13 @@ impl Engine {
         Ok(())
     }
 
-    /// The caller dropped its last handle: the request is closed at the next owner boundary.
+    /// The caller dropped its last handle: the request is closed at the next owner boundary, or
+    /// at once on an engine that runs no more steps (unhealthy: it has no boundary left).
     pub fn abandon_request(&mut self, id: RequestId) {
         if self.requests.get_mut(&id).is_some_and(Request::transition_to_abandoned) {
             self.num_abandoned += 1;
         }
+        self.reclaim_abandoned_if_unhealthy();
     }
 
     pub fn request_state(&self, id: RequestId) -> Result<RequestState> {
@@ -499,6 +501,7 @@ impl Engine {
     /// Marks the engine unhealthy from outside (a binding caught a panic, say).
     pub fn mark_unhealthy(&mut self, reason: &str) {
         self.health = Health::Unhealthy(reason.to_string());
+        self.reclaim_abandoned_if_unhealthy();
     }
 
     pub fn stats(&self) -> EngineStats {
@@ -653,6 +656,16 @@ impl Engine {
         }
     }
 
+    /// An unhealthy engine refuses every call that is an owner boundary (run, createRequest) and
+    /// reports no pending work, so a request abandoned there (or before the failure, while the
+    /// failing step was in flight) would hold its blocks and its slot until the engine closes:
+    /// it is closed now instead, as an explicit close would be.
+    fn reclaim_abandoned_if_unhealthy(&mut self) {
+        if self.health != Health::Healthy {
+            self.reclaim_abandoned();
+        }
+    }
+
     /// Removes closed requests whose blocks nothing pins any more (the step in flight, a static
     /// batch), giving their blocks back.
     fn release_closed(&mut self) {
@@ -802,5 +815,9 @@ impl Engine {
     fn fail_engine(&mut self, code: EventErrorCode, reason: String) {
         self.staged.insert(0, Event::engine(flags::FAILED, code));
         self.health = Health::Unhealthy(reason);
+        // Requests abandoned while the failing step was in flight are closed now: nothing of
+        // them may be published after that.
+        self.reclaim_abandoned_if_unhealthy();
+        self.drop_stale_staged();
     }
 }

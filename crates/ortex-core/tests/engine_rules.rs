@@ -387,6 +387,30 @@ fn unhealthy_after_fatal() {
     e.close();
 }
 
+/// Issue 30: an unhealthy engine refuses every owner boundary, so it reclaims a dropped request
+/// at once: one dropped while the failing step was in flight, and one dropped afterwards.
+#[test]
+fn an_unhealthy_engine_reclaims_dropped_requests_at_once() {
+    let mut e = sim(r#"{"seed":15,"blockSize":4,"faults":{"fatalSteps":[0]}}"#);
+    let (during, after) = (req(&mut e), req(&mut e));
+    for r in [during, after] {
+        e.begin_turn(r, &[5; 9], &turn_opts(r#"{"maxGeneratedTokens":5}"#)).unwrap();
+    }
+    let mut buf = vec![0i32; 4 * EVENT_STRIDE_WORDS];
+    let RunStart::Execute(mut tx) = e.run_begin(&mut buf, 4).unwrap() else { panic!("a step is planned") };
+    e.abandon_request(during);
+    tx.execute();
+    let written = e.run_commit(tx, &mut buf, 4);
+    let ev = decode(&buf, written);
+    assert_eq!(ev.iter().map(|x| (x.request, x.flags)).collect::<Vec<_>>(), [(0, flags::FAILED)], "only the failure");
+    assert_eq!(e.request_state(during).unwrap(), RequestState::Closed, "dropped in flight: closed at the failure");
+    e.abandon_request(after);
+    assert_eq!(e.request_state(after).unwrap(), RequestState::Closed, "dropped afterwards: closed at once");
+    e.check_invariants();
+    let stats = e.stats();
+    assert_eq!((stats.active_requests, stats.pending_turns, stats.free_blocks), (0, 0, stats.total_blocks));
+}
+
 #[test]
 fn unserviceable_request_fails_alone() {
     let mut e = sim(r#"{"seed":16,"blockSize":4,"numBlocks":4}"#);

@@ -260,6 +260,31 @@ fn a_truncation_into_a_shared_block_prefills_again_what_it_kept() {
     assert_eq!(outcomes[1].0, 1);
 }
 
+/// Issue 30: a request that waits for blocks looks nothing up while it waits. A holds both blocks
+/// of the pool and decodes 30 steps inside them while B, whose prompt no cache holds, waits; B
+/// looks its first block up once, when A is closed and it fits. Before, it looked the same block
+/// up (a SHA-256 and a search) on every one of those steps: under KV pressure, a lookup per
+/// waiting request per step made the cache slower than none.
+#[test]
+fn a_request_waiting_for_blocks_looks_nothing_up_until_it_fits() {
+    let mut engine = sim(r#"{"seed":7,"blockSize":32,"numBlocks":2,"maxLength":128}"#);
+    let (a, b) = (req(&mut engine), req(&mut engine));
+    let prompt = |first: i32| (0..33).map(|i| first + i).collect::<Vec<i32>>();
+    let turn_a = engine.begin_turn(a, &prompt(100), &turn_opts(r#"{"maxGeneratedTokens":31}"#)).unwrap();
+    let mut events = run(&mut engine, 8);
+    let turn_b = engine.begin_turn(b, &prompt(200), &turn_opts(r#"{"maxGeneratedTokens":2}"#)).unwrap();
+    while finish_of(&events, a, turn_a).is_empty() {
+        events.extend(run(&mut engine, 8));
+    }
+    assert!(events.iter().any(|e| e.request == b.0 && e.error == ERR_CAPACITY_DEFERRED), "B waited for blocks");
+    assert_eq!(engine.stats().prefix_cache_lookups, 1, "only A's admission looked up; B waited without");
+    engine.close_request(a).unwrap();
+    let events = run_all(&mut engine, 8);
+    assert_eq!(finish_of(&events, b, turn_b)[0].usage, Some((33, 2, 0)));
+    let stats = engine.stats();
+    assert_eq!((stats.prefix_cache_lookups, stats.prefix_cache_hits), (2, 0), "one lookup per admission");
+}
+
 fn req(engine: &mut Engine) -> RequestId {
     engine.create_request(&RequestOptions::default()).unwrap()
 }

@@ -21,7 +21,6 @@ struct Table {
     tokens: Vec<i32>,
     computed: u32,
     slots: Vec<Slot>,
-    probed: u32,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -63,10 +62,7 @@ impl Model {
         let mut index = first;
         while index < target.saturating_sub(1) / bs {
             let hash = self.hash_of(table, index as usize);
-            if index >= table.probed {
-                self.lookups += 1;
-                table.probed = index + 1;
-            }
+            self.lookups += 1;
             let Some(entry) = self.entries.get_mut(&hash) else { break };
             entry.holders += 1;
             entry.released = None;
@@ -132,7 +128,6 @@ impl Model {
         let freed = table.slots.split_off(keep.min(table.slots.len()));
         self.let_go(&freed);
         table.computed = computed;
-        table.probed = table.probed.min(computed / bs);
         computed
     }
 }

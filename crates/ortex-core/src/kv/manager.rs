@@ -121,8 +121,6 @@ struct Table {
     blocks: Vec<BlockId>,
     /// With prefix caching: the chain hash of each full computed block, in order.
     hashes: Vec<BlockHash>,
-    /// Blocks already counted as looked up since the table was last emptied.
-    probed: u32,
 }
 
 /// The paged KV cache: a fixed pool of blocks, one table per open request, and optionally the
@@ -243,7 +241,7 @@ impl KvManager for PagedKv {
     }
 
     fn open(&mut self, id: RequestId) -> KvHandle {
-        let table = Some(Table { owner: id, blocks: Vec::new(), hashes: Vec::new(), probed: 0 });
+        let table = Some(Table { owner: id, blocks: Vec::new(), hashes: Vec::new() });
         match self.vacant.pop() {
             Some(index) => {
                 self.tables[index as usize] = table;
@@ -275,10 +273,7 @@ impl KvManager for PagedKv {
         while index < attachable {
             let span = (index * block_size) as usize..((index + 1) * block_size) as usize;
             let hash = chain_hash(table.hashes.last().unwrap_or(&ROOT_HASH), &tokens[span]);
-            if index >= table.probed {
-                cache.lookups += 1;
-                table.probed = index + 1;
-            }
+            cache.lookups += 1;
             let Some(block) = cache.find(&hash) else { break };
             cache.add_ref(block);
             cache.hits += 1;
@@ -351,7 +346,6 @@ impl KvManager for PagedKv {
         let table = self.entry_mut(kv);
         let blocks = std::mem::take(&mut table.blocks);
         table.hashes.clear();
-        table.probed = 0;
         self.let_go(&blocks);
     }
 
@@ -362,7 +356,6 @@ impl KvManager for PagedKv {
         let table = self.entry_mut(kv);
         let freed = table.blocks.split_off(keep.min(table.blocks.len()));
         table.hashes.truncate(full);
-        table.probed = table.probed.min(full as u32);
         self.let_go(&freed);
         computed
     }

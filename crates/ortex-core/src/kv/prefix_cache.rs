@@ -83,7 +83,9 @@ pub struct PrefixCache {
     refs: Vec<u32>,
     evictable: BTreeMap<u64, BlockId>,
     next_stamp: u64,
-    /// Full prompt blocks looked up, each table position counted once per admission.
+    /// Full blocks looked up (a chain hash computed and searched for), every one counted: the
+    /// scheduler looks up only for a request whose next token fits, so that a request waiting
+    /// for blocks does not look the same block up step after step.
     pub lookups: u64,
     /// Of those, the blocks found and attached.
     pub hits: u64,

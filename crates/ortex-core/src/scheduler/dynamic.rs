@@ -52,6 +52,10 @@ impl Scheduler {
             if budget.rows == 0 || budget.tokens == 0 {
                 break;
             }
+            if !next_token_fits(input, position) {
+                deferred.push(input.requests.at(position).id);
+                continue;
+            }
             attach_cached_prefix(input, position);
             let request = input.requests.at(position);
             let chunk_cap = if request.is_decoding() { 1 } else { config.prefill_chunk_size };
@@ -104,6 +108,16 @@ impl Scheduler {
         plan.block_ids.extend_from_slice(&table[first_block as usize..]);
         self.notified.remove(&request.id);
     }
+}
+
+/// Whether the request's next token fits the pool now. One that does not is deferred before it
+/// looks anything up in the prefix cache: attaching cached blocks never makes room (an evictable
+/// block it attaches was counted free, and a block another table holds leaves the room as it
+/// was), so its admission would fail anyway, and under KV pressure a lookup (a SHA-256 and a
+/// search) per waiting request per step made the cache slower than none (issue 30).
+fn next_token_fits(input: &PlanInput<'_>, position: usize) -> bool {
+    let request = input.requests.at(position);
+    matches!(input.kv.admit(request.kv, request.kv_len, request.compute_target(), 1), Admission::Fits(_))
 }
 
 /// A prefill first takes what the prefix cache holds of its tokens (at a block boundary; nothing

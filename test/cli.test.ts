@@ -127,4 +127,20 @@ describe('ortex generate --simulated', () => {
       expect(run.stdout).toMatch(new RegExp(`^total: 10 tokens from 2 requests in [\\d.]+ ms: [\\d.]+ tok/s \\(${backend}\\)$`, 'm'))
     })
   }
+
+  it('--chat renders each prompt as a user message with the chat template', () => {
+    const answer = (run: { stdout: string }) => run.stdout.match(/^\[r1\] (.*)$/m)?.[1]
+    const chat = ortex('generate', '--simulated', '--chat', '--max-tokens', '6', '--prompt', 'Hi there')
+    const raw = ortex('generate', '--simulated', '--max-tokens', '6', '--prompt', '<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n')
+    const plain = ortex('generate', '--simulated', '--max-tokens', '6', '--prompt', 'Hi there')
+    expect(chat.status, chat.stderr).toBe(0)
+    expect(answer(chat)).toBeDefined()
+    expect(answer(chat)).toBe(answer(raw))
+    expect(answer(chat)).not.toBe(answer(plain))
+    const withSystem = ortex('generate', '--simulated', '--chat', '--system', 'Be brief.', '--max-tokens', '6', '--prompt', 'Hi there')
+    const rawSystem = ortex('generate', '--simulated', '--max-tokens', '6', '--prompt', '<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n')
+    expect(answer(withSystem)).toBe(answer(rawSystem))
+    const usage = ortex('generate', '--simulated', '--system', 'Be brief.')
+    expect([usage.status, usage.stderr.trim()]).toEqual([2, 'ortex: --system needs --chat'])
+  })
 })

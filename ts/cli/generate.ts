@@ -6,7 +6,8 @@ import { parseArgs } from 'node:util'
 
 import type { Engine } from '../engine'
 import type { Turn, TurnResult } from '../shared'
-import { ENGINE_FLAGS, type EngineChoice, engineChoice, integerFlag, numberFlag, openEngine } from './args'
+import type { ChatMessage } from '../types'
+import { ENGINE_FLAGS, type EngineChoice, UsageError, engineChoice, integerFlag, numberFlag, openEngine } from './args'
 
 export const GENERATE_HELP = `Usage: ortex generate (--model DIR | --simulated) [options]
 
@@ -17,6 +18,11 @@ Options:
   --model DIR          an ONNX model folder (genai_config.json, model.onnx, tokenizer.json)
   --simulated          the deterministic simulated model instead of a model folder
   --prompt TEXT        a prompt; repeat for several (requests cycle through them)
+  --chat               each prompt is a user message, rendered with the model's chat template
+                       (the folder's; the simulated model's: ChatML); its end-of-turn token ends
+                       the reply
+  --system TEXT        with --chat: a system message before each prompt (default: none, so the
+                       template's own default, if it has one)
   --max-tokens N       tokens to generate per request (default 64)
   --concurrency K      requests running at once (default: the number of prompts, at least 1)
   --seed N             the simulated model's seed (default 0)
@@ -33,6 +39,8 @@ interface GenerateArgs {
   maxTokens: number
   concurrency: number
   temperature: number | undefined
+  chat: boolean
+  system: string | undefined
 }
 
 function parseGenerate(argv: string[]): GenerateArgs | 'help' {
@@ -46,11 +54,14 @@ function parseGenerate(argv: string[]): GenerateArgs | 'help' {
       'max-tokens': { type: 'string' },
       concurrency: { type: 'string' },
       temperature: { type: 'string' },
+      chat: { type: 'boolean' },
+      system: { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
   })
   if (values.help) return 'help'
   const engine = engineChoice(values)
+  if (values.system !== undefined && values.chat !== true) throw new UsageError('--system needs --chat')
   const prompts = values.prompt ?? []
   return {
     engine,
@@ -58,6 +69,8 @@ function parseGenerate(argv: string[]): GenerateArgs | 'help' {
     maxTokens: integerFlag('max-tokens', values['max-tokens'], 64, 1, 2 ** 31 - 1),
     concurrency: integerFlag('concurrency', values.concurrency, Math.max(1, prompts.length), 1, 4096),
     temperature: numberFlag('temperature', values.temperature),
+    chat: values.chat === true,
+    system: values.system,
   }
 }
 
@@ -125,16 +138,19 @@ async function consume(job: Job, view: View): Promise<void> {
   view.finished(job)
 }
 
+function chatMessages(system: string | undefined, prompt: string): ChatMessage[] {
+  const user: ChatMessage = { role: 'user', content: prompt }
+  return system === undefined ? [user] : [{ role: 'system', content: system }, user]
+}
+
 /** Starts the jobs, one generate() each; Ctrl-C aborts them (twice exits at once). */
 function startJobs(engine: Engine, args: GenerateArgs, signal: AbortSignal): Job[] {
   const width = String(args.concurrency).length
   const jobs: Job[] = []
   for (let i = 0; i < args.concurrency; i++) {
-    const turn = engine.generate(args.prompts[i % args.prompts.length]!, {
-      maxGeneratedTokens: args.maxTokens,
-      temperature: args.temperature,
-      signal,
-    })
+    const prompt = args.prompts[i % args.prompts.length]!
+    const options = { maxGeneratedTokens: args.maxTokens, temperature: args.temperature, signal }
+    const turn = args.chat ? engine.chat(chatMessages(args.system, prompt), options) : engine.generate(prompt, options)
     jobs.push({
       tag: `[r${String(i + 1).padStart(width, '0')}]`,
       turn,

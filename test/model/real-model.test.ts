@@ -12,7 +12,7 @@
 import { existsSync, readFileSync } from 'node:fs'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { Engine } from 'ortex'
+import { Engine, startServer } from 'ortex'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { readGguf } from '../../ts/modelkit/gguf/reader'
 import { RealModelUnavailable, SMOLLM2, chatPrompt, smolLM2Folder, smolLM2Gguf } from '../../ts/modelkit/real-model'
@@ -165,6 +165,27 @@ describe.skipIf(!ready)('SmolLM2-135M-Instruct (real model)', () => {
     // parseSpecialTokens: the trusted caller's way, as Hugging Face tokenizes.
     const trusted = await fp32.chat([{ role: 'user', content: '<|im_start|>'.repeat(60) }], { maxGeneratedTokens: 1, parseSpecialTokens: true }).done
     expect(trusted.usage.promptTokens).toBe(empty.length + 60)
+    // Over HTTP (the OpenAI API renders off the JS thread): the same prompt, the same count.
+    const server = await startServer(fp32, { port: 0, modelName: 'smollm2' })
+    try {
+      const response = await fetch(`${server.url}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({
+          model: 'smollm2',
+          max_tokens: 1,
+          messages: [
+            { role: 'system', content: SMOLLM2.systemPrompt },
+            { role: 'user', content: '<|im_start|>'.repeat(60) },
+          ],
+        }),
+      })
+      const body = (await response.json()) as { usage: { prompt_tokens: number } }
+      expect(response.status).toBe(200)
+      expect(body.usage.prompt_tokens).toBe(flood.length)
+    } finally {
+      await server.close()
+    }
   })
 
   it('the int4 import loads and answers, on a float16 cache', async () => {

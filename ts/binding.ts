@@ -47,6 +47,10 @@ export interface CoreEngine {
   beginTurn(requestId: number, tokens: Int32Array, options: TurnOptionsInput): number
   prefill(requestId: number, tokens: Int32Array): void
   cancelTurn(requestId: number, turnId: number): boolean
+  /** Holds the running turn `turnId`: the scheduler plans nothing for it until `releaseTurn`
+   *  (its consumer reads nothing). The hold ends with the turn. False when it was not running. */
+  holdTurn(requestId: number, turnId: number): boolean
+  releaseTurn(requestId: number, turnId: number): boolean
   /** Ends the running turn `turnId` because stop string `stopIndex` appeared in its text: one
    *  finish with reason 'stop' and that index. False when the turn was not running. */
   stopTurn(requestId: number, turnId: number, stopIndex: number): boolean

@@ -368,6 +368,7 @@ export class Engine implements EventOwner {
       detokenizeQuietly: (tokens) => this.quietly(() => this.core.detokenize(tokens), ''),
       logprobQuietly: (requestId, index) => this.quietly(() => logprobOf(this.core.requestLogprobs(requestId, index, index + 1)[0]), null),
       cancelTurnQuietly: (requestId, turnId) => this.endTurnQuietly(() => this.core.cancelTurn(requestId, turnId)),
+      holdTurnQuietly: (requestId, turnId, held) => this.holdTurnQuietly(requestId, turnId, held),
       stopTurnQuietly: (requestId, turnId, index) => this.endTurnQuietly(() => this.core.stopTurn(requestId, turnId, index)),
     }
   }
@@ -451,6 +452,15 @@ export class Engine implements EventOwner {
     const ended = this.quietly(end, false)
     if (ended) this.driver.kick()
     return ended
+  }
+
+  /** Pacing a streamed turn: never throws; a release wakes the loop (the held turn was no work). */
+  private holdTurnQuietly(requestId: number, turnId: number, held: boolean): boolean {
+    if (this.closed) return false
+    const core = this.core
+    const changed = this.quietly(() => (held ? core.holdTurn(requestId, turnId) : core.releaseTurn(requestId, turnId)), false)
+    if (!held) this.driver.kick()
+    return held && changed
   }
 
   private checkOpen(): void {

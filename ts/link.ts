@@ -26,6 +26,9 @@ export interface TurnLink {
   logprobQuietly(requestId: number, index: number): TokenLogprob | null
   /** Ends the turn in the core because stop string `stopIndex` appeared in its text. */
   stopTurnQuietly(requestId: number, turnId: number, stopIndex: number): boolean
+  /** Holds (`held`) or releases the running turn in the core (pacing by its iterators); whether
+   *  the turn is now held. Releasing wakes the driven loop. */
+  holdTurnQuietly(requestId: number, turnId: number, held: boolean): boolean
   /** The turn ended: the engine stops routing to it (and closes a generate() request). */
   turnFinished(state: { readonly requestId: number }): void
   /** Iterating a turn starts the engine's driven loop. */

@@ -22,12 +22,20 @@
 // ids (no allocation per token beyond its growing Int32Array) and detokenizes once when it
 // finishes. Iterating (or `stop`) switches on streaming detokenization, replaying what already
 // arrived.
+//
+// Generation is paced by the reader: while every iterator of a turn (Turn's async iteration) is
+// `STREAM_HOLD_EVENTS` or more chunks behind, the turn is held in the core (Engine::hold_turn: the
+// scheduler plans nothing for it, its KV stays), and it is released once the fastest iterator is
+// within half of that again. A turn nobody iterates (read through `done`) is never held.
 
 import type { TurnLink } from './link'
 // Type only: at run time this module imports nothing of request.ts (which imports this one).
 import type { Request } from './request'
 import { StopMatcher, StreamingDetokenizer } from './text'
 import type { EventErrorCode, FinishReason, StopMatch, TokenLogprob, TurnChunk, TurnResult, TurnUsage } from './types'
+
+/** @internal Undelivered chunks an iterated turn may have before it is held in the core. */
+export const STREAM_HOLD_EVENTS = 256
 
 /** Streaming state, present once someone iterates or the turn has `stop` strings. */
 interface TextStream {
@@ -70,6 +78,10 @@ export class TurnState {
   private readonly promptTokens: number
   private readonly stops: readonly string[] | null
   private waiters: (() => void)[] = []
+  /** The iterators reading this turn (pacing: see the module comment). */
+  private readonly readers = new Set<TurnCursor>()
+  /** Held in the core because every iterator fell behind. */
+  private held = false
   private signal: AbortSignal | null = null
   private readonly onAbort = (): void => {
     this.cancel()
@@ -136,7 +148,33 @@ export class TurnState {
     this.tokens[this.count++] = token
     if (this.logprobs !== null) this.recordLogprob(token)
     if (this.stream !== null) this.streamToken()
+    this.pace()
     this.wake()
+  }
+
+  /** An iterator starts (`attach`) or stops reading this turn. */
+  setReader(cursor: TurnCursor, attach: boolean): void {
+    if (attach) this.readers.add(cursor)
+    else this.readers.delete(cursor)
+    this.pace()
+  }
+
+  /**
+   * Holds the turn in the core while every iterator is `STREAM_HOLD_EVENTS` or more chunks behind,
+   * and releases it once the fastest one is within half of that (or none is left). Called when a
+   * token arrives, when an iterator reads, and when one starts or stops.
+   */
+  pace(): void {
+    if (this.ended) return // the core ended the hold with the turn
+    let lag = Number.POSITIVE_INFINITY
+    for (const reader of this.readers) lag = Math.min(lag, this.count - reader.position)
+    if (this.readers.size === 0) lag = 0
+    if (!this.held && lag >= STREAM_HOLD_EVENTS) {
+      this.held = this.link.holdTurnQuietly(this.requestId, this.turnId, true)
+    } else if (this.held && lag <= STREAM_HOLD_EVENTS / 2) {
+      this.held = false
+      this.link.holdTurnQuietly(this.requestId, this.turnId, false)
+    }
   }
 
   /** The turn asked for log-probabilities: each token's is read as its event arrives. */
@@ -264,11 +302,22 @@ export class TurnState {
  * held-back text into the last chunk: `heldBack()` is that growth.
  */
 export class TurnCursor {
-  private position = 0
+  /** Chunks read so far. */
+  position = 0
   private lastReadText = ''
 
-  constructor(private readonly state: TurnState) {
+  /** `paced`: the turn's generation waits for this reader (Turn's iterator). */
+  constructor(
+    private readonly state: TurnState,
+    private readonly paced = false,
+  ) {
     state.enableStream()
+    if (paced) state.setReader(this, true)
+  }
+
+  /** A paced reader stops reading: the turn no longer waits for it. */
+  detach(): void {
+    if (this.paced) this.state.setReader(this, false)
   }
 
   /** The next chunk, or null when none has arrived yet (see `ended` and `wait`). */
@@ -277,6 +326,7 @@ export class TurnCursor {
     if (this.position >= state.count) return null
     const i = this.position++
     this.lastReadText = state.chunkText(i)
+    if (this.paced) state.pace()
     const logprob = state.logprobs?.[i]
     return logprob === undefined ? { token: state.tokens[i]!, text: this.lastReadText } : { token: state.tokens[i]!, text: this.lastReadText, logprob }
   }
@@ -341,10 +391,12 @@ export class Turn implements AsyncIterable<TurnChunk> {
   /**
    * Streams the turn's chunks from its first token. Iterating starts the engine's driven loop
    * (`engine.start()`). Breaking out of the loop cancels the turn. Several iterators may run at
-   * once; each sees every chunk.
+   * once; each sees every chunk. Generation is paced by the reader: while every iterator is
+   * `STREAM_HOLD_EVENTS` (256) or more chunks behind, the turn generates nothing (it keeps its
+   * place and its KV) until one reads again.
    */
   [Symbol.asyncIterator](): AsyncIterator<TurnChunk> {
-    const cursor = new TurnCursor(this._state)
+    const cursor = new TurnCursor(this._state, true)
     this.link.ensureStarted()
     let closed = false
     return {
@@ -353,12 +405,16 @@ export class Turn implements AsyncIterable<TurnChunk> {
           if (closed) return { value: undefined, done: true }
           const chunk = cursor.read()
           if (chunk !== null) return { value: chunk, done: false }
-          if (cursor.ended) return { value: undefined, done: true }
+          if (cursor.ended) {
+            cursor.detach()
+            return { value: undefined, done: true }
+          }
           await cursor.wait()
         }
       },
       return: async (): Promise<IteratorResult<TurnChunk>> => {
         closed = true
+        cursor.detach()
         this._state.cancel()
         return { value: undefined, done: true }
       },

@@ -1,8 +1,10 @@
 // Streamed responses to clients that never read, over raw sockets against the simulated model:
-// what the server holds for them is bounded (a client that stays above maxBufferedBytes for
-// sendStallMs is dropped and its turn cancelled, so generation stops), and clients that go away
-// take their turns with them at once, without the server formatting what those turns had made
-// for nobody (which used to hold the event loop for seconds: /health answered after 12-25 s).
+// generation is paced by the reader (a response stops pulling its turn while its client is above
+// maxBufferedBytes, and the turn is then held in the engine), so what the server holds for them
+// is bounded long before sendStallMs; a client that stays above for sendStallMs is dropped and
+// its turn cancelled; and clients that go away take their turns with them at once, without the
+// server formatting what those turns had made for nobody (which used to hold the event loop for
+// seconds: /health answered after 12-25 s).
 import { type Socket, connect } from 'node:net'
 import { afterEach, describe, expect, it } from 'vitest'
 import { ortex } from '../helpers/backends'
@@ -23,6 +25,24 @@ async function until(condition: () => boolean, what: string): Promise<void> {
 }
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
+
+/** Waits until the engine generated nothing for `quietMs`; returns how many tokens it had. */
+async function untilGenerationStops(engine: EngineT, quietMs: number): Promise<number> {
+  const start = Date.now()
+  let last = -1
+  for (;;) {
+    const generated = engine.stats().generatedTokens
+    if (generated === last) return generated
+    if (Date.now() - start > WAIT_LIMIT_MS) throw new Error(`generation did not stop: ${generated} tokens`)
+    last = generated
+    await sleep(quietMs)
+  }
+}
+
+/** Unpaced (before issue 30's pacing), four such clients made ~225,000 tokens in 5 s and kept
+ *  going at ~50,000 a second, the server's RSS growing by ~240 MiB; paced, ~22,000 tokens (what
+ *  the sockets' buffers took, plus 256 chunks a turn) and ~60 MiB, then nothing more. */
+const PACED_TOKEN_BOUND = 4 * 15_000
 
 /** The issue's request: a long stream with 20 alternatives per token, the costliest chunks. */
 const BODY = JSON.stringify({
@@ -85,11 +105,25 @@ describe('streaming clients that never read', () => {
     expect(await healthMs(server)).toBeLessThan(1000)
   })
 
+  it('pace their turns: generation stops while they do not read, long before sendStallMs', async () => {
+    global.gc?.()
+    const rss = process.memoryUsage().rss
+    await start({}) // the default sendStallMs (30 s): only pacing stops these turns
+    const generated = await untilGenerationStops(engine, 500)
+    expect(generated).toBeLessThan(PACED_TOKEN_BOUND)
+    await sleep(1000)
+    expect(engine.stats().generatedTokens).toBe(generated)
+    expect(engine.stats().activeRequests).toBe(4) // held, not dropped
+    global.gc?.()
+    expect(process.memoryUsage().rss - rss).toBeLessThan(160 * 2 ** 20)
+    expect(await healthMs(server)).toBeLessThan(1000)
+  })
+
   it('that go away cancel their turns at once, and what the turns made for them is dropped unformatted', async () => {
     // The stall bound is far away: only the clients' leaving ends the turns.
     await start({})
-    // A backlog: tokens made for clients that do not read (formatting them all took seconds).
-    await until(() => engine.stats().generatedTokens >= 100_000, 'a backlog of generated tokens')
+    // A backlog: chunks made for clients that do not read, as many as pacing lets them have.
+    await untilGenerationStops(engine, 300)
     for (const socket of sockets) socket.destroy()
     expect(await healthMs(server)).toBeLessThan(1000)
     await until(() => engine.stats().activeRequests === 0, 'the abandoned turns to be cancelled')

@@ -7,9 +7,10 @@
 //   still there after sendStallMs ──▶ the client does not read: it is dropped (its turn or
 //                                   session learns it from the socket's close)
 //
-// The engine has no way to pause one turn, so a turn whose client stalls keeps generating until
-// it ends or the client is dropped: what one stalled client costs is at most sendStallMs of
-// generation (and the turn's own limits), never an unbounded queue.
+// A streamed HTTP response stops pulling its turn's chunks while its client is above the bound,
+// and a turn whose iterator falls behind is held in the engine (turn.ts: generation is paced by
+// the reader), so a stalled client costs a few hundred chunks of generation, not sendStallMs of
+// it; a client that never reads is still dropped after sendStallMs, which cancels its turn.
 
 import * as v from '../validate'
 

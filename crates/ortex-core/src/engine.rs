@@ -313,6 +313,28 @@ impl Engine {
         Ok(true)
     }
 
+    /// Holds the request's running turn `turn`: the scheduler plans no row for it until
+    /// `release_turn`, so it generates nothing while its consumer reads nothing (a streaming
+    /// client that stopped reading). The request stays admitted with its KV, and keeps its place
+    /// in the waiting order; under KV pressure its blocks may be preempted as an idle request's
+    /// are (recomputed after the release, no token lost), so a hold never blocks another request.
+    /// A step already in flight still commits its token. Cancel and close work as on any turn;
+    /// the hold ends with the turn. Returns false (and holds nothing) when `turn` is not running.
+    pub fn hold_turn(&mut self, id: RequestId, turn: TurnId) -> Result<bool> {
+        self.set_held(id, turn, true)
+    }
+
+    /// Ends a hold (`hold_turn`): the turn is scheduled again from where it stopped, with the
+    /// tokens an unheld run would have produced. Returns false when `turn` is not running.
+    pub fn release_turn(&mut self, id: RequestId, turn: TurnId) -> Result<bool> {
+        self.set_held(id, turn, false)
+    }
+
+    pub fn is_turn_held(&self, id: RequestId) -> Result<bool> {
+        self.check_known(id)?;
+        Ok(self.requests.get(&id).is_some_and(Request::is_held))
+    }
+
     /// Closes a request: idempotent, from every state. Its blocks are freed at once unless a step
     /// in flight or a static batch still holds its row; then when that ends.
     pub fn close_request(&mut self, id: RequestId) -> Result<()> {
@@ -461,12 +483,13 @@ impl Engine {
         self.publish(out, capacity)
     }
 
+    /// Whether a `run` would do anything: a held turn alone is no pending work.
     pub fn has_pending_work(&mut self) -> bool {
         if self.closed || self.health != Health::Healthy {
             return false;
         }
         self.reclaim_abandoned();
-        self.in_flight.is_some() || !self.retained.is_empty() || self.requests.values().any(Request::needs_compute)
+        self.in_flight.is_some() || !self.retained.is_empty() || self.requests.values().any(Request::wants_step)
     }
 
     /// Closes every request and releases the model (the executor with its KV storage, and the
@@ -559,6 +582,7 @@ impl Engine {
             );
             if request.is_closed() {
                 assert_eq!(self.retained.count_for(request.id), 0, "closed request {} has events", request.id.0);
+                assert!(!request.is_held(), "closed request {} is held", request.id.0);
             }
         }
         let counted = [lifecycles[Lifecycle::Abandoned as usize], lifecycles[Lifecycle::Closed as usize]];
@@ -637,6 +661,16 @@ impl Engine {
         let mut event = Event::request(id, turn, 0, EventErrorCode::None);
         event.finish(reason, usage);
         self.retained.push(event);
+    }
+
+    /// The one writer of a turn's hold flag. A closed request or another turn holds nothing.
+    fn set_held(&mut self, id: RequestId, turn: TurnId, held: bool) -> Result<bool> {
+        self.check_open()?;
+        self.check_known(id)?;
+        let running = self.requests.get_mut(&id).and_then(Request::running_turn_mut).filter(|t| t.id == turn);
+        let Some(running) = running else { return Ok(false) };
+        running.held = held;
+        Ok(true)
     }
 
     /// Whether the step in flight computes KV of `id`.

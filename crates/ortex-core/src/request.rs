@@ -72,6 +72,9 @@ pub struct Turn {
     pub cached_prompt_tokens: u32,
     pub generated_tokens: u32,
     pub rng: Rng,
+    /// Held by its consumer (Engine::hold_turn): the scheduler plans no row for it until it is
+    /// released. It lives on the turn, so that it ends with it (finish, cancel, close).
+    pub held: bool,
 }
 
 impl Turn {
@@ -185,6 +188,17 @@ impl Request {
         self.compute_target() > self.kv_len
     }
 
+    /// Whether its running turn is held (Engine::hold_turn).
+    pub fn is_held(&self) -> bool {
+        self.running_turn().is_some_and(|t| t.held)
+    }
+
+    /// Whether the scheduler may plan a row for it now: it needs compute and is not held. A held
+    /// request keeps its blocks and its place in the waiting order, but counts as idle.
+    pub fn wants_step(&self) -> bool {
+        self.needs_compute() && !self.is_held()
+    }
+
     /// A decode row: a turn that already produced tokens and has only its last one pending.
     pub fn is_decoding(&self) -> bool {
         matches!(&self.turn, TurnSlot::Running(t) if t.generated_tokens > 0) && self.token_count() == self.kv_len + 1
@@ -200,7 +214,7 @@ impl Request {
         self.last_turn_id += 1;
         let id = TurnId(self.last_turn_id);
         let prompt_start = self.token_count() - prompt_tokens;
-        let turn = Turn { id, options, prompt_tokens, prompt_start, cached_prompt_tokens: 0, generated_tokens: 0, rng };
+        let turn = Turn { id, options, prompt_tokens, prompt_start, cached_prompt_tokens: 0, generated_tokens: 0, rng, held: false };
         self.turn = TurnSlot::Running(turn);
         id
     }

@@ -25,6 +25,9 @@ struct ReqModel {
     turns: BTreeMap<u32, TurnModel>,
     last_turn: u32,
     closed: bool,
+    /// Its running turn is held (hold_turn): the token count it had then, which may not grow
+    /// until the release.
+    held: Option<u32>,
 }
 
 /// The seed's engine options: KV pressure, batching, a token budget, and faults for a third of
@@ -80,7 +83,9 @@ fn check_seed(seed: u64) {
         let capacity = [1, 2, 5, 64][rng.below(4) as usize];
         let events = run(&mut engine, capacity);
         check_events(&events, &mut model, seed, step);
+        check_holds(&engine, &model, &live, seed);
     }
+    release_holds(&mut engine, &mut model, &live, seed);
     let mut settle_runs = 0;
     while engine.has_pending_work() {
         let events = run(&mut engine, 64);
@@ -109,6 +114,25 @@ fn check_seed(seed: u64) {
     for (id, r) in &model {
         for (t, turn) in &r.turns {
             assert!(turn.finished || r.closed, "seed {seed}: request {id} turn {t} never finished");
+        }
+    }
+}
+
+/// A held turn generates nothing: its request's context stays as it was when it was held.
+fn check_holds(engine: &Engine, model: &BTreeMap<u32, ReqModel>, live: &[RequestId], seed: u64) {
+    for id in live {
+        if let Some(count) = model[&id.0].held {
+            assert_eq!(engine.token_count(*id).unwrap(), count, "seed {seed}: held request {} grew", id.0);
+        }
+    }
+}
+
+/// Before settling: every hold is released (a held turn would never finish).
+fn release_holds(engine: &mut Engine, model: &mut BTreeMap<u32, ReqModel>, live: &[RequestId], seed: u64) {
+    for id in live {
+        let r = model.get_mut(&id.0).unwrap();
+        if r.held.take().is_some() {
+            assert!(engine.release_turn(*id, TurnId(r.last_turn)).unwrap(), "seed {seed}: a held turn ended");
         }
     }
 }
@@ -186,8 +210,23 @@ fn act(engine: &mut Engine, rng: &mut Rng, model: &mut BTreeMap<u32, ReqModel>, 
             let cancelled = engine.cancel_turn(id, TurnId(turn)).unwrap();
             assert_eq!(cancelled, running, "seed {seed}: cancel answers whether the turn ran");
             if cancelled {
-                model.get_mut(&id.0).unwrap().turns.get_mut(&turn).unwrap().cancelled = true;
+                let r = model.get_mut(&id.0).unwrap();
+                r.turns.get_mut(&turn).unwrap().cancelled = true;
+                r.held = None; // the hold ends with the turn
             }
+        }
+        8 if !live.is_empty() => {
+            // A consumer that stops reading (two in three) or reads again.
+            let id = live[rng.below(live.len() as u64) as usize];
+            let turn = TurnId(model[&id.0].last_turn);
+            let running = matches!(engine.request_state(id).unwrap(), RequestState::Queued | RequestState::Active);
+            let hold = rng.below(3) != 0;
+            let changed = if hold { engine.hold_turn(id, turn) } else { engine.release_turn(id, turn) }.unwrap();
+            assert_eq!(changed, running, "seed {seed}: a hold answers whether the turn runs");
+            assert_eq!(engine.is_turn_held(id).unwrap(), hold && running, "seed {seed}");
+            let count = engine.token_count(id).unwrap();
+            let r = model.get_mut(&id.0).unwrap();
+            r.held = if hold && running { Some(r.held.unwrap_or(count)) } else { None };
         }
         7 if !live.is_empty() => {
             let id = live.swap_remove(rng.below(live.len() as u64) as usize);

@@ -258,6 +258,16 @@ impl CoreEngine {
     }
 
     #[napi]
+    pub fn hold_turn(&self, request_id: u32, turn_id: u32) -> napi::Result<bool, String> {
+        self.call(|engine| ops::hold_turn_impl(engine, request_id, turn_id))
+    }
+
+    #[napi]
+    pub fn release_turn(&self, request_id: u32, turn_id: u32) -> napi::Result<bool, String> {
+        self.call(|engine| ops::release_turn_impl(engine, request_id, turn_id))
+    }
+
+    #[napi]
     pub fn stop_turn(&self, request_id: u32, turn_id: u32, stop_index: u32) -> napi::Result<bool, String> {
         self.call(|engine| ops::stop_turn_impl(engine, request_id, turn_id, stop_index))
     }

@@ -76,6 +76,14 @@ pub fn cancel_turn_impl(engine: &mut Engine, request_id: u32, turn_id: u32) -> R
     engine.cancel_turn(RequestId(request_id), TurnId(turn_id))
 }
 
+pub fn hold_turn_impl(engine: &mut Engine, request_id: u32, turn_id: u32) -> Result<bool> {
+    engine.hold_turn(RequestId(request_id), TurnId(turn_id))
+}
+
+pub fn release_turn_impl(engine: &mut Engine, request_id: u32, turn_id: u32) -> Result<bool> {
+    engine.release_turn(RequestId(request_id), TurnId(turn_id))
+}
+
 pub fn stop_turn_impl(engine: &mut Engine, request_id: u32, turn_id: u32, stop_index: u32) -> Result<bool> {
     engine.stop_turn(RequestId(request_id), TurnId(turn_id), stop_index)
 }

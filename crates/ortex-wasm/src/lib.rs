@@ -87,6 +87,16 @@ impl CoreEngine {
         ops::cancel_turn_impl(&mut self.engine, request_id, turn_id).map_err(coded)
     }
 
+    #[wasm_bindgen(js_name = holdTurn)]
+    pub fn hold_turn(&mut self, request_id: u32, turn_id: u32) -> Result<bool, JsValue> {
+        ops::hold_turn_impl(&mut self.engine, request_id, turn_id).map_err(coded)
+    }
+
+    #[wasm_bindgen(js_name = releaseTurn)]
+    pub fn release_turn(&mut self, request_id: u32, turn_id: u32) -> Result<bool, JsValue> {
+        ops::release_turn_impl(&mut self.engine, request_id, turn_id).map_err(coded)
+    }
+
     #[wasm_bindgen(js_name = stopTurn)]
     pub fn stop_turn(&mut self, request_id: u32, turn_id: u32, stop_index: u32) -> Result<bool, JsValue> {
         ops::stop_turn_impl(&mut self.engine, request_id, turn_id, stop_index).map_err(coded)

@@ -15,14 +15,14 @@ struct Budget {
 }
 
 impl Scheduler {
-    /// This step's candidates: decodes and waiting prefills in scope, and the requests whose
-    /// context can never fit the pool (reported unserviceable, never scheduled).
+    /// This step's candidates: decodes and waiting prefills in scope (never a held turn), and the
+    /// requests whose context can never fit the pool (reported unserviceable, never scheduled).
     pub(super) fn collect_candidates(&mut self, input: &PlanInput<'_>, report: &mut super::PlanReport) {
         self.decodes.clear();
         self.prefills.clear();
         let dynamic = input.config.batching == BatchingMode::Dynamic;
         for (position, request) in input.requests.positions() {
-            if !request.needs_compute() || !(dynamic || self.static_batch.contains(request.id)) {
+            if !request.wants_step() || !(dynamic || self.static_batch.contains(request.id)) {
                 continue;
             }
             if !input.kv.can_ever_hold(request.compute_target()) {

@@ -1,5 +1,6 @@
 //! When nothing at all can run because the pool is full, the oldest blocked request takes blocks
-//! from others: idle requests first, then running ones younger than it, then (static mode)
+//! from others: idle requests first (a held turn counts as idle: its blocks never wait on its
+//! consumer while another request cannot run), then running ones younger than it, then (static mode)
 //! requests outside the batch, youngest first, until its next token fits. A victim's KV is freed
 //! and recomputed later (no token is lost), and it moves to the back of the waiting order.
 
@@ -43,8 +44,8 @@ impl Scheduler {
             .filter(|r| r.id != target && !r.is_closed() && !input.kv.table(r.kv).is_empty())
             // Idle requests, younger ones, and (static mode) requests outside the batch, which
             // cannot run before it is recycled anyway.
-            .filter(|r| !r.needs_compute() || r.id > target || (is_static && !self.static_batch.contains(r.id)))
-            .map(|r| (r.needs_compute(), Reverse(r.id)))
+            .filter(|r| !r.wants_step() || r.id > target || (is_static && !self.static_batch.contains(r.id)))
+            .map(|r| (r.wants_step(), Reverse(r.id)))
             .collect();
         victims.sort_unstable();
         victims.into_iter().map(|(_, Reverse(id))| id).collect()

@@ -1,6 +1,8 @@
 //! Static batching: a batch of up to `max_batch_size` waiting requests is formed at once and runs
 //! until no row has work left; only then is it recycled and the next one formed. A closed row
-//! keeps its blocks until the batch is recycled, mirroring a physical batch row.
+//! keeps its blocks until the batch is recycled, mirroring a physical batch row. A held row has no
+//! work (else one held turn would keep every waiting request out): the batch may recycle without
+//! it, and once released it waits for a later batch.
 
 use std::collections::BTreeMap;
 
@@ -32,7 +34,7 @@ impl StaticBatch {
         released.extend(recycled);
         let arrival = |id: RequestId| waiting.get(&id).map_or(0, |w| w.arrival);
         let mut next: Vec<(u64, RequestId)> =
-            input.requests.values().filter(|r| r.needs_compute()).map(|r| (arrival(r.id), r.id)).collect();
+            input.requests.values().filter(|r| r.wants_step()).map(|r| (arrival(r.id), r.id)).collect();
         next.sort_unstable();
         self.members.extend(next.into_iter().take(input.config.max_batch_size as usize).map(|(_, id)| id));
         self.members.sort_unstable();
@@ -45,7 +47,7 @@ impl StaticBatch {
         requests: &RequestTable,
         kv: &mut dyn KvManager,
     ) -> Option<Vec<RequestId>> {
-        if self.members.iter().any(|id| requests.get(id).is_some_and(|r| r.needs_compute())) {
+        if self.members.iter().any(|id| requests.get(id).is_some_and(|r| r.wants_step())) {
             return None;
         }
         let closed: Vec<RequestId> =

@@ -135,6 +135,8 @@ export interface NativeCoreEngine extends CoreEngine {
   run(events: Int32Array, capacity: number): Promise<number>
   /** The ONNX executor's cumulative counters; null for the simulated model. */
   executorStats(): ExecutorStatsView | null
+  /** tokenize (marked: tokenizeMarked) on the libuv thread pool, with the engine's codec. */
+  tokenizeAsync(text: string, marked: boolean): Promise<Int32Array>
 }
 
 /** A model's chat template, compiled once (crates/ortex-ops' Chat). render throws with the

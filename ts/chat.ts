@@ -128,6 +128,8 @@ export interface ChatHost {
   tokenize(text: string): Int32Array
   /** A prompt from template().renderMarked: only what the template wrote becomes control tokens. */
   tokenizeMarked(marked: string): Int32Array
+  /** Native only: tokenize or tokenizeMarked off the JS thread. */
+  tokenizeAsync?(text: string, marked: boolean): Promise<Int32Array>
   /** The single-token end-of-turn strings, by token id. */
   endTokens(): ReadonlyMap<number, string>
 }
@@ -141,6 +143,9 @@ export interface PromptCodec {
    *  WebAssembly binding renders on the calling thread. */
   renderAsync(messages: ChatMessage[], options: ChatTemplateOptions): Promise<string>
   tokenize(text: string): Int32Array
+  /** tokenize() off the JS thread where the binding can (native: a megabyte of text costs a real
+   *  tokenizer about 400 ms); the WebAssembly binding tokenizes on the calling thread. */
+  tokenizeAsync(text: string): Promise<Int32Array>
 }
 
 export function promptCodec(host: ChatHost, parseSpecialTokens: boolean): PromptCodec {
@@ -149,6 +154,10 @@ export function promptCodec(host: ChatHost, parseSpecialTokens: boolean): Prompt
     render: (messages, options) => renderOnThread(host, messages, options, marked),
     renderAsync: (messages, options) => renderOffThread(host, messages, options, marked),
     tokenize: marked ? (text) => host.tokenizeMarked(text) : (text) => host.tokenize(text),
+    tokenizeAsync: async (text) => {
+      if (host.tokenizeAsync !== undefined) return host.tokenizeAsync(text, marked)
+      return marked ? host.tokenizeMarked(text) : host.tokenize(text)
+    },
   }
 }
 

@@ -274,7 +274,10 @@ export class Engine implements EventOwner {
    *  is rendered. WebAssembly renders on the calling thread. Rejects where chat() throws. */
   async chatAsync(messages: ChatMessage[], options?: ChatOptions): Promise<Turn> {
     const { host, prompts, checked, templateOptions, present } = this.chatArguments(messages, options)
-    return this.chatTurn(host, prompts, await prompts.renderAsync(checked, templateOptions), present)
+    const tokens = await prompts.tokenizeAsync(await prompts.renderAsync(checked, templateOptions))
+    this.checkUsable()
+    present.set('eosTokenIds', chat.withEndTokens(host, present.get('eosTokenIds')))
+    return this.generate(tokens, Object.fromEntries(present))
   }
 
   private chatArguments(messages: ChatMessage[], options: ChatOptions | undefined) {
@@ -388,10 +391,21 @@ export class Engine implements EventOwner {
   }
 
   private chatHost(): chat.ChatHost {
+    const core = this.core as Partial<NativeCoreEngine>
     return {
       template: () => this.loadChatTemplate(),
       tokenize: (text) => this.call(() => this.core.tokenize(text)),
       tokenizeMarked: (marked) => this.call(() => this.core.tokenizeMarked(marked)),
+      tokenizeAsync:
+        core.tokenizeAsync === undefined
+          ? undefined
+          : async (text, marked) => {
+              try {
+                return await core.tokenizeAsync!(text, marked)
+              } catch (error) {
+                throw this.convertError(error)
+              }
+            },
       endTokens: () => this.loadChatEndTokens(),
     }
   }

@@ -10,6 +10,7 @@
 // - the int4 import loads and answers.
 
 import { existsSync, readFileSync } from 'node:fs'
+import { monitorEventLoopDelay } from 'node:perf_hooks'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { Engine, startServer } from 'ortex'
@@ -186,6 +187,25 @@ describe.skipIf(!ready)('SmolLM2-135M-Instruct (real model)', () => {
     } finally {
       await server.close()
     }
+  })
+
+  it('chatAsync renders and tokenizes a megabyte conversation off the JS thread', async () => {
+    const text = 'The quick brown fox jumps over the lazy dog. '.repeat(23_000)
+    const started = performance.now()
+    const ids = fp32.tokenize(text)
+    const onThreadMs = performance.now() - started
+    const delay = monitorEventLoopDelay({ resolution: 5 })
+    delay.enable()
+    const error = await fp32.chatAsync([{ role: 'user', content: text }]).then(
+      () => null,
+      (e: unknown) => e as { code?: string; message?: string },
+    )
+    delay.disable()
+    // The prompt is longer than the session limit: the engine refuses it, after the whole render
+    // and tokenization ran off the thread (its message counts the tokens).
+    expect(error?.code).toBe('INVALID_ARGUMENT')
+    expect(error?.message).toContain(`would hold ${ids.length + 30} tokens`)
+    expect(delay.max / 1e6, `the longest stall, against ${onThreadMs.toFixed(0)} ms on the thread`).toBeLessThan(onThreadMs / 2)
   })
 
   it('the int4 import loads and answers, on a float16 cache', async () => {

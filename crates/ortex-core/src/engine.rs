@@ -5,6 +5,8 @@
 //! engine ([`RunStart::Execute`]) so a binding can execute it on another thread while the engine
 //! keeps accepting begin / cancel / close calls; [`Engine::run_commit`] applies it afterwards.
 
+use std::sync::Arc;
+
 use crate::error::{ErrorCode, OrtexError, Result};
 use crate::events::{flags, Event, EventErrorCode, FinishReason, RetainedEvents, StopMatch, EVENT_STRIDE_WORDS};
 use crate::executor::{ExecError, Executor, KvGeometry, StepOutput, StepPlan};
@@ -91,7 +93,7 @@ pub struct Engine {
     scheduler: Scheduler,
     retained: RetainedEvents,
     executor: Option<Box<dyn Executor>>,
-    codec: Box<dyn TextCodec>,
+    codec: Arc<dyn TextCodec>,
     spare: Option<(StepPlan, StepOutput)>,
     /// Events of the transaction being committed, before they reach the buffer or the queue.
     staged: Vec<Event>,
@@ -129,7 +131,7 @@ impl Engine {
             scheduler: Scheduler::new(full_block_tables),
             retained: RetainedEvents::with_capacity(retained_bound),
             executor: Some(executor),
-            codec,
+            codec: Arc::from(codec),
             spare: Some(Default::default()),
             staged: Vec::new(),
             num_abandoned: 0,
@@ -505,7 +507,7 @@ impl Engine {
         }
         self.closed = true;
         self.executor = None;
-        self.codec = Box::new(ClosedCodec);
+        self.codec = Arc::new(ClosedCodec);
     }
 
     /// Whether the engine still holds its executor (false once closed and no step is in flight).
@@ -549,6 +551,13 @@ impl Engine {
     pub fn detokenize(&self, tokens: &[i32]) -> Result<String> {
         self.check_open()?;
         self.codec.detokenize(tokens)
+    }
+
+    /// The text codec, shared: a binding tokenizes a long prompt with it off the JS thread while
+    /// the engine goes on (the codec is immutable; closing the engine drops only its own handle).
+    pub fn text_codec(&self) -> Result<Arc<dyn TextCodec>> {
+        self.check_open()?;
+        Ok(Arc::clone(&self.codec))
     }
 
     /// The codec's control strings (TextCodec::control_strings).

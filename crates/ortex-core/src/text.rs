@@ -7,7 +7,9 @@ use std::ops::Range;
 
 use crate::error::{OrtexError, Result};
 
-pub trait TextCodec: Send {
+/// Sync: a binding may tokenize off the engine's thread through a shared handle
+/// (`Engine::text_codec`).
+pub trait TextCodec: Send + Sync {
     /// Encodes text; the codec's control strings in it become control tokens.
     fn tokenize(&self, text: &str) -> Result<Vec<i32>>;
     /// Decodes ids to text; an incomplete UTF-8 sequence at the end decodes to U+FFFD, which a

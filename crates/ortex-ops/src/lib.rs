@@ -20,6 +20,7 @@ pub mod sessions;
 pub mod views;
 
 use ortex_core::options::{RequestOptions, SimOptions, TurnOptions};
+use ortex_core::text::TextCodec;
 use ortex_core::{Engine, OrtexError, RequestId, Result, TurnId};
 use serde::de::DeserializeOwned;
 
@@ -120,9 +121,15 @@ pub fn tokenize_impl(engine: &Engine, text: &str) -> Result<Vec<i32>> {
 /// Tokenizes a prompt rendered by [`Chat::render_marked`]: control strings that came from the
 /// caller's text encode as plain text (prompt_text.rs).
 pub fn tokenize_marked_impl(engine: &Engine, marked: &str) -> Result<Vec<i32>> {
-    let controls = prompt_text::ControlStrings::new(engine.control_strings()?);
+    tokenize_marked_with(engine.text_codec()?.as_ref(), marked)
+}
+
+/// [`tokenize_marked_impl`] with a codec handle (`Engine::text_codec`), for a binding that
+/// tokenizes off the JS thread.
+pub fn tokenize_marked_with(codec: &dyn TextCodec, marked: &str) -> Result<Vec<i32>> {
+    let controls = prompt_text::ControlStrings::new(codec.control_strings());
     let (text, literals) = controls.unmark(marked);
-    engine.tokenize_rendered(&text, &literals)
+    codec.tokenize_rendered(&text, &literals)
 }
 
 pub fn detokenize_impl(engine: &Engine, tokens: &[i32]) -> Result<String> {

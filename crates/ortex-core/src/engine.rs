@@ -508,11 +508,6 @@ impl Engine {
         self.codec = Box::new(ClosedCodec);
     }
 
-    /// Whether the engine still holds its executor (false once closed and no step is in flight).
-    pub fn holds_executor(&self) -> bool {
-        self.executor.is_some() || self.in_flight.is_some()
-    }
-
     pub fn is_closed(&self) -> bool {
         self.closed
     }

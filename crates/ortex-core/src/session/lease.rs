@@ -166,10 +166,6 @@ impl Lease {
         self.operations_in_flight.len()
     }
 
-    pub fn operation_in_flight(&self, operation_id: &str) -> bool {
-        self.operations_in_flight.contains(operation_id)
-    }
-
     /// The instant from which the idle rule applies, or `None` when idle expiry is disabled (or
     /// the deadline is past the end of `u64` time, which means never).
     pub fn idle_expires_at_ms(&self) -> Option<u64> {

@@ -1,5 +1,6 @@
 // One session's runner: it serializes the client's commands and the engine's outputs through one
-// mailbox, in the shape of vllm-omni's DuplexSessionRunner (seed 004):
+// mailbox, in the shape of vllm-omni's DuplexSessionRunner (its shared state is described in
+// vllm-omni's vllm_omni/engine/duplex/session/context.py):
 //
 // - DuplexRunState: the few flags more than one component reads or writes (`grep '\.run\.'`
 //   finds every mutation).

@@ -510,11 +510,6 @@ impl Engine {
         self.codec = Arc::new(ClosedCodec);
     }
 
-    /// Whether the engine still holds its executor (false once closed and no step is in flight).
-    pub fn holds_executor(&self) -> bool {
-        self.executor.is_some() || self.in_flight.is_some()
-    }
-
     pub fn is_closed(&self) -> bool {
         self.closed
     }

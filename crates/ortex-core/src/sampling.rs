@@ -58,10 +58,6 @@ fn in_range(name: &str, value: Option<f64>, min: f64, max: f64, neutral: f64) ->
 }
 
 impl SamplingParams {
-    pub fn new(temperature: Option<f64>, top_k: Option<u32>, top_p: Option<f64>) -> Result<Self> {
-        Self::from_options(&TurnOptions { temperature, top_k, top_p, ..TurnOptions::default() })
-    }
-
     /// A turn's sampling options, checked; each absent one at its neutral value.
     pub fn from_options(options: &TurnOptions) -> Result<Self> {
         if let Some(t) = options.temperature {
@@ -93,13 +89,6 @@ impl SamplingParams {
             min_p,
             penalties: Penalties { repetition, presence, frequency },
         })
-    }
-
-    pub const GREEDY: SamplingParams =
-        SamplingParams { temperature: None, top_k: 0, top_p: 1.0, min_p: 0.0, penalties: Penalties::NONE };
-
-    pub fn is_greedy(&self) -> bool {
-        self.temperature.is_none()
     }
 }
 
@@ -170,10 +159,6 @@ fn argmax_of(candidates: impl Iterator<Item = (u32, f32)>) -> u32 {
 pub struct History<'a> {
     pub context: &'a [i32],
     pub generated: usize,
-}
-
-impl History<'_> {
-    pub const EMPTY: History<'static> = History { context: &[], generated: 0 };
 }
 
 /// Buffers reused across calls so that the hot path does not allocate.
@@ -372,6 +357,20 @@ fn weight(score: f32, max_score: f64, temperature: f64) -> f64 {
 mod tests {
     use super::*;
 
+    // Shorthands for the tests: the engine builds its parameters only from a turn's options.
+    impl SamplingParams {
+        fn new(temperature: Option<f64>, top_k: Option<u32>, top_p: Option<f64>) -> Result<Self> {
+            Self::from_options(&TurnOptions { temperature, top_k, top_p, ..TurnOptions::default() })
+        }
+
+        const GREEDY: SamplingParams =
+            SamplingParams { temperature: None, top_k: 0, top_p: 1.0, min_p: 0.0, penalties: Penalties::NONE };
+    }
+
+    impl History<'_> {
+        const EMPTY: History<'static> = History { context: &[], generated: 0 };
+    }
+
     #[test]
     fn greedy_picks_highest_and_breaks_ties_by_lower_id() {
         let logits = [0.5f32, 2.0, 2.0, -1.0];
@@ -433,7 +432,7 @@ mod tests {
         assert!(SamplingParams::new(Some(-1.0), None, None).is_err());
         assert!(SamplingParams::new(None, None, Some(0.0)).is_err());
         assert!(SamplingParams::new(None, None, Some(1.5)).is_err());
-        assert!(SamplingParams::new(Some(0.0), None, None).unwrap().is_greedy());
+        assert_eq!(SamplingParams::new(Some(0.0), None, None).unwrap(), SamplingParams::GREEDY);
     }
 
     #[test]

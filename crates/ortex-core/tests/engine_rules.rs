@@ -1,4 +1,5 @@
-//! One test per rule of the engine contract (issue 2 and the seed's API contract).
+//! One test per rule of the engine contract (issue 2 and the API contract of onnxruntime-genai's
+//! Engine redesign, the pull request "Redesign experimental Engine turn API").
 
 mod common;
 

@@ -94,7 +94,7 @@ impl CoreChat {
         guarded(|| self.chat.render_marked(input("chat template input", render_input)?))
     }
 
-    /// `render` (or `render_marked`) off the JS thread: the same input as JSON text; resolves
+    /// `render` (or `renderMarked`) off the JS thread: the same input as JSON text; resolves
     /// with the text or rejects with the same codes.
     #[napi(ts_return_type = "Promise<string>")]
     pub fn render_async(&self, input_json: String, marked: bool) -> AsyncTask<RenderTask> {

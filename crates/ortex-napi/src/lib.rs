@@ -219,7 +219,7 @@ fn commit(
 
 #[napi]
 impl CoreEngine {
-    /// An engine over the deterministic simulated model; `optionsJson` is SimOptions as JSON.
+    /// An engine over the deterministic simulated model; `options` is a SimOptions object.
     #[napi(factory)]
     pub fn simulated(options: Unknown<'_>) -> napi::Result<Self, String> {
         let engine = catch_unwind(|| ops::simulated_impl(input("engine options", options)?))
@@ -394,13 +394,13 @@ impl CoreEngine {
         self.call(|engine| ops::truncate_impl(engine, request_id, token_count))
     }
 
-    /// `tokens[start..end]` of the request's context (clamped).
-    /// The latest turn's log-probabilities of generated tokens [start, end) (TokenLogprobsView[]).
+    /// The latest turn's log-probabilities of its generated tokens [start, end), clamped.
     #[napi(ts_return_type = "TokenLogprobsView[]")]
     pub fn request_logprobs(&self, request_id: u32, start: u32, end: u32) -> napi::Result<Value, String> {
         self.call(|engine| ops::request_logprobs_impl(engine, request_id, start, end)).map(view)
     }
 
+    /// `tokens[start..end]` of the request's context (clamped).
     #[napi]
     pub fn request_tokens(&self, request_id: u32, start: u32, end: u32) -> napi::Result<Int32Array, String> {
         self.call(|engine| ops::request_tokens_impl(engine, request_id, start, end)).map(Int32Array::new)

@@ -90,7 +90,8 @@ impl Task for LoadTask {
 #[napi]
 impl CoreEngine {
     /// An engine over an ONNX model folder (genai_config.json, model.onnx, tokenizer.json).
-    /// Rejects with INVALID_ARGUMENT for options of the wrong shape, MODEL_LOAD for the folder.
+    /// Throws INVALID_ARGUMENT at once for options of the wrong shape; the promise rejects with
+    /// MODEL_LOAD for the folder.
     #[napi(ts_return_type = "Promise<CoreEngine>")]
     pub fn load(
         model_dir: String,

@@ -152,7 +152,8 @@ impl Sessions {
         Ok(CancelView::new(&outcome, session))
     }
 
-    /// Refuses a fence that is stale for the session (seed 003's validation).
+    /// Refuses a fence that is stale for the session (`_validate_fence` in vllm-omni's
+    /// `duplex_session.py`).
     pub fn validate_fence(&mut self, session_id: &str, fence: FenceInput) -> Result<()> {
         let fence = Fence::try_from(fence)?;
         self.session(session_id)?.validate_fence(&fence)

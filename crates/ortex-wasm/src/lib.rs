@@ -57,7 +57,7 @@ pub struct CoreEngine {
 
 #[wasm_bindgen]
 impl CoreEngine {
-    /// An engine over the deterministic simulated model; `optionsJson` is SimOptions as JSON.
+    /// An engine over the deterministic simulated model; `options` is a SimOptions object.
     pub fn simulated(options: JsValue) -> Result<CoreEngine, JsValue> {
         let engine = ops::simulated_impl(input("engine options", options)?).map_err(coded)?;
         Ok(CoreEngine { engine, scratch: Vec::new() })
@@ -184,12 +184,14 @@ impl CoreEngine {
         ops::truncate_impl(&mut self.engine, request_id, token_count).map_err(coded)
     }
 
-    /// `tokens[start..end]` of the request's context (clamped). Returns an Int32Array.
+    /// The latest turn's log-probabilities of its generated tokens [start, end), clamped
+    /// (TokenLogprobsView[]).
     #[wasm_bindgen(js_name = requestLogprobs)]
     pub fn request_logprobs(&self, request_id: u32, start: u32, end: u32) -> Result<JsValue, JsValue> {
         ops::request_logprobs_impl(&self.engine, request_id, start, end).map(|entries| view(&entries)).map_err(coded)
     }
 
+    /// `tokens[start..end]` of the request's context (clamped). Returns an Int32Array.
     #[wasm_bindgen(js_name = requestTokens)]
     pub fn request_tokens(&self, request_id: u32, start: u32, end: u32) -> Result<Vec<i32>, JsValue> {
         ops::request_tokens_impl(&self.engine, request_id, start, end).map_err(coded)

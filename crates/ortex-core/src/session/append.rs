@@ -58,8 +58,9 @@ pub struct AppendResult {
 }
 
 /// Identifies one user turn. ortex's api.md defines `turn_seq` per user turn, which ends only
-/// with a final append or a cancel; seed 003's key also holds `response_seq`, which would restart
-/// the count when a response is started by hand in the middle of a user turn.
+/// with a final append or a cancel; the key in vllm-omni's `duplex_session.py` also holds
+/// `response_seq`, which would restart the count when a response is started by hand in the
+/// middle of a user turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TurnKey {
     pub epoch: u64,
@@ -163,9 +164,9 @@ struct CompletedAppend {
 
 /// The bounded memory of completed appends by operation id, oldest evicted first.
 ///
-/// A lookup does not refresh an entry (as in seed 003, where only recording moves an entry to the
-/// end): that keeps `prepare_append` free of side effects, and a replay is rare enough that
-/// evicting by insertion order loses nothing in practice.
+/// A lookup does not refresh an entry (as in vllm-omni's `duplex_session.py`, where only
+/// recording moves an entry to the end): that keeps `prepare_append` free of side effects, and a
+/// replay is rare enough that evicting by insertion order loses nothing in practice.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CompletedAppendCache {
     limit: usize,

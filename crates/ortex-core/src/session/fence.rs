@@ -15,9 +15,10 @@
 //!                                the final append of a user turn advances it
 //! ```
 //!
-//! Validation follows seed 003's `_validate_fence`: the identity must match exactly; a lower epoch
-//! is refused; within the same epoch a lower `turn_id` *or* a lower `response_seq` is refused, so
-//! the two counters are each monotonic within an epoch rather than compared as one tuple.
+//! Validation follows `_validate_fence` in vllm-omni's `duplex_session.py`: the identity must
+//! match exactly; a lower epoch is refused; within the same epoch a lower `turn_id` *or* a lower
+//! `response_seq` is refused, so the two counters are each monotonic within an epoch rather than
+//! compared as one tuple.
 
 use std::fmt;
 
@@ -39,7 +40,7 @@ pub struct Fence {
 }
 
 /// The ordered part of a fence. The derived `Ord` compares the fields in declaration order, which
-/// is seed 003's tuple comparison `(epoch, turn_id, response_seq)` used by cancellation.
+/// is vllm-omni's tuple comparison `(epoch, turn_id, response_seq)` used by cancellation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FenceKey {
     pub epoch: u64,
@@ -99,7 +100,7 @@ pub fn fence_mismatch(expected: &Fence, actual: &Fence) -> OrtexError {
     OrtexError::new(ErrorCode::FenceMismatch, format!("fence mismatch: expected {expected}, got {actual}"))
 }
 
-/// Seed 003's `_validate_fence`: refuses a candidate with another identity, a lower epoch, or
+/// vllm-omni's `_validate_fence`: refuses a candidate with another identity, a lower epoch, or
 /// (within the same epoch) a lower turn id or a lower response number. A candidate ahead of
 /// `current` passes; whether it may then be accepted is the caller's decision.
 pub fn validate_fence(current: &Fence, candidate: &Fence) -> Result<()> {
@@ -158,8 +159,8 @@ mod tests {
     fn same_epoch_lower_turn_or_lower_response_is_refused() {
         let current = fence(1, 3, 3);
         assert!(validate_fence(&current, &fence(1, 2, 9)).is_err());
-        // Seed 003 compares the counters one by one, not as a tuple: a higher turn id does not
-        // excuse a lower response number.
+        // vllm-omni's `_validate_fence` compares the counters one by one, not as a tuple: a
+        // higher turn id does not excuse a lower response number.
         assert!(validate_fence(&current, &fence(1, 9, 2)).is_err());
         assert!(validate_fence(&current, &fence(1, 3, 3)).is_ok());
     }

@@ -1,7 +1,8 @@
 //! The session lease: who may drive a session, and when an abandoned one may be reclaimed.
 //!
-//! This follows vllm-omni's `DuplexLeaseState` (the lease module beside seed 003), with time passed
-//! in as milliseconds instead of read from a clock.
+//! This follows `DuplexLeaseState` in vllm-omni's
+//! `vllm_omni/experimental/fullduplex/engine/lease.py`, with time passed in as milliseconds
+//! instead of read from a clock.
 //!
 //! ```text
 //!             detach(now)                        resume(now, g) with g == generation
@@ -163,10 +164,6 @@ impl Lease {
 
     pub fn num_operations_in_flight(&self) -> usize {
         self.operations_in_flight.len()
-    }
-
-    pub fn operation_in_flight(&self, operation_id: &str) -> bool {
-        self.operations_in_flight.contains(operation_id)
     }
 
     /// The instant from which the idle rule applies, or `None` when idle expiry is disabled (or

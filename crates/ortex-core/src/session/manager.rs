@@ -1,5 +1,6 @@
 //! The session manager: opens sessions, enforces the session limit, closes them in two phases
-//! and collects expired ones (seed 003's `DuplexSessionRuntimeManager`).
+//! and collects expired ones (vllm-omni's `DuplexSessionRuntimeManager`, in
+//! `duplex_session.py`).
 //!
 //! A session keeps its slot from `open` until `finalize_close`, including the time it spends
 //! closing, because its engine request (and the KV it holds) is only gone once the close is

@@ -1,5 +1,5 @@
 //! Full-duplex session state: fences, leases, idempotent appends, cancellation, two-phase close
-//! and expiry, after vllm-omni's `duplex_session.py` (seed 003).
+//! and expiry, after vllm-omni's `vllm_omni/experimental/fullduplex/engine/duplex_session.py`.
 //!
 //! This module is pure bookkeeping. It never reads a clock (time arrives as `now_ms` values),
 //! never does I/O, never spawns and iterates only ordered maps, so that the same sequence of

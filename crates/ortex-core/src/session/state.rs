@@ -1,5 +1,6 @@
 //! One full-duplex session: its fence, lease, append counters, engine request bindings,
-//! configuration and close phase (seed 003's `DuplexSessionRuntimeState`).
+//! configuration and close phase (vllm-omni's `DuplexSessionRuntimeState`, in
+//! `vllm_omni/experimental/fullduplex/engine/duplex_session.py`).
 //!
 //! ```text
 //!   Open ---- begin_close(reason) ----> Closing ---- finalize_close() ----> Closed
@@ -48,7 +49,7 @@ impl SessionState {
     }
 }
 
-/// An engine request bound to the session under a fence (seed 003's `DuplexRequestResource`,
+/// An engine request bound to the session under a fence (vllm-omni's `DuplexRequestResource`,
 /// without the stage id: ortex has one stage). A cancel of that exact fence hands it back for
 /// release; close hands back all of them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -191,7 +192,7 @@ impl Session {
 
     // ---- fences ------------------------------------------------------------------------------
 
-    /// Seed 003's `_validate_fence` against the current fence.
+    /// vllm-omni's `_validate_fence` against the current fence.
     pub fn validate_fence(&self, fence: &Fence) -> Result<()> {
         validate_fence(&self.fence, fence)
     }
@@ -199,7 +200,8 @@ impl Session {
     /// Moves the session to `fence` after validating it. An epoch change starts a new user turn
     /// (turn_seq restarts) and clears the completed-append cache, because nothing of an older
     /// epoch may be replayed into a newer one; `seq` keeps counting the session's appends (api.md:
-    /// "seq counts appends per session", where seed 003 restarts it per epoch).
+    /// "seq counts appends per session", where vllm-omni's `duplex_session.py` restarts it per
+    /// epoch).
     pub fn accept_fence(&mut self, fence: Fence) -> Result<()> {
         self.require_accepting()?;
         validate_fence(&self.fence, &fence)?;
@@ -321,11 +323,11 @@ impl Session {
 
     /// Plans an append without changing anything (see the `append` module for the protocol).
     ///
-    /// A replay is looked up before the fence is checked against the present, unlike seed 003: in
-    /// ortex the final append itself advances the turn id, so the retry of a final append carries
-    /// a fence that is no longer current, and it must still be answered from the cache. Only a
-    /// fence from another incarnation or epoch is refused before the lookup, because the cache
-    /// never holds appends of another epoch.
+    /// A replay is looked up before the fence is checked against the present, unlike in vllm-omni's
+    /// `duplex_session.py`: in ortex the final append itself advances the turn id, so the retry of
+    /// a final append carries a fence that is no longer current, and it must still be answered
+    /// from the cache. Only a fence from another incarnation or epoch is refused before the
+    /// lookup, because the cache never holds appends of another epoch.
     pub fn prepare_append(&self, request: &AppendRequest) -> Result<AppendPlan> {
         self.require_accepting()?;
         if let Some(fence) = &request.fence {
@@ -408,7 +410,7 @@ impl Session {
         Ok(self.fence.clone())
     }
 
-    /// Seed 003's `prepare_cancel_fence`: moves the session past `cancelled` to `next` and returns
+    /// vllm-omni's `prepare_cancel_fence`: moves the session past `cancelled` to `next` and returns
     /// the requests bound under `cancelled`, which stay bound until `release_fence` or
     /// `release_request_ids` confirms their release (so a failed release can be retried).
     ///
@@ -443,7 +445,7 @@ impl Session {
         })
     }
 
-    /// Seed 003's `cancel_fence`: `prepare_cancel_fence`, then forgets the cancelled fence's
+    /// vllm-omni's `cancel_fence`: `prepare_cancel_fence`, then forgets the cancelled fence's
     /// requests at once, for callers whose release cannot fail.
     pub fn cancel_fence(&mut self, cancelled: &Fence, next: &Fence, now_ms: u64) -> Result<CancelOutcome> {
         let outcome = self.prepare_cancel_fence(cancelled, next, now_ms)?;

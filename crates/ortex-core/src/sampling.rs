@@ -180,6 +180,8 @@ impl History<'_> {
 #[derive(Debug, Default)]
 pub struct SamplerScratch {
     candidates: Vec<(u32, f32)>,
+    /// The candidates with their `rank_key`, as the sampler ranks them.
+    keyed: Vec<(u64, f32)>,
     /// (token id, times this turn generated it), sorted by id, one entry per id seen.
     seen: Vec<(u32, u32)>,
 }
@@ -199,7 +201,7 @@ pub fn sample(
     let Some(temperature) = params.temperature else {
         return argmax_of(scratch.candidates.iter().copied());
     };
-    sample_candidates(&mut scratch.candidates, params, temperature, rng)
+    sample_candidates(&scratch.candidates, &mut scratch.keyed, params, temperature, rng)
 }
 
 /// `scratch.candidates` = the row's (id, logit) pairs with the penalties applied.
@@ -265,12 +267,20 @@ fn penalized(logit: f32, generated_count: u32, penalties: &Penalties) -> f32 {
 /// Temperature, top-k, top-p and min-p over the candidates, then one draw. The arithmetic is that
 /// of a walk over the candidates sorted best first; the candidates are only ranked as far as the
 /// walks reach (see `Ranking`), and each sum stops where the rest of the tail cannot change it.
-fn sample_candidates(candidates: &mut [(u32, f32)], params: &SamplingParams, temperature: f64, rng: &mut Rng) -> u32 {
+fn sample_candidates(
+    candidates: &[(u32, f32)],
+    keyed: &mut Vec<(u64, f32)>,
+    params: &SamplingParams,
+    temperature: f64,
+    rng: &mut Rng,
+) -> u32 {
+    keyed.clear();
+    keyed.extend(candidates.iter().map(|&c| (rank_key(c), c.1)));
     let mut kept = candidates.len();
     if params.top_k > 0 && (params.top_k as usize) < kept {
         kept = params.top_k as usize;
     }
-    let mut ranking = Ranking::new(candidates, kept);
+    let mut ranking = Ranking::new(keyed, kept);
     let max_score = f64::from(ranking.get(0).1);
     if params.top_p < 1.0 {
         kept = nucleus_len(&mut ranking, kept, max_score, temperature, params.top_p);
@@ -335,16 +345,17 @@ fn spacing_below(x: f64) -> f64 {
     x - f64::from_bits(x.to_bits() - 1)
 }
 
-/// The candidates, ranked best first only as far as asked: `items[..ranked]` is sorted by
-/// `rank_key` and ranks before every later item, which stay in no particular order. Only the first
-/// `limit` (the top-k cut) can ever be asked for.
+/// The candidates as (`rank_key`, score), ranked best first only as far as asked: `items[..ranked]`
+/// is sorted by key and ranks before every later item, which stay in no particular order. Only the
+/// first `limit` (the top-k cut) can ever be asked for. The key is computed once per candidate, so
+/// that a comparison is one u64 compare; the score stays as it came (NaN, -0.0) for the weights.
 ///
 /// ```text
 ///   items: [ ranked, sorted | not yet ranked, all after the ranked ones ]
 ///          0                ranked                                    len
 /// ```
 struct Ranking<'a> {
-    items: &'a mut [(u32, f32)],
+    items: &'a mut [(u64, f32)],
     ranked: usize,
     limit: usize,
 }
@@ -353,7 +364,7 @@ struct Ranking<'a> {
 const MIN_RANKED: usize = 64;
 
 impl<'a> Ranking<'a> {
-    fn new(items: &'a mut [(u32, f32)], limit: usize) -> Self {
+    fn new(items: &'a mut [(u64, f32)], limit: usize) -> Self {
         assert!(limit > 0 && limit <= items.len(), "a ranking keeps at least one candidate and at most all");
         Ranking { items, ranked: 0, limit }
     }
@@ -364,7 +375,8 @@ impl<'a> Ranking<'a> {
             // Grow four-fold: walking the whole row then costs a few selects and one sort.
             self.rank_first((i + 1).max(self.ranked * 4).max(MIN_RANKED));
         }
-        self.items[i]
+        let (key, score) = self.items[i];
+        (key as u32, score)
     }
 
     /// Ranks the first `count` candidates (at most the limit; past half the row, all of it).
@@ -379,9 +391,9 @@ impl<'a> Ranking<'a> {
         let rest = &mut self.items[self.ranked..];
         let wanted = end - self.ranked;
         if wanted < rest.len() {
-            rest.select_nth_unstable_by_key(wanted - 1, |&c| rank_key(c));
+            rest.select_nth_unstable_by_key(wanted - 1, |c| c.0);
         }
-        rest[..wanted].sort_unstable_by_key(|&c| rank_key(c));
+        rest[..wanted].sort_unstable_by_key(|c| c.0);
         self.ranked = end;
     }
 
@@ -699,9 +711,9 @@ mod tests {
             let row = random_row(&mut rng);
             let (params, temperature) = random_params(&mut rng, row.len());
             for draw in 0..8u64 {
-                let (mut ranked, mut sorted) = (row.clone(), row.clone());
+                let (mut keyed, mut sorted) = (Vec::new(), row.clone());
                 let (mut ranked_rng, mut sorted_rng) = (Rng::new(hash(seed, draw)), Rng::new(hash(seed, draw)));
-                let got = sample_candidates(&mut ranked, &params, temperature, &mut ranked_rng);
+                let got = sample_candidates(&row, &mut keyed, &params, temperature, &mut ranked_rng);
                 let want = full_sort_sample(&mut sorted, &params, temperature, &mut sorted_rng);
                 assert_eq!(got, want, "seed {seed} draw {draw}: {params:?} over {} candidates", row.len());
                 assert_eq!(ranked_rng, sorted_rng, "seed {seed}: one draw each");
@@ -723,7 +735,7 @@ mod tests {
             );
             let max_score = f64::from(sorted[0].1);
             let want: f64 = sorted[..kept].iter().map(|c| weight(c.1, max_score, temperature)).sum();
-            let mut items = row.clone();
+            let mut items: Vec<(u64, f32)> = row.iter().map(|&c| (rank_key(c), c.1)).collect();
             let mut ranking = Ranking::new(&mut items, kept);
             assert_eq!(ranking.get(0), sorted[0], "seed {seed}: the best candidate");
             let got = ranked_weight_sum(&mut ranking, kept, max_score, temperature);

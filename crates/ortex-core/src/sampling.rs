@@ -165,6 +165,8 @@ pub struct History<'a> {
 #[derive(Debug, Default)]
 pub struct SamplerScratch {
     candidates: Vec<(u32, f32)>,
+    /// The candidates with their `rank_key`, as the sampler ranks them.
+    keyed: Vec<(u64, f32)>,
     /// (token id, times this turn generated it), sorted by id, one entry per id seen.
     seen: Vec<(u32, u32)>,
 }
@@ -184,7 +186,7 @@ pub fn sample(
     let Some(temperature) = params.temperature else {
         return argmax_of(scratch.candidates.iter().copied());
     };
-    sample_candidates(&mut scratch.candidates, params, temperature, rng)
+    sample_candidates(&scratch.candidates, &mut scratch.keyed, params, temperature, rng)
 }
 
 /// `scratch.candidates` = the row's (id, logit) pairs with the penalties applied.
@@ -247,53 +249,153 @@ fn penalized(logit: f32, generated_count: u32, penalties: &Penalties) -> f32 {
     value as f32
 }
 
-/// Temperature, top-k, top-p and min-p over the candidates, then one draw.
-fn sample_candidates(candidates: &mut [(u32, f32)], params: &SamplingParams, temperature: f64, rng: &mut Rng) -> u32 {
-    candidates.sort_by(|a, b| {
-        if ranks_before(*a, *b) {
-            std::cmp::Ordering::Less
-        } else if ranks_before(*b, *a) {
-            std::cmp::Ordering::Greater
-        } else {
-            std::cmp::Ordering::Equal
-        }
-    });
+/// Temperature, top-k, top-p and min-p over the candidates, then one draw. The arithmetic is that
+/// of a walk over the candidates sorted best first; the candidates are only ranked as far as the
+/// walks reach (see `Ranking`), and each sum stops where the rest of the tail cannot change it.
+fn sample_candidates(
+    candidates: &[(u32, f32)],
+    keyed: &mut Vec<(u64, f32)>,
+    params: &SamplingParams,
+    temperature: f64,
+    rng: &mut Rng,
+) -> u32 {
+    keyed.clear();
+    keyed.extend(candidates.iter().map(|&c| (rank_key(c), c.1)));
     let mut kept = candidates.len();
     if params.top_k > 0 && (params.top_k as usize) < kept {
         kept = params.top_k as usize;
     }
-    let max_score = f64::from(candidates[0].1);
+    let mut ranking = Ranking::new(keyed, kept);
+    let max_score = f64::from(ranking.get(0).1);
     if params.top_p < 1.0 {
-        kept = nucleus_len(&candidates[..kept], max_score, temperature, params.top_p);
+        kept = nucleus_len(&mut ranking, kept, max_score, temperature, params.top_p);
     }
     if params.min_p > 0.0 {
         // The best candidate's weight is exp(0) = 1, so min_p compares against the weight itself;
-        // weights fall along the sorted order, so the kept ones are a prefix.
-        let below = candidates[..kept].iter().position(|c| weight(c.1, max_score, temperature) < params.min_p);
+        // weights fall along the ranking, so the kept ones are a prefix.
+        let below = (0..kept).find(|&i| weight(ranking.get(i).1, max_score, temperature) < params.min_p);
         kept = below.unwrap_or(kept).max(1);
     }
-    let kept_total: f64 = candidates[..kept].iter().map(|c| weight(c.1, max_score, temperature)).sum();
+    let kept_total = ranked_weight_sum(&mut ranking, kept, max_score, temperature);
     let mut target = rng.next_f64() * kept_total;
-    for c in &candidates[..kept] {
+    for i in 0..kept {
+        let c = ranking.get(i);
         target -= weight(c.1, max_score, temperature);
         if target < 0.0 {
             return c.0;
         }
     }
-    candidates[kept - 1].0
+    ranking.get(kept - 1).0
 }
 
-/// The smallest prefix whose probability mass reaches `top_p`.
-fn nucleus_len(sorted: &[(u32, f32)], max_score: f64, temperature: f64, top_p: f64) -> usize {
-    let weights_total: f64 = sorted.iter().map(|c| weight(c.1, max_score, temperature)).sum();
+/// The smallest ranked prefix (of the first `kept`) whose probability mass reaches `top_p`.
+fn nucleus_len(ranking: &mut Ranking<'_>, kept: usize, max_score: f64, temperature: f64, top_p: f64) -> usize {
+    let weights_total = ranked_weight_sum(ranking, kept, max_score, temperature);
     let mut mass = 0.0;
-    for (i, c) in sorted.iter().enumerate() {
-        mass += weight(c.1, max_score, temperature) / weights_total;
+    for i in 0..kept {
+        mass += weight(ranking.get(i).1, max_score, temperature) / weights_total;
         if mass >= top_p {
             return i + 1;
         }
     }
-    sorted.len()
+    kept
+}
+
+/// The weights of the first `kept` candidates, added best first. Once a weight is under half the
+/// float spacing at the running total (a quarter, for the last-bit error of `exp`), adding it
+/// rounds back to the same total, and so does every later one (no larger): the sum is final
+/// without ranking the tail. A score more than `NEGLIGIBLE_LOG_WEIGHT * temperature` below the
+/// best has such a weight at any total >= 1 (the best's weight is 1), which bounds the ranking.
+fn ranked_weight_sum(ranking: &mut Ranking<'_>, kept: usize, max_score: f64, temperature: f64) -> f64 {
+    if kept > ranking.ranked {
+        let mattering = ranking.count_scoring_at_least(max_score + NEGLIGIBLE_LOG_WEIGHT * temperature);
+        ranking.rank_first(mattering.min(kept));
+    }
+    let mut total = 0.0;
+    for i in 0..kept {
+        let w = weight(ranking.get(i).1, max_score, temperature);
+        if total > 0.0 && total < f64::INFINITY && w * 4.0 <= spacing_below(total) {
+            break;
+        }
+        total += w;
+    }
+    total
+}
+
+/// exp(-40) < 2^-55, a quarter of the spacing just below 1.
+const NEGLIGIBLE_LOG_WEIGHT: f64 = -40.0;
+
+/// The gap between a positive finite `x` and the next float below it (never above the gap above).
+fn spacing_below(x: f64) -> f64 {
+    x - f64::from_bits(x.to_bits() - 1)
+}
+
+/// The candidates as (`rank_key`, score), ranked best first only as far as asked: `items[..ranked]`
+/// is sorted by key and ranks before every later item, which stay in no particular order. Only the
+/// first `limit` (the top-k cut) can ever be asked for. The key is computed once per candidate, so
+/// that a comparison is one u64 compare; the score stays as it came (NaN, -0.0) for the weights.
+///
+/// ```text
+///   items: [ ranked, sorted | not yet ranked, all after the ranked ones ]
+///          0                ranked                                    len
+/// ```
+struct Ranking<'a> {
+    items: &'a mut [(u64, f32)],
+    ranked: usize,
+    limit: usize,
+}
+
+/// The fewest candidates ranked at a time: a partial sort of a few is as cheap as a select.
+const MIN_RANKED: usize = 64;
+
+impl<'a> Ranking<'a> {
+    fn new(items: &'a mut [(u64, f32)], limit: usize) -> Self {
+        assert!(limit > 0 && limit <= items.len(), "a ranking keeps at least one candidate and at most all");
+        Ranking { items, ranked: 0, limit }
+    }
+
+    /// The candidate of rank `i` (0: the best), for `i` below the limit.
+    fn get(&mut self, i: usize) -> (u32, f32) {
+        if i >= self.ranked {
+            // Grow four-fold: walking the whole row then costs a few selects and one sort.
+            self.rank_first((i + 1).max(self.ranked * 4).max(MIN_RANKED));
+        }
+        let (key, score) = self.items[i];
+        (key as u32, score)
+    }
+
+    /// Ranks the first `count` candidates (at most the limit; past half the row, all of it).
+    fn rank_first(&mut self, count: usize) {
+        let mut end = count.min(self.limit);
+        if end <= self.ranked {
+            return;
+        }
+        if end > self.items.len() / 2 {
+            end = self.limit;
+        }
+        let rest = &mut self.items[self.ranked..];
+        let wanted = end - self.ranked;
+        if wanted < rest.len() {
+            rest.select_nth_unstable_by_key(wanted - 1, |c| c.0);
+        }
+        rest[..wanted].sort_unstable_by_key(|c| c.0);
+        self.ranked = end;
+    }
+
+    /// How many candidates score `threshold` or more (NaN never does).
+    fn count_scoring_at_least(&self, threshold: f64) -> usize {
+        self.items.iter().filter(|c| f64::from(c.1) >= threshold).count()
+    }
+}
+
+/// A candidate's place, smallest first: higher score, then lower token id, as `ranks_before`. NaN
+/// ranks with -inf, and -0.0 with 0.0 (they compare equal), so equal keys differ in no weight.
+fn rank_key((id, score): (u32, f32)) -> u64 {
+    let score = if score.is_nan() { f32::NEG_INFINITY } else { score + 0.0 };
+    let bits = score.to_bits();
+    // Flipping makes the bits order as the floats do: negatives reversed, then positives.
+    let ascending = if bits >> 31 == 1 { !bits } else { bits | 1 << 31 };
+    (u64::from(!ascending) << 32) | u64::from(id)
 }
 
 /// Most alternatives a turn may ask log-probabilities for (OpenAI's `top_logprobs` limit).
@@ -513,6 +615,138 @@ mod tests {
             ..TurnOptions::default()
         };
         assert_eq!(SamplingParams::from_options(&neutral).unwrap(), SamplingParams::GREEDY);
+    }
+
+    /// The sampler as it was before partial ranking: a full sort, then the same walks. The model
+    /// the ranked sampler must match token for token.
+    fn full_sort_sample(
+        candidates: &mut [(u32, f32)],
+        params: &SamplingParams,
+        temperature: f64,
+        rng: &mut Rng,
+    ) -> u32 {
+        candidates.sort_by(|a, b| {
+            if ranks_before(*a, *b) {
+                std::cmp::Ordering::Less
+            } else if ranks_before(*b, *a) {
+                std::cmp::Ordering::Greater
+            } else {
+                std::cmp::Ordering::Equal
+            }
+        });
+        let mut kept = candidates.len();
+        if params.top_k > 0 && (params.top_k as usize) < kept {
+            kept = params.top_k as usize;
+        }
+        let max_score = f64::from(candidates[0].1);
+        if params.top_p < 1.0 {
+            kept = full_sort_nucleus_len(&candidates[..kept], max_score, temperature, params.top_p);
+        }
+        if params.min_p > 0.0 {
+            let below = candidates[..kept].iter().position(|c| weight(c.1, max_score, temperature) < params.min_p);
+            kept = below.unwrap_or(kept).max(1);
+        }
+        let kept_total: f64 = candidates[..kept].iter().map(|c| weight(c.1, max_score, temperature)).sum();
+        let mut target = rng.next_f64() * kept_total;
+        for c in &candidates[..kept] {
+            target -= weight(c.1, max_score, temperature);
+            if target < 0.0 {
+                return c.0;
+            }
+        }
+        candidates[kept - 1].0
+    }
+
+    fn full_sort_nucleus_len(sorted: &[(u32, f32)], max_score: f64, temperature: f64, top_p: f64) -> usize {
+        let weights_total: f64 = sorted.iter().map(|c| weight(c.1, max_score, temperature)).sum();
+        let mut mass = 0.0;
+        for (i, c) in sorted.iter().enumerate() {
+            mass += weight(c.1, max_score, temperature) / weights_total;
+            if mass >= top_p {
+                return i + 1;
+            }
+        }
+        sorted.len()
+    }
+
+    /// A row with ties (scores from a small grid), spreads from a few hundredths to hundreds (so
+    /// that some tails are negligible and some are not), and now and then -inf.
+    fn random_row(rng: &mut Rng) -> Vec<(u32, f32)> {
+        let len = [1, 2, 3, 8, 40, 64, 65, 200, 1000, 5000][rng.below(10) as usize];
+        let spread = [0.01, 0.5, 3.0, 30.0, 300.0][rng.below(5) as usize];
+        let grid = [0, 4, 64][rng.below(3) as usize];
+        let sparse = rng.below(3) == 0;
+        let mut ids: Vec<u32> = (0..len as u32).collect();
+        if sparse {
+            // Distinct ids in no particular order, as the simulated model gives them.
+            for id in &mut ids {
+                *id = id.wrapping_mul(2_654_435_761) % 1_000_003;
+            }
+        }
+        ids.into_iter()
+            .map(|id| {
+                let u = rng.next_f64();
+                let u = if grid > 0 { (u * grid as f64).floor() / grid as f64 } else { u };
+                let score = if rng.below(50) == 0 { f32::NEG_INFINITY } else { ((u - 0.5) * spread) as f32 };
+                (id, score)
+            })
+            .collect()
+    }
+
+    fn random_params(rng: &mut Rng, len: usize) -> (SamplingParams, f64) {
+        let temperature = [0.05, 0.3, 0.7, 1.0, 1.5, 4.0][rng.below(6) as usize];
+        let top_k = [0, 0, 1, 2, 40, len as u32, len as u32 + 1][rng.below(7) as usize];
+        let top_p = [1.0, 1.0, 0.01, 0.5, 0.9, 0.95, 0.999_999_999][rng.below(7) as usize];
+        let min_p = [0.0, 0.0, 0.01, 0.05, 0.5, 1.0][rng.below(6) as usize];
+        let params = SamplingParams { temperature: Some(temperature), top_k, top_p, min_p, ..SamplingParams::GREEDY };
+        (params, temperature)
+    }
+
+    #[test]
+    fn ranked_sampling_draws_what_a_full_sort_draws() {
+        let seeds = std::env::var("ORTEX_SEEDS").map_or(600, |n| n.parse::<u64>().expect("ORTEX_SEEDS is a number"));
+        for seed in 1..=seeds {
+            let mut rng = Rng::new(seed);
+            let row = random_row(&mut rng);
+            let (params, temperature) = random_params(&mut rng, row.len());
+            for draw in 0..8u64 {
+                let (mut keyed, mut sorted) = (Vec::new(), row.clone());
+                let (mut ranked_rng, mut sorted_rng) = (Rng::new(hash(seed, draw)), Rng::new(hash(seed, draw)));
+                let got = sample_candidates(&row, &mut keyed, &params, temperature, &mut ranked_rng);
+                let want = full_sort_sample(&mut sorted, &params, temperature, &mut sorted_rng);
+                assert_eq!(got, want, "seed {seed} draw {draw}: {params:?} over {} candidates", row.len());
+                assert_eq!(ranked_rng, sorted_rng, "seed {seed}: one draw each");
+            }
+        }
+    }
+
+    #[test]
+    fn ranked_weight_sums_are_the_full_sorts_bit_for_bit() {
+        let seeds = std::env::var("ORTEX_SEEDS").map_or(600, |n| n.parse::<u64>().expect("ORTEX_SEEDS is a number"));
+        for seed in 1..=seeds {
+            let mut rng = Rng::new(seed);
+            let row = random_row(&mut rng);
+            let (params, temperature) = random_params(&mut rng, row.len());
+            let kept = if params.top_k == 0 { row.len() } else { row.len().min(params.top_k as usize) };
+            let mut sorted = row.clone();
+            sorted.sort_by(
+                |a, b| if ranks_before(*a, *b) { std::cmp::Ordering::Less } else { std::cmp::Ordering::Greater },
+            );
+            let max_score = f64::from(sorted[0].1);
+            let want: f64 = sorted[..kept].iter().map(|c| weight(c.1, max_score, temperature)).sum();
+            let mut items: Vec<(u64, f32)> = row.iter().map(|&c| (rank_key(c), c.1)).collect();
+            let mut ranking = Ranking::new(&mut items, kept);
+            assert_eq!(ranking.get(0), sorted[0], "seed {seed}: the best candidate");
+            let got = ranked_weight_sum(&mut ranking, kept, max_score, temperature);
+            assert_eq!(got.to_bits(), want.to_bits(), "seed {seed}: {got} != {want} over {kept} of {}", row.len());
+            for (i, &want) in sorted[..kept].iter().enumerate() {
+                assert_eq!(ranking.get(i), want, "seed {seed}: rank {i}");
+            }
+        }
+    }
+
+    fn hash(seed: u64, draw: u64) -> u64 {
+        crate::rng::hash2(seed, draw)
     }
 
     #[test]

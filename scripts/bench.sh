@@ -12,6 +12,8 @@ echo "== engine overhead (ortex-core, simulated model at zero cost)"
 cargo bench -p ortex-core --bench engine_overhead
 echo "== facade events per second"
 esbuild bench/facade-events.ts bench/out/facade-events.mjs && node bench/out/facade-events.mjs "$@"
+echo "== text-streamed turns and the OpenAI server at concurrency 64 (simulated model)"
+esbuild bench/turn-stream.ts bench/out/turn-stream.mjs && node bench/out/turn-stream.mjs
 echo "== prefix caching under KV pressure (simulated model, cache on vs off)"
 esbuild bench/prefix-cache/pressure.ts bench/out/prefix-cache-pressure.mjs && node bench/out/prefix-cache-pressure.mjs
 echo "== full-duplex latency"

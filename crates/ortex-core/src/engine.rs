@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use crate::draws::Draws;
 use crate::error::{ErrorCode, OrtexError, Result};
 use crate::events::{flags, Event, EventErrorCode, FinishReason, RetainedEvents, StopMatch, EVENT_STRIDE_WORDS};
 use crate::executor::{ExecError, Executor, KvGeometry, StepOutput, StepPlan};
@@ -54,14 +55,21 @@ pub enum RunStart {
 pub struct Transaction {
     plan: StepPlan,
     output: StepOutput,
+    /// Boxed: the sampler's buffers travel with each step (and come back as the spare).
+    draws: Box<Draws>,
     executor: Box<dyn Executor>,
     result: Option<std::result::Result<(), ExecError>>,
 }
 
 impl Transaction {
-    /// Runs the model. The only part of a `run` that may happen off the owner thread.
+    /// Runs the model, then samples its rows (draws.rs). The only part of a `run` that may happen
+    /// off the owner thread.
     pub fn execute(&mut self) {
-        self.result = Some(self.executor.execute(&self.plan, &mut self.output));
+        let result = self.executor.execute(&self.plan, &mut self.output);
+        if result.is_ok() && self.output.matches(self.plan.sampled_rows()) {
+            self.draws.sample(&self.output);
+        }
+        self.result = Some(result);
     }
 
     /// Records a failure that happened outside the executor's own error path (a binding caught a
@@ -94,7 +102,7 @@ pub struct Engine {
     retained: RetainedEvents,
     executor: Option<Box<dyn Executor>>,
     codec: Arc<dyn TextCodec>,
-    spare: Option<(StepPlan, StepOutput)>,
+    spare: Option<(StepPlan, StepOutput, Box<Draws>)>,
     /// Events of the transaction being committed, before they reach the buffer or the queue.
     staged: Vec<Event>,
     /// Requests in each non-open lifecycle state (counts of what `requests` holds, so that an
@@ -102,8 +110,6 @@ pub struct Engine {
     /// check_invariants).
     num_abandoned: u32,
     num_closed: u32,
-    sample_scratch: sampling::SamplerScratch,
-    logprob_scratch: Vec<(u32, f32)>,
     next_request_id: u32,
     in_flight: Option<InFlight>,
     health: Health,
@@ -136,8 +142,6 @@ impl Engine {
             staged: Vec::new(),
             num_abandoned: 0,
             num_closed: 0,
-            sample_scratch: sampling::SamplerScratch::default(),
-            logprob_scratch: Vec::new(),
             next_request_id: 1,
             in_flight: None,
             health: Health::Healthy,
@@ -423,7 +427,7 @@ impl Engine {
         if !self.retained.is_empty() {
             return Ok(RunStart::Done(self.drain_retained(out, capacity)));
         }
-        let (mut plan, output) = self.spare.take().expect("spare step buffers");
+        let (mut plan, output, mut draws) = self.spare.take().expect("spare step buffers");
         plan.step = self.stats.steps;
         let mut reservation = StepReservation::default();
         let report = self.scheduler.plan(
@@ -436,17 +440,18 @@ impl Engine {
         if plan.rows.is_empty() {
             // Nothing was reserved: a plan without rows reserved no blocks.
             self.kv.commit(reservation, &|_| &[]);
-            self.spare = Some((plan, output));
+            self.spare = Some((plan, output, draws));
             return Ok(RunStart::Done(self.publish(out, capacity)));
         }
+        self.take_draws(&plan, &mut draws);
         self.in_flight = Some(InFlight { step: plan.step, reservation });
         let executor = self.executor.take().expect("executor is home when nothing is in flight");
-        Ok(RunStart::Execute(Transaction { plan, output, executor, result: None }))
+        Ok(RunStart::Execute(Transaction { plan, output, draws, executor, result: None }))
     }
 
     /// The owner-thread half after execution: commit or roll back, publish events.
     pub fn run_commit(&mut self, transaction: Transaction, out: &mut [i32], capacity: usize) -> usize {
-        let Transaction { plan, output, executor, result } = transaction;
+        let Transaction { plan, output, mut draws, executor, result } = transaction;
         let in_flight = self.in_flight.take().expect("a transaction returns to the engine it left");
         assert_eq!(in_flight.step, plan.step, "a transaction returned to the wrong engine state");
         self.stats.steps += 1;
@@ -461,7 +466,7 @@ impl Engine {
             Ok(()) if output.matches(plan.sampled_rows()) => {
                 let requests = &self.requests;
                 self.kv.commit(in_flight.reservation, &|id| requests[&id].tokens.as_slice());
-                self.commit_rows(&plan, &output);
+                self.commit_rows(&plan, &mut draws);
             }
             Ok(()) => {
                 self.kv.rollback(in_flight.reservation);
@@ -475,7 +480,7 @@ impl Engine {
                 self.stage_execution_error(error);
             }
         }
-        self.spare = Some((plan, output));
+        self.spare = Some((plan, output, draws));
         self.release_closed();
         if self.closed {
             self.staged.clear();
@@ -795,7 +800,18 @@ impl Engine {
         }
     }
 
-    fn commit_rows(&mut self, plan: &StepPlan, output: &StepOutput) {
+    /// What each sampled row's draw needs, from its turn as planned (draws.rs).
+    fn take_draws(&self, plan: &StepPlan, draws: &mut Draws) {
+        draws.clear();
+        for row in plan.rows.iter().filter(|row| row.sample) {
+            let request = self.requests.at(row.request_position as usize);
+            let TurnSlot::Running(turn) = &request.turn else { unreachable!("a sampled row has a running turn") };
+            let history = sampling::History { context: &request.tokens, generated: turn.generated_tokens as usize };
+            draws.push(turn.options.sampling, &turn.rng, history, turn.options.logprobs);
+        }
+    }
+
+    fn commit_rows(&mut self, plan: &StepPlan, draws: &mut Draws) {
         let mut sampled_index = 0;
         for row in &plan.rows {
             let planned_turn = row.turn;
@@ -810,18 +826,15 @@ impl Engine {
             if !row.sample {
                 continue;
             }
-            let logits = output.row(sampled_index);
+            let draw = draws.row_mut(sampled_index);
             sampled_index += 1;
             if request.is_closed() || request.running_turn().map(|t| t.id) != Some(planned_turn) {
                 continue; // closed or cancelled while the step was in flight
             }
             let TurnSlot::Running(turn) = &mut request.turn else { unreachable!("checked above") };
-            let history = sampling::History { context: &request.tokens, generated: turn.generated_tokens as usize };
-            let token =
-                sampling::sample(logits, &turn.options.sampling, history, &mut turn.rng, &mut self.sample_scratch)
-                    as i32;
-            if let Some(top) = turn.options.logprobs {
-                let entry = sampling::logprobs(logits, token as u32, top, &mut self.logprob_scratch);
+            turn.rng = draw.rng.clone();
+            let token = draw.token as i32;
+            if let Some(entry) = draw.logprobs.take() {
                 request.logprobs.push(entry);
             }
             turn.generated_tokens += 1;

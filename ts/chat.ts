@@ -150,14 +150,12 @@ export interface PromptCodec {
 
 export function promptCodec(host: ChatHost, parseSpecialTokens: boolean): PromptCodec {
   const marked = !parseSpecialTokens
+  const tokenize = marked ? (text: string) => host.tokenizeMarked(text) : (text: string) => host.tokenize(text)
   return {
     render: (messages, options) => renderOnThread(host, messages, options, marked),
     renderAsync: (messages, options) => renderOffThread(host, messages, options, marked),
-    tokenize: marked ? (text) => host.tokenizeMarked(text) : (text) => host.tokenize(text),
-    tokenizeAsync: async (text) => {
-      if (host.tokenizeAsync !== undefined) return host.tokenizeAsync(text, marked)
-      return marked ? host.tokenizeMarked(text) : host.tokenize(text)
-    },
+    tokenize,
+    tokenizeAsync: async (text) => (host.tokenizeAsync === undefined ? tokenize(text) : host.tokenizeAsync(text, marked)),
   }
 }
 

@@ -266,7 +266,7 @@ export class Engine implements EventOwner {
    *  rendered with a generation prompt; the template's end-of-turn token ends it with 'eos'. */
   chat(messages: ChatMessage[], options?: ChatOptions): Turn {
     const { host, prompts, checked, templateOptions, present } = this.chatArguments(messages, options)
-    return this.chatTurn(host, prompts, prompts.render(checked, templateOptions), present)
+    return this.chatTurn(host, prompts.tokenize(prompts.render(checked, templateOptions)), present)
   }
 
   /** Addition: chat() with the template rendered off the JS thread on native (the libuv thread
@@ -275,9 +275,8 @@ export class Engine implements EventOwner {
   async chatAsync(messages: ChatMessage[], options?: ChatOptions): Promise<Turn> {
     const { host, prompts, checked, templateOptions, present } = this.chatArguments(messages, options)
     const tokens = await prompts.tokenizeAsync(await prompts.renderAsync(checked, templateOptions))
-    this.checkUsable()
-    present.set('eosTokenIds', chat.withEndTokens(host, present.get('eosTokenIds')))
-    return this.generate(tokens, Object.fromEntries(present))
+    this.checkUsable() // closed while it rendered: ENGINE_CLOSED, not a late turn
+    return this.chatTurn(host, tokens, present)
   }
 
   private chatArguments(messages: ChatMessage[], options: ChatOptions | undefined) {
@@ -292,9 +291,9 @@ export class Engine implements EventOwner {
     return { host, prompts: chat.promptCodec(host, parseSpecialTokens), checked, templateOptions, present }
   }
 
-  private chatTurn(host: chat.ChatHost, prompts: chat.PromptCodec, text: string, present: Map<string, unknown>): Turn {
+  private chatTurn(host: chat.ChatHost, tokens: Int32Array, present: Map<string, unknown>): Turn {
     present.set('eosTokenIds', chat.withEndTokens(host, present.get('eosTokenIds')))
-    return this.generate(prompts.tokenize(text), Object.fromEntries(present))
+    return this.generate(tokens, Object.fromEntries(present))
   }
 
   /** A conversation on one request: `send(content)` returns the reply's Turn and prefills only

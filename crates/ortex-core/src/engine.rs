@@ -566,12 +566,6 @@ impl Engine {
         Ok(self.codec.control_strings())
     }
 
-    /// A rendered prompt whose `literals` ranges encode as plain text (TextCodec::tokenize_rendered).
-    pub fn tokenize_rendered(&self, text: &str, literals: &[std::ops::Range<usize>]) -> Result<Vec<i32>> {
-        self.check_open()?;
-        self.codec.tokenize_rendered(text, literals)
-    }
-
     /// Accounting invariants, checked by tests after every step: the KV manager's (the pool
     /// balances, every block is in at most one table, tables cover the computed KV), the retained
     /// queue's counts, the lifecycle counts, and every request within its limits.

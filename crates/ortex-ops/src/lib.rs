@@ -127,6 +127,9 @@ pub fn tokenize_marked_impl(engine: &Engine, marked: &str) -> Result<Vec<i32>> {
 /// [`tokenize_marked_impl`] with a codec handle (`Engine::text_codec`), for a binding that
 /// tokenizes off the JS thread.
 pub fn tokenize_marked_with(codec: &dyn TextCodec, marked: &str) -> Result<Vec<i32>> {
+    if !marked.contains(prompt_text::ESCAPE) {
+        return codec.tokenize(marked); // nothing was marked: no need for the control strings
+    }
     let controls = prompt_text::ControlStrings::new(codec.control_strings());
     let (text, literals) = controls.unmark(marked);
     codec.tokenize_rendered(&text, &literals)

@@ -50,7 +50,12 @@ impl TokenizerCodec {
     }
 
     fn encode(tokenizer: &Tokenizer, text: &str) -> Result<tokenizers::Encoding> {
-        tokenizer.encode_fast(text, false).map_err(|e| OrtexError::invalid(format!("cannot tokenize the text: {e}")))
+        tokenizer.encode_fast(text, false).map_err(tokenize_error)
+    }
+
+    /// `encode` with the tokens' byte offsets (`encode_fast` leaves them out).
+    fn encode_with_offsets(tokenizer: &Tokenizer, text: &str) -> Result<tokenizers::Encoding> {
+        tokenizer.encode(text, false).map_err(tokenize_error)
     }
 
     fn plain(&self) -> &Tokenizer {
@@ -68,6 +73,10 @@ impl TokenizerCodec {
     pub fn tokenizer_size(&self) -> usize {
         self.tokenizer.get_vocab_size(true)
     }
+}
+
+fn tokenize_error(error: tokenizers::Error) -> OrtexError {
+    OrtexError::invalid(format!("cannot tokenize the text: {error}"))
 }
 
 impl TextCodec for TokenizerCodec {
@@ -89,9 +98,7 @@ impl TextCodec for TokenizerCodec {
         if literals.is_empty() {
             return self.tokenize(text);
         }
-        // `encode`, not `encode_fast`: only it tracks the (byte) offsets.
-        let encoding =
-            self.tokenizer.encode(text, false).map_err(|e| OrtexError::invalid(format!("cannot tokenize the text: {e}")))?;
+        let encoding = Self::encode_with_offsets(&self.tokenizer, text)?;
         let tokens: Vec<(u32, (usize, usize))> =
             encoding.get_ids().iter().copied().zip(encoding.get_offsets().iter().copied()).collect();
         let forged = |&(id, (start, end)): &(u32, (usize, usize))| {

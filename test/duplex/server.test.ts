@@ -5,7 +5,7 @@
 import WebSocket from 'ws'
 import { afterEach, describe, expect, it } from 'vitest'
 import { ortex, selectedBackends } from '../helpers/backends'
-import { macrotask } from '../helpers/util'
+import { macrotask, refusedUpgrade } from '../helpers/util'
 
 /** A safety net for a wait that should end quickly; a test never asserts on time. */
 const WAIT_LIMIT_MS = 20_000
@@ -79,22 +79,6 @@ class Client {
     this.waiters = []
     for (const wake of waiters) wake()
   }
-}
-
-/** The HTTP status of an upgrade the server refuses (the WebSocket never opens). */
-function refusedUpgrade(url: string, protocols: string[] = [], options: WebSocket.ClientOptions = {}): Promise<{ status: number; authenticate: unknown }> {
-  const ws = new WebSocket(url, protocols, options)
-  return new Promise((resolve, reject) => {
-    ws.once('open', () => {
-      ws.terminate()
-      reject(new Error('the upgrade was accepted'))
-    })
-    ws.once('unexpected-response', (_req, res) => {
-      resolve({ status: res.statusCode ?? -1, authenticate: res.headers['www-authenticate'] })
-      ws.terminate()
-    })
-    ws.once('error', () => {})
-  })
 }
 
 function checkSeq(messages: any[]): void {

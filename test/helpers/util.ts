@@ -1,6 +1,7 @@
 // Shared assertions and drivers for the facade suites. Everything here goes through the public
 // contract in docs/api.md, plus the `checkInvariants()` test hook.
 import { expect } from 'vitest'
+import WebSocket from 'ws'
 import type { OrtexModule } from './backends'
 
 type Engine = ReturnType<OrtexModule['Engine']['simulated']>
@@ -202,3 +203,25 @@ export async function expectRejects(mod: OrtexModule, fn: () => unknown, code: s
   if (settled.ok) throw new Error(`expected a rejection with ${code}, but it resolved to ${describe(settled.value)}`)
   checkOrtexError(mod, settled.error, code)
 }
+
+/** The HTTP status (and WWW-Authenticate) of a WebSocket upgrade the server refuses; rejects if
+ *  the WebSocket opens. */
+export function refusedUpgrade(
+  url: string,
+  protocols: string[] = [],
+  options: WebSocket.ClientOptions = {},
+): Promise<{ status: number; authenticate: unknown }> {
+  const ws = new WebSocket(url, protocols, options)
+  return new Promise((resolve, reject) => {
+    ws.once('open', () => {
+      ws.terminate()
+      reject(new Error('the upgrade was accepted'))
+    })
+    ws.once('unexpected-response', (_req, res) => {
+      resolve({ status: res.statusCode ?? -1, authenticate: res.headers['www-authenticate'] })
+      ws.terminate()
+    })
+    ws.once('error', () => {})
+  })
+}
+

@@ -10,6 +10,7 @@ import parsePrometheusTextFormat from 'parse-prometheus-text-format'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import WebSocket from 'ws'
 import { ortex } from '../helpers/backends'
+import { refusedUpgrade } from '../helpers/util'
 import { useTinyModels } from '../helpers/tiny-models'
 
 const { Engine, startServer } = ortex('native')
@@ -393,22 +394,6 @@ function value(metrics: any[], name: string): number {
   return Number(metric.metrics[0].value)
 }
 
-/** The HTTP status of a WebSocket upgrade the server refuses; throws if it opens. */
-function upgradeStatus(url: string, protocols: string[] = [], options: WebSocket.ClientOptions = {}): Promise<number> {
-  const ws = new WebSocket(url, protocols, options)
-  return new Promise((resolve, reject) => {
-    ws.once('open', () => {
-      ws.terminate()
-      reject(new Error('the upgrade was accepted'))
-    })
-    ws.once('unexpected-response', (_req, res) => {
-      resolve(res.statusCode ?? -1)
-      ws.terminate()
-    })
-    ws.once('error', () => {})
-  })
-}
-
 /** A session that asks for two tokens: the protocol the server selected and its response.done. */
 async function wsSession(url: string, protocols: string[] = [], options: WebSocket.ClientOptions = {}): Promise<{ protocol: string; done: any }> {
   const ws = new WebSocket(url, protocols, options)
@@ -572,7 +557,7 @@ describe('bearer auth', () => {
         [[], { headers: { authorization: 'Bearer sk-wrong' } }],
         [['ortex', 'ortex-api-key.sk-wrong'], {}],
       ] as const) {
-        expect(await upgradeStatus(url, [...protocols], options)).toBe(401)
+        expect((await refusedUpgrade(url, [...protocols], options)).status).toBe(401)
       }
       expect(engine.stats().generatedTokens).toBe(0)
       expect(server.duplex.stats().connections).toBe(0)

@@ -3,7 +3,7 @@
 // every argument's type first, so the bindings only convert and forward to ortex-core.
 //
 // Every object that crosses is typed by ts/generated/boundary.ts, which is generated from the Rust
-// side (crates/ortex-ops' inputs and views; `cargo test` fails while it is stale): the binding
+// side (crates/ortex-boundary's inputs and views; `cargo test` fails while it is stale): the binding
 // deserializes an input object into its Rust mirror (unknown fields refused) and answers with a
 // view object.
 //
@@ -66,7 +66,7 @@ export interface CoreEngine {
   stats(): StatsView
   tokenize(text: string): Int32Array
   /** A prompt from CoreChat.renderMarked: control strings that came from the caller's text
-   *  tokenize as plain text (crates/ortex-ops/src/prompt_text.rs). */
+   *  tokenize as plain text (crates/ortex-boundary/src/prompt_text.rs). */
   tokenizeMarked(marked: string): Int32Array
   /** The strings `tokenize` turns into control tokens (a tokenizer's special tokens). */
   controlStrings(): string[]
@@ -88,7 +88,7 @@ export interface CoreEngine {
 }
 
 /**
- * ortex-core's session rules (crates/ortex-core/src/session) through crates/ortex-ops: typed
+ * ortex-core's session rules (crates/ortex-core/src/session) through crates/ortex-boundary: typed
  * inputs and views. Times are milliseconds as JS numbers.
  */
 export interface CoreSessions {
@@ -139,7 +139,7 @@ export interface NativeCoreEngine extends CoreEngine {
   tokenizeAsync(text: string, marked: boolean): Promise<Int32Array>
 }
 
-/** A model's chat template, compiled once (crates/ortex-ops' Chat). render throws with the
+/** A model's chat template, compiled once (crates/ortex-boundary's Chat). render throws with the
  *  CHAT_* codes (CHAT_TEMPLATE_MISSING, CHAT_TEMPLATE_RAISED, ...) or INVALID_ARGUMENT. */
 export interface CoreChat {
   /** The prompt as plain text. */

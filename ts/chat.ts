@@ -1,4 +1,4 @@
-// Chat: a model's chat template rendered in the core (crates/ortex-chat through ortex-ops, the same
+// Chat: a model's chat template rendered in the core (crates/ortex-chat through ortex-boundary, the same
 // on both backends), one-shot chat turns, and conversations that keep one Request for their whole
 // life and prefill only what each new turn adds.
 //
@@ -11,7 +11,7 @@
 // The template's end-of-turn strings that are one token of the vocabulary (`<|im_end|>`,
 // `<|eot_id|>`) end a turn with finishReason 'eos' (TurnOptions.eosTokenIds).
 //
-// Prompts are rendered *marked* (crates/ortex-ops/src/prompt_text.rs): the control strings in
+// Prompts are rendered *marked* (crates/ortex-boundary/src/prompt_text.rs): the control strings in
 // message text are escaped before the render and tokenize as plain text after it, so only what
 // the template writes becomes control tokens. The comparisons below work on the marked text.
 

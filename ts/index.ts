@@ -9,4 +9,4 @@ export class Engine extends EngineBase {
   static override _backend: Backend | null = nativeBackend
 }
 
-export * from './shared'
+export * from './exports'

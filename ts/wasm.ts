@@ -10,4 +10,4 @@ export class Engine extends EngineBase {
   static override _backend: Backend | null = wasmBackend
 }
 
-export * from './shared'
+export * from './exports'

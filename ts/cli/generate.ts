@@ -5,7 +5,7 @@ import { setMaxListeners } from 'node:events'
 import { parseArgs } from 'node:util'
 
 import type { Engine } from '../engine'
-import type { Turn, TurnResult } from '../shared'
+import type { Turn, TurnResult } from '../exports'
 import type { ChatMessage } from '../types'
 import { ENGINE_FLAGS, type EngineChoice, UsageError, engineChoice, integerFlag, numberFlag, openEngine } from './args'
 

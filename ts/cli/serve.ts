@@ -5,7 +5,7 @@
 import { parseArgs } from 'node:util'
 
 import { startServer } from '../server/http'
-import { DEFAULT_PORT } from '../server/server'
+import { DEFAULT_PORT } from '../server/duplex/websocket'
 import { ENGINE_FLAGS, UsageError, engineChoice, integerFlag, openEngine } from './args'
 
 export const SERVE_HELP = `Usage: ortex serve (--model DIR | --simulated) [options]

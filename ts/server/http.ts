@@ -1,7 +1,7 @@
 // `startServer(engine, options)` and `ortex serve`: one HTTP server on one port for
 //   POST /v1/chat/completions, POST /v1/completions, GET /v1/models   the OpenAI-compatible API
 //   GET /health, GET /metrics                                           probes and Prometheus
-//   WebSocket upgrades                                                  full-duplex sessions (server.ts)
+//   WebSocket upgrades                                                  full-duplex sessions (duplex/websocket.ts)
 //
 // Every request is checked before it reaches the engine: method, path, bearer key (when one is
 // set; compared in constant time, auth.ts; WebSocket upgrades need it too), content type, body
@@ -20,7 +20,7 @@ import { ServerMetrics } from './metrics'
 import { complete } from './openai/complete'
 import { ApiError } from './openai/errors'
 import { type CompletionJob, parseChatRequest, parseCompletionRequest } from './openai/parse'
-import { DEFAULT_PORT, type DuplexServer, type DuplexServerOptions, startDuplexServer } from './server'
+import { DEFAULT_PORT, type DuplexServer, type DuplexServerOptions, startDuplexServer } from './duplex/websocket'
 
 export interface ServerOptions {
   /** Default 8787; 0 picks a free port. */

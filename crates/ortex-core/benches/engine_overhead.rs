@@ -32,9 +32,9 @@ fn engine_with_decoders(rows: u32, steps: u64) -> Engine {
         rows * max_length.div_ceil(16),
         prefix_caching()
     );
-    let options: SimOptions = ortex_ops::sim_options_from_json(&json).unwrap();
+    let options: SimOptions = ortex_boundary::sim_options_from_json(&json).unwrap();
     let mut engine = Engine::simulated(&options).unwrap();
-    let turn: TurnOptions = ortex_ops::turn_options_from_json(r#"{"ignoreEos":true}"#).unwrap();
+    let turn: TurnOptions = ortex_boundary::turn_options_from_json(r#"{"ignoreEos":true}"#).unwrap();
     for i in 0..rows {
         let r = engine.create_request(&RequestOptions::default()).unwrap();
         engine.begin_turn(r, &[3 + (i % 200) as i32; 8], &turn).unwrap();

@@ -1,7 +1,7 @@
 //! Options as callers give them (every field optional, as in docs/api.md) and the resolved,
 //! validated configuration the engine runs with. Options are snapshotted: the engine copies them,
 //! so a caller changing its object later changes nothing. The bindings deserialize JavaScript's
-//! objects into their own mirrors of these (crates/ortex-ops), so the core carries no serde.
+//! objects into their own mirrors of these (crates/ortex-boundary), so the core carries no serde.
 
 use crate::error::{OrtexError, Result};
 use crate::executor::ModelInfo;

@@ -1,7 +1,7 @@
 //! ortex's Node-API addon: a thin napi-rs binding over ortex-core. The interface it exports is
 //! ts/binding.ts (`NativeBinding`); the TypeScript facade is its only caller.
 //!
-//! Shape: the logic of each method is a plain function in [`ops`] (crates/ortex-ops, which the
+//! Shape: the logic of each method is a plain function in [`ops`] (crates/ortex-boundary, which the
 //! WebAssembly binding calls too); the `#[napi]` wrappers below only convert (a JavaScript object
 //! into an `ops` input and an `ops` view back, through serde), run the call under [`guarded`] (a
 //! panic becomes an ENGINE_UNHEALTHY error and marks the engine unhealthy: it never unwinds into
@@ -32,7 +32,7 @@ use napi::bindgen_prelude::*;
 use napi::JsValue;
 use napi_derive::napi;
 use ortex_core::{Engine, ErrorCode, OrtexError, RunStart, Transaction};
-use ortex_ops as ops;
+use ortex_boundary as ops;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;

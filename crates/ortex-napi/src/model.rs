@@ -1,4 +1,4 @@
-//! ONNX model folders: `CoreEngine.load`. Native only, so it lives here and not in ortex-ops (which
+//! ONNX model folders: `CoreEngine.load`. Native only, so it lives here and not in ortex-boundary (which
 //! the WebAssembly build compiles too, and which must not reach ONNX Runtime or tokenizers).
 //!
 //! Loading reads the config and the tokenizer, opens ONNX Runtime and builds the session: tens of
@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 use ortex_core::{ErrorCode, OrtexError, Result};
-use ortex_ops::{ExecutionProviderInput, ModelOptionsInput};
+use ortex_boundary::{ExecutionProviderInput, ModelOptionsInput};
 use ortex_ort::{ExecutionProvider, ExecutorStats, LoadOptions};
 
 use crate::completions::Completions;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use napi::bindgen_prelude::{Env, Int32Array, Task};
 use ortex_core::text::TextCodec;
 use ortex_core::{ErrorCode, OrtexError};
-use ortex_ops as ops;
+use ortex_boundary as ops;
 
 use crate::coded_js;
 

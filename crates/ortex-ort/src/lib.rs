@@ -7,7 +7,7 @@
 //! - [`layer_attention`]: each layer's attention and window, reconciled with genai_config.json
 //! - [`kv_element`]: the KV and logits element type (float32, float16, bfloat16)
 //! - [`kv_store`]: the paged KV storage behind the engine's block pool
-//! - [`shared_past`]: past/present buffers shared in place by GroupQueryAttention decodes (CPU)
+//! - [`past_present_buffer`]: past/present buffers shared in place by GroupQueryAttention decodes (CPU)
 //! - [`executor`]: [`executor::OrtExecutor`], one engine step = a few model invocations
 //!
 //! [`load`] puts them together: folder + options -> an engine. Native only (the WebAssembly build
@@ -21,7 +21,7 @@ pub mod kv_store;
 pub mod layer_attention;
 pub mod onnx_graph;
 pub mod runtime;
-pub mod shared_past;
+pub mod past_present_buffer;
 pub mod tokenizer;
 pub mod weight_chunks;
 
@@ -38,7 +38,7 @@ pub use runtime::{ExecutionProvider, SessionSettings};
 pub use tokenizer::TokenizerCodec;
 
 /// `Engine.load`'s options: the engine's own plus how ONNX Runtime runs the model (the binding
-/// builds them from JavaScript's object, crates/ortex-ops `ModelOptionsInput`).
+/// builds them from JavaScript's object, crates/ortex-boundary `ModelOptionsInput`).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LoadOptions {
     pub engine: EngineOptions,

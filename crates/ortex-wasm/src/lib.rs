@@ -3,7 +3,7 @@
 //! its only caller.
 //!
 //! Same shape as the native addon: the logic of each method is a plain function in `ops`
-//! (crates/ortex-ops, which crates/ortex-napi calls too, so both backends behave and answer
+//! (crates/ortex-boundary, which crates/ortex-napi calls too, so both backends behave and answer
 //! alike); the wrappers below only convert (a JavaScript object into an `ops` input and an `ops`
 //! view back, through serde-wasm-bindgen), and turn an [`OrtexError`] into a JS `Error` whose
 //! `code` is the core's `ErrorCode::as_str()`. There is no asynchronous `run` (one thread), and a
@@ -11,7 +11,7 @@
 
 use js_sys::{Int32Array, Reflect};
 use ortex_core::{Engine, OrtexError, EVENT_STRIDE_WORDS};
-use ortex_ops as ops;
+use ortex_boundary as ops;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use wasm_bindgen::prelude::*;

@@ -43,12 +43,12 @@ pub fn decode(words: &[i32], count: usize) -> Vec<Ev> {
 }
 
 pub fn sim(json: &str) -> Engine {
-    let options: SimOptions = ortex_ops::sim_options_from_json(json).expect("test options parse");
+    let options: SimOptions = ortex_boundary::sim_options_from_json(json).expect("test options parse");
     Engine::simulated(&options).expect("test engine builds")
 }
 
 pub fn turn_opts(json: &str) -> TurnOptions {
-    ortex_ops::turn_options_from_json(json).expect("test turn options parse")
+    ortex_boundary::turn_options_from_json(json).expect("test turn options parse")
 }
 
 /// One run with a buffer of `capacity`, decoded.

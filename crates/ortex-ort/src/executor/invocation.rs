@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!   inputs   ids, mask, positions ([`TokenInputs`]) and the past, provided one of three ways:
-//!            shared.rs (buffers bound as past and present), carried.rs (the previous
+//!            in_place.rs (buffers bound as past and present), carried.rs (the previous
 //!            invocation's present), gathered.rs (copied from the blocks)
 //!   run      Session::run (or run_binding)
 //!   outputs  the sampled rows' logits into the step output ([`LogitsOut`]), the new positions'
@@ -25,7 +25,7 @@ use super::{fatal, ort_error, AttentionForm};
 use crate::config::ModelConfig;
 use crate::kv_element::{self, KvElement};
 use crate::kv_store::KvStore;
-use crate::shared_past::SharedPast;
+use crate::past_present_buffer::PastPresentBuffer;
 
 /// Shape of one invocation: `B` rows, `P` the longest past, `S` the most new tokens.
 #[derive(Debug, Clone, Copy)]
@@ -139,7 +139,7 @@ pub(super) struct PastSources {
     /// what they save).
     pub(super) carry_enabled: bool,
     /// gqa on the CPU: decode invocations run on shared past/present buffers.
-    pub(super) shared: Option<SharedPast>,
+    pub(super) shared: Option<PastPresentBuffer>,
 }
 
 impl PastSources {

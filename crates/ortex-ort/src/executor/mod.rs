@@ -22,7 +22,7 @@
 //!
 //! - grouping.rs: which rows run together (pure), where their logits go, whether the plan fits
 //! - invocation.rs: one invocation: its inputs, the choice of how to provide the past, its outputs
-//! - the ways of providing the past, one file each: shared.rs (gqa decodes on the CPU: buffers
+//! - the ways of providing the past, one file each: in_place.rs (gqa decodes on the CPU: buffers
 //!   that GroupQueryAttention appends to in place), carried.rs (the previous invocation's
 //!   present taken as the past), gathered.rs (copied from the blocks into new tensors)
 //! - tensor_rows.rs: the copies between one KV tensor and the blocks, row by row
@@ -34,7 +34,7 @@ mod gathered;
 mod grouping;
 mod invocation;
 mod probe;
-mod shared;
+mod in_place;
 mod signature;
 mod stats;
 mod tensor_rows;
@@ -137,7 +137,7 @@ impl OrtExecutor {
             gathered: GatheredPast::new(names.past.len()),
             carry: None,
             carry_enabled: env_flag("ORTEX_CARRY_PRESENT"),
-            shared: shared::shared_past_for(&config, form, provider, &session, &spec)?,
+            shared: in_place::buffer_for(&config, form, provider, &session, &spec)?,
         };
         Ok(OrtExecutor {
             config,

@@ -11,7 +11,7 @@ use super::{load_error, AttentionForm};
 use crate::config::{ModelConfig, TensorNames};
 use crate::kv_element::KvElement;
 use crate::layer_attention::AttentionPlan;
-use crate::shared_past;
+use crate::past_present_buffer;
 
 /// What the model's KV tensors and logits are, beyond their names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,7 +35,7 @@ impl KvSpec {
     pub fn past_width(&self, index: usize, past: usize, end: usize, context_length: usize) -> usize {
         match self.min_width[index] {
             0 => past,
-            window => window.max(shared_past::width_for(end.saturating_sub(1), context_length)),
+            window => window.max(past_present_buffer::width_for(end.saturating_sub(1), context_length)),
         }
     }
 

@@ -5,11 +5,11 @@
 // Wire names are snake_case; the TypeScript API's are camelCase. Fences travel as
 // {session_id, incarnation, epoch, turn_id, response_seq}.
 
-import { OrtexError } from '../errors'
-import { MAX_SESSION_ID_CHARS, charCount } from '../validate'
-import type { Fence, SessionEvent } from '../duplex/events'
-import type { DuplexAppendResult, DuplexSessionConfig, RespondMode } from '../duplex/session'
-import type { TurnOptions, TurnUsage } from '../types'
+import { OrtexError } from '../../errors'
+import { MAX_SESSION_ID_CHARS, charCount } from '../../validate'
+import type { Fence, SessionEvent } from '../../duplex/events'
+import type { DuplexAppendResult, DuplexSessionConfig, RespondMode } from '../../duplex/session'
+import type { TurnOptions, TurnUsage } from '../../types'
 
 export interface WireFence {
   session_id: string

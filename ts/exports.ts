@@ -56,7 +56,7 @@ export type {
   SessionExpiredEvent,
   SessionState,
 } from './duplex/events'
-export { DuplexServer, startDuplexServer } from './server/server'
+export { DuplexServer, startDuplexServer } from './server/duplex/websocket'
 export { OrtexServer, startServer } from './server/http'
 export type { ServerOptions } from './server/http'
-export type { DuplexServerOptions, DuplexServerStats } from './server/server'
+export type { DuplexServerOptions, DuplexServerStats } from './server/duplex/websocket'

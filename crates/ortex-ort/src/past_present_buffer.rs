@@ -1,4 +1,4 @@
-//! [`SharedPast`]: one buffer per KV tensor, bound as both the past input and the present output
+//! [`PastPresentBuffer`]: one buffer per KV tensor, bound as both the past input and the present output
 //! of GroupQueryAttention decode invocations (CPU).
 //!
 //! Given separate past and present tensors, ONNX Runtime's CPU GroupQueryAttention zeroes the
@@ -32,7 +32,7 @@ const MIN_HEADROOM_POSITIONS: usize = 32;
 /// Buffer widths are multiples of this many positions.
 const WIDTH_QUANTUM_POSITIONS: usize = 32;
 
-pub struct SharedPast {
+pub struct PastPresentBuffer {
     /// One per past input, in the executor's `Names::past` order; `[batch, kv_heads, width, head_size]`
     /// of the model's KV element type.
     tensors: Vec<DynTensor>,
@@ -59,9 +59,9 @@ pub fn width_for(past: usize, context_length: usize) -> usize {
     wanted.next_multiple_of(WIDTH_QUANTUM_POSITIONS).min(context_length).max(past + 1)
 }
 
-impl SharedPast {
-    pub fn new(session: &Session, element: KvElement) -> ort::Result<SharedPast> {
-        Ok(SharedPast {
+impl PastPresentBuffer {
+    pub fn new(session: &Session, element: KvElement) -> ort::Result<PastPresentBuffer> {
+        Ok(PastPresentBuffer {
             tensors: Vec::new(),
             element,
             batch: 0,

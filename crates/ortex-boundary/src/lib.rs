@@ -1,4 +1,4 @@
-//! ortex-ops: what both bindings share. Each binding (crates/ortex-napi, crates/ortex-wasm) turns
+//! ortex-boundary: what both bindings share. Each binding (crates/ortex-napi, crates/ortex-wasm) turns
 //! a JavaScript value into one of the typed inputs here and a view here back into a JavaScript
 //! value, and calls these functions for everything in between; so the native addon and the
 //! WebAssembly build cannot drift apart in behaviour or in the shapes they answer with.

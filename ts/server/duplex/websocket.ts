@@ -21,15 +21,15 @@ import type { AddressInfo } from 'node:net'
 
 import type { RawData, ServerOptions as WsServerOptions, VerifyClientCallbackAsync, WebSocket, WebSocketServer } from 'ws'
 
-import type { Engine } from '../engine'
-import { OrtexError } from '../errors'
-import type { SessionEvent } from '../duplex/events'
-import { DuplexSessionManager } from '../duplex/manager'
-import { type DuplexSession, checkConfig } from '../duplex/session'
-import type { TurnOptions } from '../types'
-import * as v from '../validate'
-import { ApiKey, selectSubprotocol } from './auth'
-import { type FlowLimits, StallTimer, flowLimits } from './flow'
+import type { Engine } from '../../engine'
+import { OrtexError } from '../../errors'
+import type { SessionEvent } from '../../duplex/events'
+import { DuplexSessionManager } from '../../duplex/manager'
+import { type DuplexSession, checkConfig } from '../../duplex/session'
+import type { TurnOptions } from '../../types'
+import * as v from '../../validate'
+import { ApiKey, selectSubprotocol } from '../auth'
+import { type FlowLimits, StallTimer, flowLimits } from '../flow'
 import {
   type ClientCommand,
   ProtocolError,

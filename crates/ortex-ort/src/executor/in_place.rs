@@ -1,5 +1,5 @@
 //! The past shared with the present: gqa decode invocations on the CPU bind one buffer per KV
-//! tensor ([`SharedPast`]) as both past and present, so GroupQueryAttention appends the new
+//! tensor ([`PastPresentBuffer`]) as both past and present, so GroupQueryAttention appends the new
 //! position in place instead of copying the whole past into a fresh present.
 //!
 //! The buffers stay from step to step while the decode rows do (same requests, same order, each
@@ -21,22 +21,22 @@ use crate::config::ModelConfig;
 use crate::kv_element;
 use crate::kv_store::KvStore;
 use crate::runtime::ExecutionProvider;
-use crate::shared_past::{self, SharedPast};
+use crate::past_present_buffer::{self, PastPresentBuffer};
 
 /// The shared buffers for gqa on the CPU unless `ORTEX_SHARE_PAST=0`. CUDA would want device
 /// buffers; it keeps ONNX Runtime's own present tensors.
-pub(super) fn shared_past_for(
+pub(super) fn buffer_for(
     config: &ModelConfig,
     form: AttentionForm,
     provider: ExecutionProvider,
     session: &Session,
     spec: &KvSpec,
-) -> Result<Option<SharedPast>> {
+) -> Result<Option<PastPresentBuffer>> {
     if form != AttentionForm::Gqa || provider != ExecutionProvider::Cpu || !env_flag("ORTEX_SHARE_PAST") {
         return Ok(None);
     }
     let model_file = config.model_file.display().to_string();
-    let shared = SharedPast::new(session, spec.element)
+    let shared = PastPresentBuffer::new(session, spec.element)
         .map_err(|e| load_error(format!("{model_file}: cannot bind buffers: {e}")))?;
     Ok(Some(shared))
 }
@@ -76,7 +76,7 @@ impl Invocation<'_> {
 /// Fresh buffers wide enough for the rows and some headroom (and for the widest windowed cache,
 /// so that every buffer has one width), filled from the blocks.
 fn refill(
-    shared: &mut SharedPast,
+    shared: &mut PastPresentBuffer,
     kv: &KvStore,
     batch: Batch<'_>,
     context_length: usize,
@@ -84,7 +84,7 @@ fn refill(
     spec: &KvSpec,
 ) -> Result<(), ExecError> {
     let dims = batch.dims;
-    let width = shared_past::width_for(dims.past, context_length).max(spec.widest_window());
+    let width = past_present_buffer::width_for(dims.past, context_length).max(spec.widest_window());
     shared
         .reshape(past_inputs, dims.batch, dims.kv_heads, width, dims.head_size)
         .map_err(ort_error("cannot allocate the KV buffers"))?;
@@ -97,14 +97,14 @@ fn refill(
 
 /// Binds a shared decode invocation: ids, mask (and positions) from `tokens`, the logits to the
 /// CPU, and (when not bound already) each KV buffer as its past input and its present output.
-fn bind(names: &Names, shared: &mut SharedPast, dims: Dims, tokens: &TokenInputs) -> ort::Result<()> {
+fn bind(names: &Names, shared: &mut PastPresentBuffer, dims: Dims, tokens: &TokenInputs) -> ort::Result<()> {
     let (b, s, t) = (dims.batch, dims.new, dims.total());
     // Owned copies (a few hundred bytes): ort clones a borrowed input it binds, and that clone
     // deadlocks in rc.15 (`IdentitySessionHandle::new` binds a borrowed input itself).
     fn ids(data: &[i64], rows: usize, cols: usize) -> ort::Result<Tensor<i64>> {
         Tensor::from_array(([rows, cols], data.to_vec()))
     }
-    let SharedPast { binding, cpu, .. } = shared;
+    let PastPresentBuffer { binding, cpu, .. } = shared;
     binding.bind_input(names.input_ids.as_str(), &ids(&tokens.input_ids()[..b * s], b, s)?)?;
     binding.bind_input(names.attention_mask.as_str(), &ids(&tokens.attention_mask()[..b * t], b, t)?)?;
     if let Some(name) = &names.position_ids {
@@ -128,7 +128,7 @@ fn bind(names: &Names, shared: &mut SharedPast, dims: Dims, tokens: &TokenInputs
 fn scatter_buffers(
     outputs: &SessionOutputs<'_>,
     present: &[String],
-    shared: &SharedPast,
+    shared: &PastPresentBuffer,
     kv: &mut KvStore,
     batch: Batch<'_>,
 ) -> Result<(), ExecError> {

@@ -203,7 +203,8 @@ mod tests {
     #[test]
     fn every_string_of_a_value_is_marked() {
         let controls = chatml();
-        let mut value = json!([{ "role": "user", "content": [{ "type": "text", "text": "<|im_start|>" }] }, { "<|im_end|>": 1 }]);
+        let mut value =
+            json!([{ "role": "user", "content": [{ "type": "text", "text": "<|im_start|>" }] }, { "<|im_end|>": 1 }]);
         controls.mark_value(&mut value);
         let text = value.to_string();
         assert!(!text.contains("<|im_"), "{text}");

@@ -332,10 +332,15 @@ fn join_text_parts(index: usize, parts: &[JsonValue]) -> Result<String, ChatErro
             ChatError::new(ChatErrorCode::InputInvalid, format!("message {index} content part {part_index} {what}"))
         };
         let JsonValue::Object(fields) = part else {
-            return Err(refuse(format!("must be an object {{\"type\": \"text\", \"text\": ...}}, not {}", json_kind(part))));
+            return Err(refuse(format!(
+                "must be an object {{\"type\": \"text\", \"text\": ...}}, not {}",
+                json_kind(part)
+            )));
         };
         match (fields.get("type"), fields.get("text")) {
-            (Some(JsonValue::String(kind)), Some(JsonValue::String(text))) if kind == "text" => texts.push(text.as_str()),
+            (Some(JsonValue::String(kind)), Some(JsonValue::String(text))) if kind == "text" => {
+                texts.push(text.as_str())
+            }
             (Some(JsonValue::String(kind)), _) if kind != "text" => {
                 return Err(refuse(format!("has type {kind:?}: only \"text\" parts are supported")));
             }
@@ -461,7 +466,8 @@ mod tests {
 
     #[test]
     fn text_content_parts_reach_the_template_joined() {
-        let parts = json!([{"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]}]);
+        let parts =
+            json!([{"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]}]);
         let text = render("{{ messages[0].content }}", &RenderInput::new(parts.clone())).unwrap();
         assert_eq!(text, "Hi\nthere");
         // A template that walks the parts itself gets them.
@@ -483,7 +489,11 @@ mod tests {
         let image = json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]);
         let error = render("{{ messages[0].content }}", &RenderInput::new(image)).unwrap_err();
         assert_eq!(error.code, ChatErrorCode::InputInvalid);
-        assert!(error.message.contains("\"image_url\"") && error.message.contains("only \"text\""), "{}", error.message);
+        assert!(
+            error.message.contains("\"image_url\"") && error.message.contains("only \"text\""),
+            "{}",
+            error.message
+        );
         let bare = json!([{"role": "user", "content": ["Hi"]}]);
         let error = render("{{ messages[0].content }}", &RenderInput::new(bare)).unwrap_err();
         assert_eq!(error.code, ChatErrorCode::InputInvalid);

@@ -101,7 +101,8 @@ fn every_fixture_renders_as_hugging_face_does() {
             // so it refuses them by name instead.
             if has_non_text_part(case) {
                 match rendered {
-                    Err(error) if error.code == ChatErrorCode::InputInvalid && error.message.contains("only \"text\"") => {}
+                    Err(error)
+                        if error.code == ChatErrorCode::InputInvalid && error.message.contains("only \"text\"") => {}
                     outcome => failures.push(format!("{case_name}: expected the image part refused, got {outcome:?}")),
                 }
                 continue;

@@ -34,7 +34,9 @@ fn synthetic_row(seed: u64) -> Vec<f32> {
 fn median_micros(row: &[f32], params: &SamplingParams, runs: usize) -> (f64, f64, f64) {
     let mut rng = Rng::new(7);
     let mut scratch = SamplerScratch::default();
-    let mut call = |rng: &mut Rng| sample(RowLogits::Dense(row), params, History { context: &[], generated: 0 }, rng, &mut scratch);
+    let mut call = |rng: &mut Rng| {
+        sample(RowLogits::Dense(row), params, History { context: &[], generated: 0 }, rng, &mut scratch)
+    };
     for _ in 0..20 {
         std::hint::black_box(call(&mut rng));
     }

@@ -164,7 +164,8 @@ fn run(engine: &mut Engine, rng: &mut Rng, trace: &mut Trace) -> bool {
 
 fn digest_of(seed: u64) -> u64 {
     let mut rng = Rng::new(seed);
-    let options: SimOptions = ortex_boundary::sim_options_from_json(&options_for(seed, &mut rng)).expect("options parse");
+    let options: SimOptions =
+        ortex_boundary::sim_options_from_json(&options_for(seed, &mut rng)).expect("options parse");
     let mut trace = Trace { digest: seed, event_words: event_words_hashed() };
     let mut engine = match Engine::simulated(&options) {
         Ok(engine) => engine,

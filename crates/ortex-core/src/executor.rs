@@ -4,7 +4,6 @@
 
 use crate::error::Result;
 use crate::ids::{BlockId, RequestId};
-use crate::sampling::RowLogits;
 
 /// What the engine needs to know about a model.
 #[derive(Debug, Clone, PartialEq)]
@@ -160,5 +159,29 @@ pub trait Executor: Send {
     /// Simulated cost so far, in microseconds (0 for real executors, whose cost is real time).
     fn virtual_time_us(&self) -> u64 {
         0
+    }
+}
+
+/// One row of next-token scores: the full vocabulary (a real model) or a few candidates (the
+/// simulated model, which must stay O(1) per token).
+#[derive(Debug, Clone, Copy)]
+pub enum RowLogits<'a> {
+    Dense(&'a [f32]),
+    Sparse { ids: &'a [u32], logits: &'a [f32] },
+}
+
+impl RowLogits<'_> {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            RowLogits::Dense(v) => v.len(),
+            RowLogits::Sparse { ids, .. } => ids.len(),
+        }
+    }
+
+    pub(crate) fn get(&self, i: usize) -> (u32, f32) {
+        match self {
+            RowLogits::Dense(v) => (i as u32, v[i]),
+            RowLogits::Sparse { ids, logits } => (ids[i], logits[i]),
+        }
     }
 }

@@ -214,7 +214,16 @@ impl Request {
         self.last_turn_id += 1;
         let id = TurnId(self.last_turn_id);
         let prompt_start = self.token_count() - prompt_tokens;
-        let turn = Turn { id, options, prompt_tokens, prompt_start, cached_prompt_tokens: 0, generated_tokens: 0, rng, held: false };
+        let turn = Turn {
+            id,
+            options,
+            prompt_tokens,
+            prompt_start,
+            cached_prompt_tokens: 0,
+            generated_tokens: 0,
+            rng,
+            held: false,
+        };
         self.turn = TurnSlot::Running(turn);
         id
     }

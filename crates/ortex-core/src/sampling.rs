@@ -3,6 +3,7 @@
 //! `libm` so native and wasm agree bit for bit; ties are broken by the lower token id.
 
 use crate::error::{OrtexError, Result};
+use crate::executor::RowLogits;
 use crate::options::TurnOptions;
 use crate::rng::Rng;
 
@@ -89,30 +90,6 @@ impl SamplingParams {
             min_p,
             penalties: Penalties { repetition, presence, frequency },
         })
-    }
-}
-
-/// One row of next-token scores: the full vocabulary (a real model) or a few candidates (the
-/// simulated model, which must stay O(1) per token).
-#[derive(Debug, Clone, Copy)]
-pub enum RowLogits<'a> {
-    Dense(&'a [f32]),
-    Sparse { ids: &'a [u32], logits: &'a [f32] },
-}
-
-impl RowLogits<'_> {
-    fn len(&self) -> usize {
-        match self {
-            RowLogits::Dense(v) => v.len(),
-            RowLogits::Sparse { ids, .. } => ids.len(),
-        }
-    }
-
-    fn get(&self, i: usize) -> (u32, f32) {
-        match self {
-            RowLogits::Dense(v) => (i as u32, v[i]),
-            RowLogits::Sparse { ids, logits } => (ids[i], logits[i]),
-        }
     }
 }
 

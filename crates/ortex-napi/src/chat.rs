@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use napi::bindgen_prelude::{AsyncTask, Env, Task, Unknown};
 use napi_derive::napi;
-use ortex_core::{ErrorCode, OrtexError};
 use ortex_boundary as ops;
+use ortex_core::{ErrorCode, OrtexError};
 
 use crate::{coded, coded_js, input};
 

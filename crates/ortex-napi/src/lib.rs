@@ -31,8 +31,8 @@ use completions::Completions;
 use napi::bindgen_prelude::*;
 use napi::JsValue;
 use napi_derive::napi;
-use ortex_core::{Engine, ErrorCode, OrtexError, RunStart, Transaction};
 use ortex_boundary as ops;
+use ortex_core::{Engine, ErrorCode, OrtexError, RunStart, Transaction};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
@@ -348,7 +348,11 @@ impl CoreEngine {
 
     /// `tokenize` (marked: `tokenizeMarked`) on the libuv thread pool.
     #[napi(ts_return_type = "Promise<Int32Array>")]
-    pub fn tokenize_async(&self, text: String, marked: bool) -> napi::Result<AsyncTask<text_task::TokenizeTask>, String> {
+    pub fn tokenize_async(
+        &self,
+        text: String,
+        marked: bool,
+    ) -> napi::Result<AsyncTask<text_task::TokenizeTask>, String> {
         let codec = self.call(|engine| engine.text_codec())?;
         Ok(AsyncTask::new(text_task::TokenizeTask { codec, text, marked }))
     }
@@ -496,7 +500,12 @@ impl CoreSessions {
     }
 
     #[napi(ts_return_type = "CancelView")]
-    pub fn cancel(&mut self, session_id: String, cancelled: Option<Unknown<'_>>, now_ms: f64) -> napi::Result<Value, String> {
+    pub fn cancel(
+        &mut self,
+        session_id: String,
+        cancelled: Option<Unknown<'_>>,
+        now_ms: f64,
+    ) -> napi::Result<Value, String> {
         self.call(|sessions| {
             let cancelled = cancelled.map(|f| input("cancelled fence", f)).transpose()?;
             sessions.cancel(&session_id, cancelled, now_ms).map(view)

@@ -12,8 +12,8 @@ use std::sync::Mutex;
 
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
-use ortex_core::{ErrorCode, OrtexError, Result};
 use ortex_boundary::{ExecutionProviderInput, ModelOptionsInput};
+use ortex_core::{ErrorCode, OrtexError, Result};
 use ortex_ort::{ExecutionProvider, ExecutorStats, LoadOptions};
 
 use crate::completions::Completions;

@@ -7,9 +7,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use napi::bindgen_prelude::{Env, Int32Array, Task};
+use ortex_boundary as ops;
 use ortex_core::text::TextCodec;
 use ortex_core::{ErrorCode, OrtexError};
-use ortex_boundary as ops;
 
 use crate::coded_js;
 

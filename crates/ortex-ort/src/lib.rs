@@ -20,8 +20,8 @@ pub mod kv_element;
 pub mod kv_store;
 pub mod layer_attention;
 pub mod onnx_graph;
-pub mod runtime;
 pub mod past_present_buffer;
+pub mod runtime;
 pub mod tokenizer;
 pub mod weight_chunks;
 

@@ -10,8 +10,8 @@
 //! panic aborts (this build uses panic=abort), which traps as a `WebAssembly.RuntimeError`.
 
 use js_sys::{Int32Array, Reflect};
-use ortex_core::{Engine, OrtexError, EVENT_STRIDE_WORDS};
 use ortex_boundary as ops;
+use ortex_core::{Engine, OrtexError, EVENT_STRIDE_WORDS};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use wasm_bindgen::prelude::*;

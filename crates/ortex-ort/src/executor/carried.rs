@@ -17,7 +17,7 @@ use ort::session::SessionOutputs;
 use ort::value::DynValue;
 use ortex_core::ids::RequestId;
 
-use super::invocation::{Batch, Inputs};
+use super::batch::{Batch, Inputs};
 use super::signature::{KvSpec, Names};
 use super::AttentionForm;
 use crate::kv_element;

@@ -10,8 +10,8 @@ use std::borrow::Cow;
 
 use ortex_core::executor::ExecError;
 
+use super::batch::{Batch, Inputs};
 use super::fatal;
-use super::invocation::{Batch, Inputs};
 use super::signature::{KvSpec, Names};
 use super::tensor_rows::TensorRows;
 use crate::kv_element::{KvBuffer, KvElement};

@@ -12,7 +12,8 @@ use ort::value::Tensor;
 use ortex_core::executor::ExecError;
 use ortex_core::Result;
 
-use super::invocation::{Batch, Dims, Invocation, TokenInputs};
+use super::batch::{Batch, Dims, TokenInputs};
+use super::invocation::Invocation;
 use super::signature::{KvSpec, Names};
 use super::stats::{now, Counter};
 use super::tensor_rows::TensorRows;
@@ -20,8 +21,8 @@ use super::{env_flag, fatal, load_error, ort_error, AttentionForm};
 use crate::config::ModelConfig;
 use crate::kv_element;
 use crate::kv_store::KvStore;
-use crate::runtime::ExecutionProvider;
 use crate::past_present_buffer::{self, PastPresentBuffer};
+use crate::runtime::ExecutionProvider;
 
 /// The shared buffers for gqa on the CPU unless `ORTEX_SHARE_PAST=0`. CUDA would want device
 /// buffers; it keeps ONNX Runtime's own present tensors.

@@ -29,12 +29,13 @@
 //! - signature.rs: the tensor names, the KV element type and widths, the checks at load;
 //!   probe.rs: the trial run at load of a float16 or bfloat16 model; stats.rs: the counters
 
+mod batch;
 mod carried;
 mod gathered;
 mod grouping;
+mod in_place;
 mod invocation;
 mod probe;
-mod in_place;
 mod signature;
 mod stats;
 mod tensor_rows;
@@ -50,9 +51,10 @@ use crate::kv_element::KvElement;
 use crate::kv_store::KvStore;
 use crate::layer_attention::AttentionPlan;
 use crate::runtime::ExecutionProvider;
+use batch::{Batch, TokenInputs};
 use gathered::GatheredPast;
 use grouping::{assign_sampled_slots, check_plan, group_rows, prefill_positions_budget, Grouping};
-use invocation::{Batch, Invocation, LogitsOut, PastSources, TokenInputs};
+use invocation::{Invocation, LogitsOut, PastSources};
 use signature::{check_signature, detect_form, KvSpec, Names};
 use stats::now;
 pub use stats::{Counter, ExecutorStats, StatsSnapshot, Unit};

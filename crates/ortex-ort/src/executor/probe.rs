@@ -19,7 +19,7 @@ use ort::session::{RunOptions, Session, SessionInputValue};
 use ort::value::{DynValue, TensorRef};
 use ortex_core::{OrtexError, Result};
 
-use super::invocation::Inputs;
+use super::batch::Inputs;
 use super::load_error;
 use super::signature::{KvSpec, Names};
 use crate::config::ModelConfig;

@@ -5,7 +5,7 @@ use std::ops::Range;
 
 use ortex_core::executor::PlanRow;
 
-use super::invocation::Batch;
+use super::batch::Batch;
 use super::AttentionForm;
 use crate::kv_store::{KvArena, KvStore};
 

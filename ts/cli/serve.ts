@@ -1,10 +1,10 @@
 // `ortex serve`: the OpenAI-compatible HTTP API, /metrics and the WebSocket sessions of
 // docs/duplex-protocol.md, on one port, over a model folder or the simulated model, until
-// SIGINT / SIGTERM.
+// SIGINT / SIGTERM, which drain it (see drain() in ../server/http.ts).
 
 import { parseArgs } from 'node:util'
 
-import { startServer } from '../server/http'
+import { DEFAULT_DRAIN_DEADLINE_MS, startServer } from '../server/http'
 import { DEFAULT_PORT } from '../server/duplex/websocket'
 import { ENGINE_FLAGS, UsageError, engineChoice, integerFlag, openEngine } from './args'
 
@@ -33,19 +33,28 @@ Options:
   --backend NAME           'native' (default) or 'wasm' (simulated model only)
   --kv-cache-bytes N       most bytes the model's KV pool may reserve (default: a quarter of the
                            machine's memory); the load line on stderr says what it reserves
+  --drain-timeout-ms N     on SIGTERM / SIGINT, how long requests and responses in flight may
+                           run before the server stops (default ${DEFAULT_DRAIN_DEADLINE_MS}); a second signal
+                           stops it at once
   -h, --help               show this help
+
+SIGTERM (or SIGINT) drains the server: /health answers 503 "draining", new requests and sessions
+are refused with 503, what runs finishes (up to --drain-timeout-ms), each session's connection is
+closed with code 1012 so that its client resumes elsewhere, and the process exits with status 0.
 `
 
-/** Resolves on the first SIGINT or SIGTERM. */
-function untilSignal(): Promise<void> {
+/** Resolves on the first SIGINT or SIGTERM; a second one calls `again`. */
+function untilSignal(again: () => void): Promise<void> {
   return new Promise<void>((resolve) => {
-    const stop = (): void => {
-      process.off('SIGINT', stop)
-      process.off('SIGTERM', stop)
+    const first = (): void => {
+      process.off('SIGINT', first)
+      process.off('SIGTERM', first)
+      process.on('SIGINT', again)
+      process.on('SIGTERM', again)
       resolve()
     }
-    process.on('SIGINT', stop)
-    process.on('SIGTERM', stop)
+    process.on('SIGINT', first)
+    process.on('SIGTERM', first)
   })
 }
 
@@ -76,6 +85,7 @@ export async function runServeCommand(argv: string[]): Promise<void> {
       'max-output-tokens': { type: 'string' },
       'api-key': { type: 'string' },
       'model-name': { type: 'string' },
+      'drain-timeout-ms': { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
   })
@@ -89,6 +99,7 @@ export async function runServeCommand(argv: string[]): Promise<void> {
   const disconnectGraceMs = integerFlag('disconnect-grace-ms', values['disconnect-grace-ms'], undefined, 1, Number.MAX_SAFE_INTEGER)
   const idleTtl = integerFlag('idle-ttl-ms', values['idle-ttl-ms'], undefined, 0, Number.MAX_SAFE_INTEGER)
   const maxOutputTokens = integerFlag('max-output-tokens', values['max-output-tokens'], 256, 1, 1 << 24)
+  const drainTimeoutMs = integerFlag('drain-timeout-ms', values['drain-timeout-ms'], DEFAULT_DRAIN_DEADLINE_MS, 0, Number.MAX_SAFE_INTEGER)
   const apiKey = apiKeyOf(values['api-key'], process.env.ORTEX_API_KEY)
   const engine = await openEngine(choice, {}, { eosProbability: 0.02, maxBatchSize: 64 })
   const server = await startServer(engine, {
@@ -110,8 +121,12 @@ export async function runServeCommand(argv: string[]): Promise<void> {
   const model = choice.model === undefined ? `simulated model, ${engine.backend}` : choice.model
   const ws = server.url.replace('http://', 'ws://')
   process.stdout.write(`ortex serve: listening on ${server.url} (${model}): OpenAI API at ${server.url}/v1, sessions at ${ws}\n`)
-  await untilSignal()
+  await untilSignal(() => {
+    process.stdout.write('ortex serve: stopping now\n')
+    void server.close()
+  })
+  process.stdout.write(`ortex serve: draining (at most ${drainTimeoutMs} ms)\n`)
+  await server.drain(drainTimeoutMs)
   process.stdout.write('ortex serve: shutting down\n')
-  await server.close()
   await engine.close()
 }

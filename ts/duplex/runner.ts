@@ -608,6 +608,11 @@ export class Runner implements RunnerServices {
     }
   }
 
+  /** Whether a response has not ended yet (queued, running, or not yet delivered). */
+  get responding(): boolean {
+    return this.undone.size > 0
+  }
+
   // ---- responses -----------------------------------------------------------------------------
 
   /** A response started by a final append: begins now, or once the running one has ended. */

@@ -137,6 +137,11 @@ export class DuplexSession {
     return this.view.leaseGeneration
   }
 
+  /** Whether a response has not ended yet: queued, running, or still being delivered. */
+  get responding(): boolean {
+    return this.runner.responding
+  }
+
   /** How responses start (see DuplexSessionConfig). */
   get respondMode(): RespondMode {
     return this.config.respond

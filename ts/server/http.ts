@@ -66,10 +66,13 @@ export class OrtexServer {
   readonly modelName: string
   readonly metrics: ServerMetrics
   private closing: Promise<void> | null = null
+  /** close() during a drain: stop waiting for what runs. */
+  private stopNow = false
 
   /** @internal */
   constructor(
     private readonly http: Server,
+    private readonly handler: ApiHandler,
     readonly duplex: DuplexServer,
     metrics: ServerMetrics,
     modelName: string,
@@ -87,20 +90,58 @@ export class OrtexServer {
     return `http://${host}:${this.port}`
   }
 
-  /** Stops accepting, closes every session and connection; turns in progress are cancelled. The
-   *  engine stays the caller's. */
-  close(): Promise<void> {
+  /** Whether drain() has begun. */
+  get draining(): boolean {
+    return this.handler.draining
+  }
+
+  /**
+   * A graceful stop (SIGTERM in `ortex serve`): from now on /health answers 503 "draining", new
+   * /v1 requests and WebSocket upgrades are refused with 503, and the port stops accepting
+   * connections. Requests and duplex responses in flight run to their end, for at most
+   * `deadlineMs` (the port keeps answering meanwhile, so that probes see "draining"); then every duplex session is detached with a resumable close (WebSocket close
+   * code 1012, "service restart": its client resumes through the balancer, on another process
+   * when a session store holds the session) and close() runs, which cancels whatever still runs.
+   */
+  drain(deadlineMs = DEFAULT_DRAIN_DEADLINE_MS): Promise<void> {
     if (this.closing !== null) return this.closing
+    v.integer('deadlineMs', deadlineMs, 0, Number.MAX_SAFE_INTEGER)
+    this.handler.draining = true
+    // The port stays open until the end: probes and a balancer's retries must see the 503s.
+    this.duplex.stopAccepting()
     this.closing = (async () => {
-      await this.duplex.close()
-      await new Promise<void>((resolve) => {
-        this.http.close(() => resolve())
-        this.http.closeAllConnections()
-      })
+      const until = Date.now() + deadlineMs
+      while (!this.stopNow && Date.now() < until && (this.handler.inFlight > 0 || this.duplex.responding())) {
+        await new Promise((resolve) => setTimeout(resolve, DRAIN_POLL_MS))
+      }
+      await this.duplex.detachAll()
+      await this.shutDown()
     })()
     return this.closing
   }
+
+  /** Stops accepting, closes every session and connection; turns in progress are cancelled. The
+   *  engine stays the caller's. During a drain, it ends the drain's wait at once. */
+  close(): Promise<void> {
+    this.stopNow = true
+    if (this.closing !== null) return this.closing
+    this.closing = this.shutDown()
+    return this.closing
+  }
+
+  private async shutDown(): Promise<void> {
+    await this.duplex.close()
+    await new Promise<void>((resolve) => {
+      this.http.close(() => resolve())
+      this.http.closeAllConnections()
+    })
+  }
 }
+
+/** How long drain() lets requests and responses in flight run by default. */
+export const DEFAULT_DRAIN_DEADLINE_MS = 30_000
+/** How often drain() looks whether what was in flight has ended. */
+const DRAIN_POLL_MS = 20
 
 function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
   const text = JSON.stringify(body)
@@ -164,7 +205,7 @@ const RETRY_AFTER_S = 1
 
 function errorHeaders(error: ApiError): Record<string, string> {
   if (error.status === 401) return { 'www-authenticate': 'Bearer' }
-  if (error.status === 429) return { 'retry-after': String(RETRY_AFTER_S) }
+  if (error.status === 429 || error.status === 503) return { 'retry-after': String(RETRY_AFTER_S) }
   return {}
 }
 
@@ -177,6 +218,11 @@ const ROUTES: Record<string, { method: 'GET' | 'POST'; v1: boolean }> = {
 }
 
 class ApiHandler {
+  /** drain() began: health says so and new /v1 requests are refused. */
+  draining = false
+  /** Requests being answered (a drain waits for them). */
+  inFlight = 0
+
   constructor(
     private readonly engine: Engine,
     private readonly settings: Settings,
@@ -188,9 +234,14 @@ class ApiHandler {
     const pathname = (req.url ?? '/').split('?')[0]!
     const route = ROUTES[pathname]
     const label = route === undefined ? 'unknown' : pathname
+    this.inFlight++
     this.route(req, res, pathname, receivedAtMs).then(
-      (status) => this.metrics.requests.inc({ route: label, status: String(status) }),
+      (status) => {
+        this.inFlight--
+        this.metrics.requests.inc({ route: label, status: String(status) })
+      },
       (error: unknown) => {
+        this.inFlight--
         const apiError = error instanceof ApiError ? error : new ApiError(500, 'internal error', 'server_error')
         this.metrics.requests.inc({ route: label, status: String(apiError.status) })
         if (res.headersSent) {
@@ -212,6 +263,12 @@ class ApiHandler {
     if (route.v1 && !authorizedRequest(this.settings.apiKey, req)) {
       throw new ApiError(401, 'a valid API key is needed: Authorization: Bearer <key>', 'authentication_error', null, 'invalid_api_key')
     }
+    if (route.v1 && this.draining) {
+      // The connection closes after the answer: a balancer sends the retry to another process.
+      res.setHeader('connection', 'close')
+      req.resume()
+      throw new ApiError(503, 'this server is draining; retry on another', 'server_error', null, 'server_draining')
+    }
     switch (pathname) {
       case '/health':
         return this.health(res)
@@ -231,6 +288,10 @@ class ApiHandler {
   }
 
   private health(res: ServerResponse): number {
+    if (this.draining) {
+      sendJson(res, 503, { status: 'draining', reason: 'the server is draining: it takes no new work' })
+      return 503
+    }
     if (this.engine.healthy) {
       sendJson(res, 200, { status: 'ok' })
       return 200
@@ -312,7 +373,7 @@ export async function startServer(engine: Engine, options?: ServerOptions): Prom
   })
   try {
     const duplex = await startDuplexServer(engine, withApiKey(duplexOptions, present.get('apiKey')), http)
-    return new OrtexServer(http, duplex, metrics, settings.modelName)
+    return new OrtexServer(http, handler, duplex, metrics, settings.modelName)
   } catch (error) {
     http.close()
     throw error

@@ -85,6 +85,10 @@ const DEFAULT_PING_INTERVAL_MS = 30_000
 /** The close code for a connection whose client stopped reading (RFC 6455: policy violation). */
 export const CLOSE_SEND_STALLED = 1008
 const OPEN = 1
+/** The close code of a drain (RFC 6455 registry: "Service Restart"): resume the session. */
+export const CLOSE_SERVICE_RESTART = 1012
+/** How long detachAll() waits for the clients to answer the close. */
+const DETACH_CLOSE_WAIT_MS = 1000
 
 /** What a started server was configured with (validated). */
 interface ServerSettings {
@@ -127,12 +131,15 @@ export class DuplexServer {
   private readonly flow: FlowLimits
   private readonly timers: NodeJS.Timeout[] = []
   private closing: Promise<void> | null = null
+  /** Set by stopAccepting(): upgrades are refused with 503 (read by the handshake). */
 
   /** @internal */
   constructor(
     private readonly wss: WebSocketServer,
     manager: DuplexSessionManager,
     settings: ServerSettings,
+    /** Read by the handshake: closed, upgrades are refused with 503. */
+    private readonly admission: { open: boolean },
   ) {
     this.manager = manager
     this.maxMessageBytes = settings.maxMessageBytes
@@ -195,6 +202,31 @@ export class DuplexServer {
       if (entry.session.state === 'closed' && entry.connection === null) this.entries.delete(id)
     }
     return expired
+  }
+
+  /** New WebSocket upgrades are refused with HTTP 503 from now on (a drain). */
+  stopAccepting(): void {
+    this.admission.open = false
+  }
+
+  /** Whether any session has a response that has not ended. */
+  responding(): boolean {
+    return this.manager.list().some((session) => session.responding)
+  }
+
+  /**
+   * Detaches every session from its connection with a resumable close: the connection is closed
+   * with code 1012 ("service restart"), which tells the client to reconnect and resume. Resolves
+   * once the clients have answered the close (at most DETACH_CLOSE_WAIT_MS).
+   */
+  async detachAll(): Promise<void> {
+    const closed: Promise<void>[] = []
+    for (const connection of this.connections) {
+      if (connection.ws.readyState !== OPEN) continue
+      closed.push(new Promise((resolve) => connection.ws.once('close', () => resolve())))
+      connection.ws.close(CLOSE_SERVICE_RESTART, 'the server is draining: resume the session')
+    }
+    await Promise.race([Promise.all(closed), new Promise((resolve) => setTimeout(resolve, DETACH_CLOSE_WAIT_MS).unref())])
   }
 
   /** Stops accepting, drops every connection and closes every session (their KV is freed). The
@@ -515,15 +547,13 @@ function rawText(data: RawData): string {
 
 /** The WebSocket layer's handshake: the key checked before the upgrade (a refused client gets
  *  HTTP 401 and never an open WebSocket), and a subprotocol chosen that never echoes the key. */
-function upgradeOptions(apiKey: ApiKey | null, maxPayload: number): WsServerOptions {
-  const options: WsServerOptions = { maxPayload, handleProtocols: selectSubprotocol }
-  if (apiKey === null) return options
+function upgradeOptions(apiKey: ApiKey | null, maxPayload: number, admission: { open: boolean }): WsServerOptions {
   const verify: VerifyClientCallbackAsync = (info, callback) => {
-    if (apiKey.inUpgrade(info.req)) callback(true)
+    if (!admission.open) callback(false, 503, 'Service Unavailable', { 'Retry-After': '1' })
+    else if (apiKey === null || apiKey.inUpgrade(info.req)) callback(true)
     else callback(false, 401, 'Unauthorized', { 'WWW-Authenticate': 'Bearer' })
   }
-  options.verifyClient = verify
-  return options
+  return { maxPayload, handleProtocols: selectSubprotocol, verifyClient: verify }
 }
 
 /** Starts a server over `engine` (driven: the server calls engine.start()). `httpServer`: an
@@ -572,8 +602,9 @@ export async function startDuplexServer(
   // Checks the turn options once, as every session would.
   checkConfig('options', { turn: settings.turn })
   const ws = await import('ws')
+  const admission = { open: true }
   const wss = await new Promise<WebSocketServer>((resolve, reject) => {
-    const common = upgradeOptions(apiKey, Math.max(1 << 20, 4 * settings.maxMessageBytes))
+    const common = upgradeOptions(apiKey, Math.max(1 << 20, 4 * settings.maxMessageBytes), admission)
     if (httpServer !== undefined) {
       resolve(new ws.WebSocketServer({ ...common, server: httpServer }))
       return
@@ -583,5 +614,5 @@ export async function startDuplexServer(
     server.once('error', reject)
   })
   engine.start()
-  return new DuplexServer(wss, manager, settings)
+  return new DuplexServer(wss, manager, settings, admission)
 }

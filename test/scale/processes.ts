@@ -1,0 +1,179 @@
+// Real processes for the drain and scale suites: `ortex serve` children (the built CLI), and the
+// small clients that talk to them over HTTP and WebSocket. Every wait is bounded.
+import { type ChildProcess, spawn } from 'node:child_process'
+import path from 'node:path'
+import WebSocket from 'ws'
+
+export const CLI = path.resolve(__dirname, '../../dist/cli.js')
+
+export interface ServeProcess {
+  child: ChildProcess
+  /** http://127.0.0.1:PORT */
+  url: string
+  port: number
+  /** Everything the child wrote, both streams. */
+  output: () => string
+  /** The exit status (or the signal's name). */
+  exited: Promise<number | string>
+}
+
+/** Starts `ortex serve ARGS --port 0` and resolves once it listens. */
+export async function startServe(args: string[], env: Record<string, string> = {}): Promise<ServeProcess> {
+  const child = spawn(process.execPath, [CLI, 'serve', '--port', '0', ...args], {
+    env: { ...process.env, ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  })
+  let output = ''
+  child.stdout!.on('data', (chunk: Buffer) => (output += chunk.toString('utf8')))
+  child.stderr!.on('data', (chunk: Buffer) => (output += chunk.toString('utf8')))
+  const exited = new Promise<number | string>((resolve) => child.once('exit', (code, signal) => resolve(code ?? signal ?? -1)))
+  const url = await within(30_000, 'ortex serve to listen', async () => {
+    for (;;) {
+      const match = /listening on (http:\/\/[^ ]+)/.exec(output)
+      if (match !== null) return match[1]!
+      if (child.exitCode !== null) throw new Error(`ortex serve exited: ${output}`)
+      await sleep(20)
+    }
+  })
+  return { child, url, port: Number(new URL(url).port), output: () => output, exited }
+}
+
+export function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms))
+}
+
+/** `work`, or a rejection naming `what` after `ms`. */
+export async function within<T>(ms: number, what: string, work: () => Promise<T>): Promise<T> {
+  let timer: NodeJS.Timeout | undefined
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms waiting for ${what}`)), ms)
+  })
+  try {
+    return await Promise.race([work(), timeout])
+  } finally {
+    clearTimeout(timer)
+  }
+}
+
+export interface StreamOutcome {
+  status: number
+  /** Content chunks received. */
+  chunks: number
+  /** The stream ended with [DONE]. */
+  done: boolean
+  finishReason: string | null
+  error: string | null
+}
+
+/**
+ * A streamed /v1/completions request. `onChunk` is told of each content chunk as it arrives.
+ * Never rejects: a transport failure is an outcome with `error`.
+ */
+export async function streamCompletion(
+  base: string,
+  body: Record<string, unknown>,
+  headers: Record<string, string> = {},
+  onChunk: () => void = () => {},
+): Promise<StreamOutcome> {
+  const outcome: StreamOutcome = { status: 0, chunks: 0, done: false, finishReason: null, error: null }
+  try {
+    const response = await fetch(`${base}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', ...headers },
+      body: JSON.stringify({ ...body, stream: true }),
+    })
+    outcome.status = response.status
+    if (response.status !== 200 || response.body === null) {
+      outcome.error = (await response.text()).slice(0, 200)
+      return outcome
+    }
+    const decoder = new TextDecoder()
+    let pending = ''
+    for await (const bytes of response.body) {
+      pending += decoder.decode(bytes as Uint8Array, { stream: true })
+      let end: number
+      while ((end = pending.indexOf('\n\n')) !== -1) {
+        const line = pending.slice(0, end).replace(/^data: /, '')
+        pending = pending.slice(end + 2)
+        if (line === '[DONE]') {
+          outcome.done = true
+          continue
+        }
+        const event = JSON.parse(line)
+        if (event.error !== undefined) outcome.error = event.error.message
+        const choice = event.choices?.[0]
+        if (choice === undefined) continue
+        if (choice.finish_reason != null) outcome.finishReason = choice.finish_reason
+        outcome.chunks++
+        onChunk()
+      }
+    }
+  } catch (error) {
+    outcome.error = (error as Error).message
+  }
+  return outcome
+}
+
+/** One WebSocket client of the duplex protocol: its events in order, and waits on them. */
+export class DuplexClient {
+  readonly events: any[] = []
+  closeCode: number | null = null
+  private waiters: (() => void)[] = []
+
+  private constructor(readonly ws: WebSocket) {
+    ws.on('message', (data) => {
+      this.events.push(JSON.parse(data.toString()))
+      this.wake()
+    })
+    ws.on('close', (code) => {
+      this.closeCode = code
+      this.wake()
+    })
+    ws.on('error', () => {
+      // 'close' follows.
+    })
+  }
+
+  static async connect(url: string): Promise<DuplexClient> {
+    const ws = new WebSocket(url, ['ortex'])
+    await new Promise<void>((resolve, reject) => {
+      ws.once('open', () => resolve())
+      ws.once('error', reject)
+      ws.once('unexpected-response', (_req, res) => reject(new Error(`upgrade refused: HTTP ${res.statusCode}`)))
+    })
+    return new DuplexClient(ws)
+  }
+
+  send(event: Record<string, unknown>): void {
+    this.ws.send(JSON.stringify(event))
+  }
+
+  /** The first event after `from` (an index into events) that `match` accepts. */
+  async next(match: (event: any) => boolean, from = 0, ms = 20_000): Promise<any> {
+    return within(ms, 'a duplex event', async () => {
+      for (;;) {
+        const found = this.events.slice(from).find(match)
+        if (found !== undefined) return found
+        if (this.closeCode !== null) throw new Error(`the connection closed (${this.closeCode}) first`)
+        await new Promise<void>((resolve) => this.waiters.push(resolve))
+      }
+    })
+  }
+
+  async closed(ms = 20_000): Promise<number> {
+    return within(ms, 'the connection to close', async () => {
+      while (this.closeCode === null) await new Promise<void>((resolve) => this.waiters.push(resolve))
+      return this.closeCode
+    })
+  }
+
+  close(): void {
+    this.ws.close()
+  }
+
+  private wake(): void {
+    const waiters = this.waiters
+    this.waiters = []
+    for (const wake of waiters) wake()
+  }
+}

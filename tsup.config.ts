@@ -52,7 +52,8 @@ export default defineConfig([
     outDir: 'dist',
     // A devDependency that the model tooling may reach (the reference loop): never bundle its
     // native binding.
-    external: ['onnxruntime-node'],
+    // ioredis: an optional peer dependency, loaded only by a server given a session store.
+    external: ['onnxruntime-node', 'ioredis'],
     // The /metrics endpoint's prom-client (Apache-2.0) and its one dependency chain are bundled:
     // the package's users install only `ws` besides ortex itself (test/packaging.test.ts).
     noExternal: ['prom-client', 'tdigest', 'bintrees'],

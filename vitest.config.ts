@@ -52,6 +52,8 @@ export default defineConfig({
   },
   test: {
     include: ['test/**/*.test.ts'],
+    // The suites that need redis-server and nginx run by `npm run test:scale` (vitest.scale.config.ts).
+    exclude: ['test/scale/**', '**/node_modules/**'],
     pool: 'forks',
     execArgv: ['--expose-gc'],
     // Two cores in CI: the simulation file is the long pole; the rest run beside it.

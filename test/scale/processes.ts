@@ -177,3 +177,73 @@ export class DuplexClient {
     for (const wake of waiters) wake()
   }
 }
+
+/** A free TCP port on loopback (the OS picks it; a race with another process is possible but
+ *  needs a second program asking for the same ephemeral port in between). */
+export async function freePort(): Promise<number> {
+  const net = await import('node:net')
+  return new Promise((resolve, reject) => {
+    const server = net.createServer()
+    server.once('error', reject)
+    server.listen(0, '127.0.0.1', () => {
+      const port = (server.address() as import('node:net').AddressInfo).port
+      server.close(() => resolve(port))
+    })
+  })
+}
+
+export interface RedisProcess {
+  port: number
+  url: string
+  child: ChildProcess
+  stop(): Promise<void>
+}
+
+/** Starts Debian's redis-server on `port` (a fresh, memory-only one) and waits until it answers. */
+export async function startRedis(port: number): Promise<RedisProcess> {
+  const child = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], {
+    stdio: 'ignore',
+  })
+  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()))
+  const url = `redis://127.0.0.1:${port}`
+  await within(10_000, 'redis-server to answer', async () => {
+    for (;;) {
+      if (await answersPing(port)) return
+      if (child.exitCode !== null) throw new Error('redis-server exited')
+      await sleep(20)
+    }
+  })
+  return {
+    port,
+    url,
+    child,
+    stop: async () => {
+      if (child.exitCode === null) child.kill('SIGKILL')
+      await exited
+    },
+  }
+}
+
+async function answersPing(port: number): Promise<boolean> {
+  const net = await import('node:net')
+  return new Promise((resolve) => {
+    const socket = net.connect(port, '127.0.0.1')
+    socket.once('error', () => resolve(false))
+    socket.once('connect', () => socket.write('PING\r\n'))
+    socket.once('data', (data) => {
+      resolve(data.toString().startsWith('+PONG'))
+      socket.destroy()
+    })
+  })
+}
+
+/** The token ids of the response deltas `client` received for the response whose fence has
+ *  `responseSeq`, from index `from` of its events. */
+export function responseTokens(events: any[], from = 0): number[] {
+  const tokens: number[] = []
+  for (const event of events.slice(from)) {
+    if (event.type === 'response.output_text.delta' && event.token !== null) tokens.push(event.token)
+    if (event.type === 'response.done') break
+  }
+  return tokens
+}

@@ -33,6 +33,9 @@ Options:
   --backend NAME           'native' (default) or 'wasm' (simulated model only)
   --kv-cache-bytes N       most bytes the model's KV pool may reserve (default: a quarter of the
                            machine's memory); the load line on stderr says what it reserves
+  --session-store URL      keep each session's state in Redis (redis://HOST:PORT), so that a
+                           session.resume reaching another process takes the session over when
+                           this one is gone (docs/scaling.md); needs the ioredis package
   --drain-timeout-ms N     on SIGTERM / SIGINT, how long requests and responses in flight may
                            run before the server stops (default ${DEFAULT_DRAIN_DEADLINE_MS}); a second signal
                            stops it at once
@@ -86,6 +89,7 @@ export async function runServeCommand(argv: string[]): Promise<void> {
       'api-key': { type: 'string' },
       'model-name': { type: 'string' },
       'drain-timeout-ms': { type: 'string' },
+      'session-store': { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
   })
@@ -113,6 +117,7 @@ export async function runServeCommand(argv: string[]): Promise<void> {
       disconnectGraceMs,
       idleTtlMs: idleTtl === undefined ? undefined : idleTtl === 0 ? null : idleTtl,
       turn: { maxGeneratedTokens: maxOutputTokens },
+      ...(values['session-store'] === undefined ? {} : { sessionStore: values['session-store'] }),
     },
   }).catch(async (error: unknown) => {
     await engine.close()

@@ -12,7 +12,15 @@ import type { TurnOptions } from '../types'
 import * as v from '../validate'
 import { SessionRules, type SessionView, type SessionsOptionsInput } from './core'
 import { DEFAULT_EVENT_BUFFER_CAPACITY, type Fence, SessionEventQueue } from './events'
-import { type DuplexSessionOptions, DuplexSession, type RespondMode, type SessionHost, type SessionInit, checkConfig } from './session'
+import {
+  type DuplexSessionConfig,
+  type DuplexSessionOptions,
+  DuplexSession,
+  type RespondMode,
+  type SessionHost,
+  type SessionInit,
+  checkConfig,
+} from './session'
 
 export interface DuplexSessionManagerOptions {
   /** Sessions holding a slot at once (closing ones included); default unlimited. */
@@ -49,6 +57,23 @@ const MANAGER_KEYS = [
 ] as const
 const OPEN_KEYS = ['sessionId', 'turn', 'respond'] as const
 
+/** What a session store (the WebSocket server's) is told of the sessions (internal). */
+export interface SessionPersistenceHooks {
+  /** A commit point of `session`. */
+  committed(session: DuplexSession): void
+  /** `session` closed (its slot is free); `reason` as in its terminal event. */
+  ended(session: DuplexSession, reason: string): void
+}
+
+/** A session as a store kept it, for a new owner to rebuild (internal). */
+export interface RestoredSession {
+  sessionId: string
+  incarnation: number
+  leaseGeneration: number
+  config: DuplexSessionConfig
+  tokens: Int32Array
+}
+
 export class DuplexSessionManager {
   readonly engine: Engine
   private readonly rules: SessionRules
@@ -58,6 +83,8 @@ export class DuplexSessionManager {
   private readonly host: SessionHost
   private readonly stopWatching: () => void
   private readonly duplex: DuplexHost
+  /** @internal Set by a server with a session store. */
+  _persistence: SessionPersistenceHooks | null = null
 
   constructor(engine: Engine, options?: DuplexSessionManagerOptions) {
     if (!(engine instanceof Engine)) {
@@ -99,6 +126,7 @@ export class DuplexSessionManager {
       rules: this.rules,
       now: () => this.clock(),
       finalize: (session) => this.finalize(session),
+      committed: (session) => this._persistence?.committed(session),
     }
   }
 
@@ -118,12 +146,47 @@ export class DuplexSessionManager {
       ...(present.has('turn') ? { turn: present.get('turn') } : {}),
       ...(present.has('respond') ? { respond: present.get('respond') } : {}),
     })
+    return this.openWith(sessionId, config, (now) => this.rules.open(sessionId, now))
+  }
+
+  /**
+   * @internal Rebuilds a session a store kept (another process held it): it opens at the stored
+   * incarnation, its lease at the stored generation, and its conversation is prefilled.
+   */
+  _restore(state: RestoredSession): DuplexSession {
+    const config = checkConfig('state.config', state.config)
+    const session = this.openWith(state.sessionId, config, (now) => this.openAtIncarnation(state.sessionId, state.incarnation, now))
+    try {
+      session._restore(state.leaseGeneration, state.tokens)
+    } catch (error) {
+      void session.close('restore_failed')
+      throw error
+    }
+    return session
+  }
+
+  /** Opens `sessionId` in the core at exactly `incarnation`. The core counts lives itself (a
+   *  closed id opens at the next one), so the lives in between are opened and closed: at most
+   *  `incarnation` cheap calls, once per failover of the session. */
+  private openAtIncarnation(sessionId: string, incarnation: number, now: number): SessionView {
+    for (;;) {
+      const view = this.rules.open(sessionId, now)
+      if (view.fence.incarnation === incarnation) return view
+      this.rules.beginClose(sessionId, null, 'restore')
+      this.rules.finalizeClose(sessionId)
+      if (view.fence.incarnation > incarnation) {
+        throw new OrtexError('SESSION_EXISTS', `session ${sessionId} already lived here at incarnation ${view.fence.incarnation}, past the stored ${incarnation}`)
+      }
+    }
+  }
+
+  private openWith(sessionId: string, config: DuplexSessionConfig, openRules: (now: number) => SessionView): DuplexSession {
     this.duplex.checkUsable()
     // The request first: a refused open closes it again, and the rules are left untouched.
     const request = this.engine.createRequest()
     let view: SessionView
     try {
-      view = this.rules.open(sessionId, this.clock())
+      view = openRules(this.clock())
     } catch (error) {
       request.close()
       throw error
@@ -221,6 +284,7 @@ export class DuplexSessionManager {
       if (!(error instanceof OrtexError && error.code === 'ENGINE_UNHEALTHY')) throw error
     }
     if (this.sessions.get(session.id) === session) this.sessions.delete(session.id)
+    this._persistence?.ended(session, session.closeReason ?? 'closed')
     return fence
   }
 }

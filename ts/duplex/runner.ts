@@ -201,7 +201,34 @@ export class EngineFeed {
   constructor(
     private readonly ctx: DuplexSessionContext,
     private readonly onFailure: (reason: string) => void,
+    /** The context changed at a commit point (a truncate applied). */
+    private readonly onCommitted: () => void,
   ) {}
+
+  /**
+   * The committed conversation: every token a new owner must prefill to continue the session
+   * (docs/scaling.md). That is the request's context, less the output of a response still
+   * running (it is lost in a failover), then the input not yet in the engine: the held-back
+   * token, queued prefills and the input of queued responses, in order.
+   */
+  committedContext(): Int32Array {
+    const request = this.ctx.request
+    const running = this.active !== null && !this.active.turnCancelled ? this.active : null
+    const end = running === null ? request.tokenCount : running.startTokenCount
+    const parts: Int32Array[] = [request.tokens(0, end)]
+    if (this.held !== null) parts.push(Int32Array.of(this.held))
+    for (const op of this.ops) {
+      if (op.kind === 'prefill') parts.push(op.tokens)
+      else if (op.kind === 'begin' && op.response.input !== null) parts.push(op.response.input)
+    }
+    const all = new Int32Array(parts.reduce((sum, part) => sum + part.length, 0))
+    let at = 0
+    for (const part of parts) {
+      all.set(part, at)
+      at += part.length
+    }
+    return all
+  }
 
   /** Tokens accepted but not yet in the engine's context. */
   pendingTokens(): number {
@@ -325,9 +352,12 @@ export class EngineFeed {
           if (outcome === 'no-context') this.failResponse(op.response)
           return outcome === 'retry' ? 'retry' : 'done'
         }
-        case 'truncate':
+        case 'truncate': {
           if (this.active !== null) return 'wait'
-          return this.truncate(op.response, op.playedTokens)
+          const outcome = this.truncate(op.response, op.playedTokens)
+          if (outcome === 'done') this.onCommitted()
+          return outcome
+        }
       }
     } catch (error) {
       const code = error instanceof OrtexError ? error.code : 'ENGINE_UNHEALTHY'
@@ -542,6 +572,8 @@ export interface RunnerInit {
 export interface RunnerHooks {
   /** The engine refused the session's work for good (unhealthy, closed, context full). */
   engineFailed(reason: string): void
+  /** A commit point: a response ended (response.done) or a truncate was applied. */
+  committed(): void
 }
 
 /**
@@ -582,7 +614,11 @@ export class Runner implements RunnerServices {
     this.terminal = new Promise((resolve) => {
       this.resolveTerminal = resolve
     })
-    this.feed = new EngineFeed(this.ctx, (reason) => hooks.engineFailed(reason))
+    this.feed = new EngineFeed(
+      this.ctx,
+      (reason) => hooks.engineFailed(reason),
+      () => hooks.committed(),
+    )
     this.delivery = new Delivery(this.ctx)
     this.delivery.start()
   }
@@ -611,6 +647,11 @@ export class Runner implements RunnerServices {
   /** Whether a response has not ended yet (queued, running, or not yet delivered). */
   get responding(): boolean {
     return this.undone.size > 0
+  }
+
+  /** The fences of the responses whose response.done has not been emitted. */
+  pendingFences(): Fence[] {
+    return [...this.undone].filter((response) => !response.doneEmitted).map((response) => ({ ...response.fence }))
   }
 
   // ---- responses -----------------------------------------------------------------------------
@@ -755,6 +796,7 @@ export class Runner implements RunnerServices {
     response.doneEmitted = true
     this.undone.delete(response)
     this.ctx.events.push({ type: 'response.done', fence: response.fence, status, finishReason, errorCode, usage: { ...usage } })
+    this.hooks.committed()
   }
 
   private emitTerminal(): void {

@@ -73,6 +73,15 @@ export interface SessionHost {
   readonly now: () => number
   /** The second phase of a close: frees the session's slot. */
   finalize(session: DuplexSession): Fence
+  /** A commit point: what a session store keeps of the session changed. */
+  committed(session: DuplexSession): void
+}
+
+/** What a session store keeps of a session (ts/store/session-store.ts; internal). */
+export interface SessionSnapshot {
+  tokens: Int32Array
+  pendingResponses: Fence[]
+  config: string
 }
 
 /** @internal What DuplexSession's constructor takes. */
@@ -112,7 +121,7 @@ export class DuplexSession {
         fence: view.fence,
         maxSessionTokens: host.engine.config.maxLength,
       },
-      { engineFailed: (reason) => this.endAfterEngineFailure(reason) },
+      { engineFailed: (reason) => this.endAfterEngineFailure(reason), committed: () => this.committed() },
     )
   }
 
@@ -182,6 +191,7 @@ export class DuplexSession {
     }
     this.setView(committed.session)
     if (respondNow) this.startResponse(tokens, this.config.turn, now)
+    this.committed()
     return { ...committed.result, fence: this.fence }
   }
 
@@ -222,7 +232,9 @@ export class DuplexSession {
     if (!feed.hasRoomFor(1)) throw invalidArgument(`session ${this.id} has no room left in its context`)
     const view = this.host.rules.startResponse(this.id, this.host.now())
     this.setView(view)
-    return this.runner.respondNow(view.fence, { ...this.config.turn, ...options })
+    const turn = this.runner.respondNow(view.fence, { ...this.config.turn, ...options })
+    this.committed()
+    return turn
   }
 
   /**
@@ -242,6 +254,7 @@ export class DuplexSession {
     } else {
       this.runner.cancelResponses((response) => sameFence(response.fence, outcome.cancelled))
     }
+    this.committed()
     return { ...outcome.fence }
   }
 
@@ -279,6 +292,7 @@ export class DuplexSession {
     })
     this.config = next
     this.setView(this.host.rules.view(this.id))
+    this.committed()
     return generation
   }
 
@@ -293,6 +307,7 @@ export class DuplexSession {
   detach(): void {
     this.checkOpen()
     this.setView(this.host.rules.detach(this.id, this.host.now()))
+    this.committed()
   }
 
   /** Compare-and-swap: succeeds only when `expectedLeaseGeneration` is the current one, then
@@ -323,6 +338,42 @@ export class DuplexSession {
    *  Deltas wait for room in a bounded buffer: a response is paced by its reader. */
   events(): AsyncIterable<SessionEvent> {
     return this.events_
+  }
+
+  /** Why the session closed (null while it is open). */
+  get closeReason(): string | null {
+    return this.runner.run.closeReason
+  }
+
+  /** @internal What a session store keeps: the committed conversation, the responses that have
+   *  not ended, the configuration. */
+  _snapshot(): SessionSnapshot {
+    return {
+      tokens: this.runner.feed.committedContext(),
+      pendingResponses: this.runner.pendingFences(),
+      config: JSON.stringify({ turn: turnJson(this.config.turn), respond: this.config.respond }),
+    }
+  }
+
+  /** @internal A session rebuilt from a store: its lease goes to `leaseGeneration` (each step a
+   *  resume, as the core allows no other way), and its conversation is prefilled. */
+  _restore(leaseGeneration: number, tokens: Int32Array): void {
+    const rules = this.host.rules
+    const now = this.host.now()
+    for (let generation = this.view.leaseGeneration; generation < leaseGeneration; generation++) {
+      this.setView(rules.resume(this.id, now, generation))
+    }
+    if (tokens.length > 0) {
+      if (!this.runner.feed.hasRoomFor(tokens.length)) {
+        throw invalidArgument(`the stored conversation of ${tokens.length} tokens does not fit the context of ${this.host.engine.config.maxLength}`)
+      }
+      this.runner.feed.addInput(tokens)
+    }
+  }
+
+  /** A commit point: the host (a session store) is told, unless the session is closing. */
+  private committed(): void {
+    if (!this.runner.run.closing) this.host.committed(this)
   }
 
   /** @internal The event queue itself (the server puts back an event it could not send). */

@@ -54,12 +54,15 @@ export type ProtocolErrorCode =
   | 'NO_SESSION'
   | 'INVALID_RESUME_TOKEN'
   | 'INTERNAL_ERROR'
+  | 'SESSION_STORE_UNAVAILABLE'
 
 /** A refusal of one client event; the connection keeps working. */
 export class ProtocolError extends Error {
   constructor(
     readonly code: ProtocolErrorCode,
     message: string,
+    /** The same event may succeed later (the session store is away). */
+    readonly retryable = false,
   ) {
     super(message)
   }
@@ -388,6 +391,7 @@ export function errorType(code: string): string {
     case 'ENGINE_CLOSED':
     case 'INTERNAL_ERROR':
     case 'RUN_IN_PROGRESS':
+    case 'SESSION_STORE_UNAVAILABLE':
       return 'server_error'
     default:
       return 'invalid_request_error'
@@ -402,6 +406,7 @@ export function errorEvent(error: unknown, eventType: string | null, eventId: st
   if (error instanceof ProtocolError) {
     code = error.code
     message = error.message
+    retryable = error.retryable
   } else if (error instanceof OrtexError) {
     code = error.code
     message = error.message

@@ -18,6 +18,7 @@
 
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto'
 import type { AddressInfo } from 'node:net'
+import { hostname } from 'node:os'
 
 import type { RawData, ServerOptions as WsServerOptions, VerifyClientCallbackAsync, WebSocket, WebSocketServer } from 'ws'
 
@@ -25,9 +26,12 @@ import type { Engine } from '../../engine'
 import { OrtexError } from '../../errors'
 import type { SessionEvent } from '../../duplex/events'
 import { DuplexSessionManager } from '../../duplex/manager'
-import { type DuplexSession, checkConfig } from '../../duplex/session'
+import { type DuplexSession, type DuplexSessionConfig, checkConfig } from '../../duplex/session'
 import type { TurnOptions } from '../../types'
 import * as v from '../../validate'
+import { RedisSessionStore } from '../../store/redis'
+import { type SessionStore, SessionStoreUnavailable, type StoredSession } from '../../store/session-store'
+import { SessionPersistence } from './persistence'
 import { ApiKey, selectSubprotocol } from '../auth'
 import { type FlowLimits, StallTimer, flowLimits } from '../flow'
 import {
@@ -75,6 +79,11 @@ export interface DuplexServerOptions {
   turn?: TurnOptions
   /** The sessions' clock (default Date.now); tests pass a fake one. */
   now?: () => number
+  /** Where sessions outlive this process (docs/scaling.md): a `redis://HOST:PORT` URL (needs the
+   *  ioredis package; the server connects at start and disconnects at close) or a SessionStore.
+   *  Each session's record is written at its commit points, and a `session.resume` for a session
+   *  this process does not hold takes it over from the store. Default: none. */
+  sessionStore?: string | SessionStore
 }
 
 export const DEFAULT_PORT = 8787
@@ -115,9 +124,22 @@ interface Entry {
   session: DuplexSession
   /** sha256 of the resume token: compared in constant time, never stored in the clear. */
   tokenDigest: Buffer
-  resumeToken: string
+  /** The token itself, for session.created only (null for a session taken over from a store). */
+  resumeToken: string | null
   connection: Connection | null
 }
+
+/** The session store of a server, and what it was opened with. */
+interface StoreSettings {
+  store: SessionStore
+  /** The server connected it (from a URL): it disconnects it at close. */
+  owned: boolean
+  ttlMs: number
+}
+
+/** Most messages a connection may send while its resume waits for the store; they are handled,
+ *  in order, once the resume is done. */
+const MAX_MESSAGES_DURING_RESUME = 64
 
 /** A started server. */
 export class DuplexServer {
@@ -131,6 +153,10 @@ export class DuplexServer {
   private readonly flow: FlowLimits
   private readonly timers: NodeJS.Timeout[] = []
   private closing: Promise<void> | null = null
+  /** This server's id in a session store's records. */
+  readonly owner: string
+  /** Set when the server has a session store. */
+  readonly persistence: SessionPersistence | null = null
   /** Set by stopAccepting(): upgrades are refused with 503 (read by the handshake). */
 
   /** @internal */
@@ -140,6 +166,7 @@ export class DuplexServer {
     settings: ServerSettings,
     /** Read by the handshake: closed, upgrades are refused with 503. */
     private readonly admission: { open: boolean },
+    private readonly storage: StoreSettings | null = null,
   ) {
     this.manager = manager
     this.maxMessageBytes = settings.maxMessageBytes
@@ -148,6 +175,17 @@ export class DuplexServer {
     const address = wss.address() as AddressInfo
     this.host = address.address
     this.port = address.port
+    this.owner = `${hostname()}:${process.pid}:${randomBytes(6).toString('hex')}`
+    if (storage !== null) {
+      this.persistence = new SessionPersistence({
+        store: storage.store,
+        owner: this.owner,
+        ttlMs: storage.ttlMs,
+        tokenDigestOf: (session) => this.entries.get(session.id)?.tokenDigest.toString('hex') ?? null,
+        onFenced: (session) => void session.close('fenced_out').catch(() => {}),
+      })
+      this.persistence.attach(manager)
+    }
     wss.on('connection', (ws) => this.accept(ws))
     this.every(settings.sweepIntervalMs, () => this.collectExpired())
     this.every(settings.pingIntervalMs, () => this.pingAll())
@@ -236,9 +274,12 @@ export class DuplexServer {
     for (const timer of this.timers) clearInterval(timer)
     this.closing = (async () => {
       for (const connection of this.connections) connection.ws.terminate()
+      // The last snapshots (the detaches just now) go to the store before the sessions close.
+      await this.persistence?.flush()
       await this.manager.close('server_shutdown')
       this.entries.clear()
       await new Promise<void>((resolve) => this.wss.close(() => resolve()))
+      if (this.storage?.owned === true) await this.storage.store.quit()
     })()
     return this.closing
   }
@@ -266,6 +307,12 @@ export class DuplexServer {
 
   private onMessage(connection: Connection, data: RawData, isBinary: boolean): void {
     connection.alive = true
+    if (connection.resuming !== null) {
+      // The session is being taken over from the store: what follows it waits, in order.
+      if (connection.resuming.length < MAX_MESSAGES_DURING_RESUME) connection.resuming.push({ data, isBinary })
+      else connection.send(errorEvent(new ProtocolError('INVALID_EVENT', 'too many events while a resume is in progress; wait for session.resumed'), null, null))
+      return
+    }
     const labels: EventLabels = { eventType: null, eventId: null }
     try {
       if (isBinary) throw new ProtocolError('INVALID_EVENT', 'binary frames are not supported; send JSON text')
@@ -274,22 +321,25 @@ export class DuplexServer {
         throw new ProtocolError('MESSAGE_TOO_LARGE', `a message may hold at most ${this.maxMessageBytes} bytes, got ${size}`)
       }
       const parsed = parseClientEvent(rawText(data), labels)
-      this.handle(connection, parsed.command)
+      this.handle(connection, parsed.command, labels)
     } catch (error) {
       connection.send(errorEvent(error, labels.eventType, labels.eventId))
     }
   }
 
-  private handle(connection: Connection, command: ClientCommand): void {
+  private handle(connection: Connection, command: ClientCommand, labels: EventLabels): void {
     if (command.type === 'session.resume') {
-      this.resume(connection, command.sessionId, command.resumeToken, command.leaseGeneration)
+      if (this.storage === null) this.resume(connection, command.sessionId, command.resumeToken, command.leaseGeneration)
+      else this.resumeThroughStore(connection, command.sessionId, command.resumeToken, command.leaseGeneration, labels)
       return
     }
     if (command.type === 'session.close' || command.type === 'session.heartbeat') {
       const entry = connection.entry
       if (entry === null) throw new ProtocolError('NO_SESSION', 'this connection has no session')
-      if (command.type === 'session.heartbeat') entry.session.heartbeat()
-      else void entry.session.close(command.reason ?? 'client_close')
+      if (command.type === 'session.heartbeat') {
+        entry.session.heartbeat()
+        this.persistence?.touch(entry.session)
+      } else void entry.session.close(command.reason ?? 'client_close')
       return
     }
     const session = (connection.entry ?? this.create(connection)).session
@@ -345,7 +395,113 @@ export class DuplexServer {
     const entry: Entry = { session, resumeToken, tokenDigest: digest(resumeToken), connection: null }
     this.entries.set(session.id, entry)
     connection.attach(entry, 'session.created')
+    // The record exists from the start, so the session can move before its first commit.
+    this.persistence?.committed(session)
     return entry
+  }
+
+  /**
+   * session.resume with a session store: the store's compare-and-set on the lease generation
+   * decides, whichever process the resume reached. If this process holds the session (same
+   * owner and incarnation) the generation moves and the session goes on here; otherwise the
+   * session moves here with the next incarnation (its old owner is fenced out at its next
+   * write) and is rebuilt from the stored conversation. Messages that follow the resume wait.
+   */
+  private resumeThroughStore(connection: Connection, sessionId: string, token: string, generation: number, labels: EventLabels): void {
+    if (connection.entry !== null) {
+      throw new ProtocolError('INVALID_EVENT', 'this connection already has a session; resume on a new connection')
+    }
+    const requestLabels = { ...labels }
+    connection.resuming = []
+    void this.claim(connection, sessionId, token, generation)
+      .catch((error: unknown) => connection.send(errorEvent(error, requestLabels.eventType, requestLabels.eventId)))
+      .finally(() => {
+        const waiting = connection.resuming ?? []
+        connection.resuming = null
+        for (const message of waiting) this.onMessage(connection, message.data, message.isBinary)
+      })
+  }
+
+  private async claim(connection: Connection, sessionId: string, token: string, generation: number): Promise<void> {
+    const store = this.storage!.store
+    const tokenDigest = digest(token)
+    const held = (): Entry | undefined => {
+      const entry = this.entries.get(sessionId)
+      return entry !== undefined && entry.session.state !== 'closed' && entry.session.state !== 'closing' ? entry : undefined
+    }
+    const claimer = (): { owner: string; heldIncarnation: number | null } => ({
+      owner: this.owner,
+      heldIncarnation: held()?.session.fence.incarnation ?? null,
+    })
+    const ttlMs = this.storage!.ttlMs
+    let outcome = await this.storeCall(() => store.claim(sessionId, tokenDigest.toString('hex'), generation, claimer(), ttlMs))
+    if (outcome.kind === 'missing' && held() !== undefined) {
+      // The store lost its data (a restart without persistence): the owner writes it again.
+      this.persistence!.committed(held()!.session)
+      await this.persistence!.flush()
+      outcome = await this.storeCall(() => store.claim(sessionId, tokenDigest.toString('hex'), generation, claimer(), ttlMs))
+    }
+    switch (outcome.kind) {
+      case 'missing':
+      case 'closed':
+        throw new OrtexError('SESSION_CLOSED', `there is no open session ${JSON.stringify(sessionId.slice(0, 128))}`)
+      case 'bad-token':
+        throw new ProtocolError('INVALID_RESUME_TOKEN', 'the resume token does not match the session')
+      case 'generation-mismatch':
+        throw new OrtexError('LEASE_GENERATION_MISMATCH', `lease generation mismatch: expected ${outcome.current}, got ${generation}`)
+      case 'kept': {
+        const entry = held()
+        if (entry === undefined) throw new OrtexError('SESSION_CLOSED', `session ${sessionId} closed during the resume`)
+        this.resume(connection, sessionId, token, generation)
+        return
+      }
+      case 'moved':
+        this.takeOver(connection, outcome.record, tokenDigest)
+    }
+  }
+
+  /** The session moved here: a local copy of an older life is dropped, and the session is rebuilt
+   *  from its record; responses that had not ended there end here, failed. */
+  private takeOver(connection: Connection, record: StoredSession, tokenDigest: Buffer): void {
+    const stale = this.entries.get(record.sessionId)
+    if (stale !== undefined) {
+      stale.connection?.release(stale)
+      this.entries.delete(record.sessionId)
+      if (stale.session.state !== 'closed') void stale.session.close('fenced_out').catch(() => {})
+    }
+    const session = this.manager._restore({
+      sessionId: record.sessionId,
+      incarnation: record.incarnation,
+      leaseGeneration: record.leaseGeneration,
+      config: JSON.parse(record.config) as DuplexSessionConfig,
+      tokens: record.tokens,
+    })
+    const entry: Entry = { session, tokenDigest, resumeToken: null, connection: null }
+    this.entries.set(session.id, entry)
+    for (const fence of record.pendingResponses) {
+      session._eventQueue.push({
+        type: 'response.done',
+        fence,
+        status: 'failed',
+        finishReason: 'failed',
+        errorCode: 'none',
+        usage: { promptTokens: 0, generatedTokens: 0, cachedPromptTokens: 0 },
+      })
+    }
+    connection.attach(entry, 'session.resumed')
+    this.persistence!.committed(session)
+  }
+
+  /** A store call; the store being away is the retryable SESSION_STORE_UNAVAILABLE. */
+  private async storeCall<T>(call: () => Promise<T>): Promise<T> {
+    try {
+      return await call()
+    } catch (error) {
+      if (error instanceof SessionStoreUnavailable) {
+        throw new ProtocolError('SESSION_STORE_UNAVAILABLE', `${error.message}; retry the resume`, true)
+      }
+      throw error
+    }
   }
 
   private resume(connection: Connection, sessionId: string, token: string, generation: number): void {
@@ -385,6 +541,8 @@ export class DuplexServer {
  *  stops reading the connection, and one that stays above for sendStallMs is closed. */
 class Connection {
   entry: Entry | null = null
+  /** While a resume waits for the session store: the messages that came after it. */
+  resuming: { data: RawData; isBinary: boolean }[] | null = null
   /** Answered the last ping (or sent something) since the previous one. */
   alive = true
   /** The server stopped reading this connection: its client does not read what it is sent. */
@@ -446,7 +604,7 @@ class Connection {
     this.entry = entry
     entry.connection = this
     const announced: ServerEvent = { type: kind, session: wireSession(entry) }
-    if (kind === 'session.created') announced.resume_token = entry.resumeToken
+    if (kind === 'session.created' && entry.resumeToken !== null) announced.resume_token = entry.resumeToken
     this.send(announced)
     this.pump(entry)
   }
@@ -579,6 +737,7 @@ export async function startDuplexServer(
     'pingIntervalMs',
     'turn',
     'now',
+    'sessionStore',
   ])
   const count = (key: string, fallback: number, min: number, max = Number.MAX_SAFE_INTEGER): number =>
     present.has(key) ? v.integer(`options.${key}`, present.get(key), min, max) : fallback
@@ -613,6 +772,41 @@ export async function startDuplexServer(
     server.once('listening', () => resolve(server))
     server.once('error', reject)
   })
+  let storage: StoreSettings | null = null
+  try {
+    storage = await openStore(present.get('sessionStore'), present.get('disconnectGraceMs'), present.get('idleTtlMs'))
+  } catch (error) {
+    wss.close()
+    throw error
+  }
   engine.start()
-  return new DuplexServer(wss, manager, settings, admission)
+  return new DuplexServer(wss, manager, settings, admission, storage)
+}
+
+/** A record lives as long as its session could still be resumed: the idle TTL (a day without
+ *  one) plus the disconnect grace; each write renews it. */
+function recordTtlMs(disconnectGraceMs: unknown, idleTtlMs: unknown): number {
+  const grace = typeof disconnectGraceMs === 'number' ? disconnectGraceMs : 30_000
+  const idle = typeof idleTtlMs === 'number' ? idleTtlMs : idleTtlMs === null ? 86_400_000 : 300_000
+  return grace + idle
+}
+
+async function openStore(option: unknown, disconnectGraceMs: unknown, idleTtlMs: unknown): Promise<StoreSettings | null> {
+  if (option === undefined) return null
+  const ttlMs = recordTtlMs(disconnectGraceMs, idleTtlMs)
+  if (typeof option === 'string') {
+    try {
+      return { store: await RedisSessionStore.connect(option), owned: true, ttlMs }
+    } catch (error) {
+      if (error instanceof OrtexError) throw error
+      throw new OrtexError('INVALID_ARGUMENT', `options.sessionStore: ${(error as Error).message}`)
+    }
+  }
+  const store = option as Partial<SessionStore> | null
+  for (const method of ['commit', 'claim', 'end', 'touch', 'quit'] as const) {
+    if (typeof store?.[method] !== 'function') {
+      throw v.invalidArgumentFor('options.sessionStore', `must be a redis:// URL or a SessionStore (no ${method}())`)
+    }
+  }
+  return { store: option as SessionStore, owned: false, ttlMs }
 }

@@ -1,0 +1,141 @@
+// Sessions that outlive their process through a real redis-server (Debian's; `npm run
+// test:scale` installs it when missing): in-process servers over simulated engines with one seed
+// share a store. A session moved to another server continues its conversation token for token;
+// of racing resumes exactly one wins; the old owner is fenced out; while Redis is away the owners
+// keep working and a resume gets a retryable error.
+import { Engine, RedisSessionStore, type OrtexServer, startServer } from 'ortex'
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
+import { DuplexClient, type RedisProcess, freePort, responseTokens, sleep, startRedis, within } from './processes'
+
+let redis: RedisProcess
+const servers: { server: OrtexServer; engine: Engine }[] = []
+
+beforeAll(async () => {
+  redis = await startRedis(await freePort())
+})
+afterAll(async () => {
+  await redis?.stop()
+})
+afterEach(async () => {
+  for (const { server, engine } of servers.splice(0)) {
+    await server.close()
+    await engine.close()
+  }
+})
+
+async function serverWithStore(): Promise<OrtexServer> {
+  const engine = Engine.simulated({ seed: 5, eosProbability: 0.05 })
+  const server = await startServer(engine, { port: 0, duplex: { sessionStore: redis.url } })
+  servers.push({ server, engine })
+  return server
+}
+
+const wsUrl = (server: OrtexServer): string => server.url.replace('http', 'ws')
+const CONFIG = { type: 'session.update', session: { temperature: 0, max_output_tokens: 12 } }
+
+/** Sends a final append and returns the tokens of the response it starts. */
+async function turn(client: DuplexClient, text: string): Promise<number[]> {
+  const from = client.events.length
+  client.send({ type: 'input_text.append', text, final: true })
+  await client.next((e) => e.type === 'response.done', from)
+  return responseTokens(client.events, from)
+}
+
+async function openSession(server: OrtexServer): Promise<{ client: DuplexClient; id: string; token: string }> {
+  const client = await DuplexClient.connect(wsUrl(server))
+  client.send(CONFIG)
+  const created = await client.next((e) => e.type === 'session.created')
+  await client.next((e) => e.type === 'session.updated')
+  return { client, id: created.session.id, token: created.resume_token }
+}
+
+async function resume(server: OrtexServer, id: string, token: string, generation: number): Promise<{ client: DuplexClient; reply: any }> {
+  const client = await DuplexClient.connect(wsUrl(server))
+  client.send({ type: 'session.resume', session_id: id, resume_token: token, lease_generation: generation })
+  const reply = await client.next((e) => e.type === 'session.resumed' || e.type === 'error')
+  return { client, reply }
+}
+
+describe('a session store in Redis', () => {
+  it('moves a session to another server, which continues the conversation token for token', async () => {
+    const [a, b, c] = [await serverWithStore(), await serverWithStore(), await serverWithStore()]
+    const moved = await openSession(a)
+    const reference = await openSession(c)
+    for (const text of ['The first thing I said.', 'And a second, longer thing, said after the first reply.']) {
+      expect(await turn(moved.client, text)).toEqual(await turn(reference.client, text))
+    }
+    // A's process ends (its records stay: a stop is no close of the sessions).
+    moved.client.close()
+    await a.close()
+    const { client, reply } = await resume(b, moved.id, moved.token, 0)
+    expect(reply.type).toBe('session.resumed')
+    expect(reply.session.lease_generation).toBe(1)
+    expect(reply.session.fence.incarnation).toBe(1)
+    const after = await turn(client, 'What did I say?')
+    expect(after.length).toBeGreaterThan(0)
+    expect(after).toEqual(await turn(reference.client, 'What did I say?'))
+    // A stale fence (the first life's) is refused by the new owner.
+    client.send({ type: 'input_text.append', text: 'x', fence: { ...reply.session.fence, incarnation: 0 } })
+    const refused = await client.next((e) => e.type === 'error')
+    expect(refused.error.code).toBe('FENCE_MISMATCH')
+  })
+
+  it('of 8 racing resumes on 4 servers exactly one wins', async () => {
+    const all = [await serverWithStore(), await serverWithStore(), await serverWithStore(), await serverWithStore()]
+    const session = await openSession(all[0]!)
+    await turn(session.client, 'hello')
+    session.client.close()
+    const results = await Promise.all(Array.from({ length: 8 }, (_, i) => resume(all[i % 4]!, session.id, session.token, 0)))
+    const won = results.filter((r) => r.reply.type === 'session.resumed')
+    expect(won).toHaveLength(1)
+    for (const lost of results.filter((r) => r.reply.type === 'error')) {
+      expect(lost.reply.error.code).toBe('LEASE_GENERATION_MISMATCH')
+    }
+    expect(await turn(won[0]!.client, 'still there?')).not.toHaveLength(0)
+  })
+
+  it('fences the old owner out: its next commit finds the session moved and it drops its copy', async () => {
+    const [a, b] = [await serverWithStore(), await serverWithStore()]
+    const session = await openSession(a)
+    await turn(session.client, 'hello')
+    // A partition: the client resumes on B while its connection to A is still open.
+    const { client, reply } = await resume(b, session.id, session.token, 0)
+    expect(reply.type).toBe('session.resumed')
+    session.client.send({ type: 'input_text.append', text: 'stale', final: true })
+    const closed = await session.client.next((e) => e.type === 'session.closed')
+    expect(closed.reason).toBe('fenced_out')
+    expect(a.duplex.sessionCount).toBe(0)
+    expect(await turn(client, 'on B')).not.toHaveLength(0)
+  })
+
+  it('while Redis is away: owners keep working, a resume gets a retryable error; after, all is well', async () => {
+    const [a, b] = [await serverWithStore(), await serverWithStore()]
+    const session = await openSession(a)
+    await turn(session.client, 'before the outage')
+    await redis.stop()
+    expect(await turn(session.client, 'during the outage')).not.toHaveLength(0)
+    const during = await resume(b, session.id, session.token, 0)
+    expect(during.reply.type).toBe('error')
+    expect(during.reply.error).toMatchObject({ code: 'SESSION_STORE_UNAVAILABLE', retryable: true })
+    // A fresh Redis, empty: the owner writes its records again, at the next commit or retry.
+    redis = await startRedis(redis.port)
+    const after = await within(15_000, 'the resume to succeed', async () => {
+      for (;;) {
+        const attempt = await resume(b, session.id, session.token, 0)
+        if (attempt.reply.type === 'session.resumed') return attempt
+        expect(attempt.reply.error.code).toMatch(/SESSION_STORE_UNAVAILABLE|SESSION_CLOSED/)
+        attempt.client.close()
+        await sleep(200)
+      }
+    })
+    expect(after.reply.session.fence.incarnation).toBe(1)
+    expect(await turn(after.client, 'after the outage')).not.toHaveLength(0)
+  })
+
+  it('refuses a store that is not a redis:// URL', async () => {
+    const engine = Engine.simulated({ seed: 1 })
+    await expect(startServer(engine, { port: 0, duplex: { sessionStore: 'http://nope' } })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' })
+    await expect(RedisSessionStore.connect('redis://127.0.0.1:1')).rejects.toThrow(/cannot reach the session store/)
+    await engine.close()
+  })
+})

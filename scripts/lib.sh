@@ -13,6 +13,8 @@ WASM_BINDGEN_VERSION=0.2.130
 DEBIAN_PACKAGES=(rustc-web cargo-web rust-web-src lld-19)
 DEBIAN_RUSTC=/usr/bin/rustc
 DEBIAN_CARGO=/usr/bin/cargo
+# The real load balancer and session store of the scale suite (npm run test:scale).
+SCALE_PACKAGES=(nginx-light redis-server)
 
 # Cross builds of the addon (scripts/build.sh native:PLATFORM): napi-rs's platform name -> Rust
 # target, and the target's linker (Debian's cross gcc, package CROSS_PACKAGES[triple]).

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the build needs, skipping whatever is already present, so a second run takes
-# about a second: the npm dependencies, and, only when the WebAssembly build is among the steps
+# about a second: the npm dependencies; with the step `scale` (`bash scripts/setup.sh scale`, as
+# scripts/test-scale.sh runs it), Debian's nginx-light and redis-server for the scale suite
+# (about 10 s the first time); and, only when the WebAssembly build is among the steps
 # (`bash scripts/setup.sh wasm`, as scripts/build.sh passes its steps), Debian's Rust for
 # WebAssembly (rustc-web, cargo-web, rust-web-src, lld-19) and wasm-pack and the wasm-bindgen CLI
 # (cargo install, pinned: about 11 minutes on 2 cores the first time). The demo builds only the
@@ -8,20 +10,26 @@
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$ORTEX_ROOT"
 
-setup_debian_rust() {
-  local missing=() package
-  for package in "${DEBIAN_PACKAGES[@]}"; do
+# install_debian_packages WHAT PACKAGE...: apt-get install the PACKAGEs not installed yet.
+install_debian_packages() {
+  local what=$1 missing=() package
+  shift
+  for package in "$@"; do
     if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'ok installed'; then
       missing+=("$package")
     fi
   done
   if [ ${#missing[@]} -eq 0 ]; then
-    log "setup: Debian Rust for wasm present (${DEBIAN_PACKAGES[*]})"
+    log "setup: $what present ($*)"
     return
   fi
   log "setup: apt-get install ${missing[*]}"
   as_root apt-get update
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+}
+
+setup_debian_rust() {
+  install_debian_packages "Debian Rust for wasm" "${DEBIAN_PACKAGES[@]}"
 }
 
 # cargo_install_pinned CRATE VERSION BINARY: `cargo install` unless BINARY reports VERSION.
@@ -60,5 +68,6 @@ steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(native wasm ts)
 for step in "${steps[@]}"; do
   if [ "$step" = wasm ]; then setup_wasm_toolchain; fi
+  if [ "$step" = scale ]; then install_debian_packages "nginx and redis-server for test:scale" "${SCALE_PACKAGES[@]}"; fi
 done
 setup_npm

@@ -52,5 +52,9 @@ stage types npx tsc -p test
 # determinism. The workers get --expose-gc from vitest.config.ts.
 stage vitest npx vitest run
 
+# Past one process: real redis-server and nginx (installed here when missing) in front of three
+# `ortex serve` processes (docs/scaling.md). About 10 s, plus about 10 s once per machine to install.
+stage scale bash scripts/test-scale.sh --no-build
+
 summary
 exit "${status}"

@@ -74,6 +74,7 @@ export async function streamCompletion(
   body: Record<string, unknown>,
   headers: Record<string, string> = {},
   onChunk: () => void = () => {},
+  signal?: AbortSignal,
 ): Promise<StreamOutcome> {
   const outcome: StreamOutcome = { status: 0, chunks: 0, done: false, finishReason: null, error: null }
   try {
@@ -81,6 +82,7 @@ export async function streamCompletion(
       method: 'POST',
       headers: { 'content-type': 'application/json', ...headers },
       body: JSON.stringify({ ...body, stream: true }),
+      signal,
     })
     outcome.status = response.status
     if (response.status !== 200 || response.body === null) {

@@ -132,6 +132,22 @@ describe('a session store in Redis', () => {
     expect(await turn(after.client, 'after the outage')).not.toHaveLength(0)
   })
 
+  it('a server without room refuses to claim (retryably), and the session stays claimable', async () => {
+    const engine = Engine.simulated({ seed: 5, eosProbability: 0.05 })
+    const full = await startServer(engine, { port: 0, duplex: { sessionStore: redis.url, maxSessions: 1 } })
+    servers.push({ server: full, engine })
+    const b = await serverWithStore()
+    const occupant = await openSession(full)
+    const session = await openSession(b)
+    await turn(session.client, 'hello')
+    session.client.close()
+    const refused = await resume(full, session.id, session.token, 0)
+    expect(refused.reply.error).toMatchObject({ code: 'CAPACITY_EXHAUSTED', retryable: true })
+    const { reply } = await resume(b, session.id, session.token, 0)
+    expect(reply).toMatchObject({ type: 'session.resumed', session: { lease_generation: 1, fence: { incarnation: 0 } } })
+    occupant.client.close()
+  })
+
   it('refuses a store that is not a redis:// URL', async () => {
     const engine = Engine.simulated({ seed: 1 })
     await expect(startServer(engine, { port: 0, duplex: { sessionStore: 'http://nope' } })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' })

@@ -83,6 +83,8 @@ export class DuplexSessionManager {
   private readonly host: SessionHost
   private readonly stopWatching: () => void
   private readonly duplex: DuplexHost
+  /** Most sessions at once (undefined: no limit). */
+  private readonly maxSessions: number | undefined
   /** @internal Set by a server with a session store. */
   _persistence: SessionPersistenceHooks | null = null
 
@@ -108,6 +110,7 @@ export class DuplexSessionManager {
     if (now !== undefined && typeof now !== 'function') {
       throw invalidArgument(`options.now must be a function, got ${v.describe(now)}`)
     }
+    this.maxSessions = core.maxSessions ?? undefined
     this.now = now === undefined ? Date.now : (now as () => number)
     this.eventBufferCapacity = present.has('eventBufferCapacity')
       ? v.integer('options.eventBufferCapacity', present.get('eventBufferCapacity'), 1, 1 << 20)
@@ -133,6 +136,11 @@ export class DuplexSessionManager {
   /** Sessions holding a slot (a closing one keeps its slot until its request is closed). */
   get size(): number {
     return this.rules.numSessions()
+  }
+
+  /** Whether an open() now would be refused with CAPACITY_EXHAUSTED (maxSessions are held). */
+  get full(): boolean {
+    return this.maxSessions !== undefined && this.size >= this.maxSessions
   }
 
   /**

@@ -258,6 +258,8 @@ export class DuplexServer {
    * once the clients have answered the close (at most DETACH_CLOSE_WAIT_MS).
    */
   async detachAll(): Promise<void> {
+    // The sessions' last commits reach the store before their clients are told to move.
+    await this.persistence?.flush()
     const closed: Promise<void>[] = []
     for (const connection of this.connections) {
       if (connection.ws.readyState !== OPEN) continue
@@ -434,6 +436,10 @@ export class DuplexServer {
       heldIncarnation: held()?.session.fence.incarnation ?? null,
     })
     const ttlMs = this.storage!.ttlMs
+    // A session this process would have no slot for must not be claimed: a claim cannot be undone.
+    if (held() === undefined && this.manager.full) {
+      throw new OrtexError('CAPACITY_EXHAUSTED', 'this server holds its most sessions; resume on another')
+    }
     let outcome = await this.storeCall(() => store.claim(sessionId, tokenDigest.toString('hex'), generation, claimer(), ttlMs))
     if (outcome.kind === 'missing' && held() !== undefined) {
       // The store lost its data (a restart without persistence): the owner writes it again.

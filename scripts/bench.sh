@@ -28,3 +28,6 @@ esbuild bench/llama-cpp/main.ts bench/out/llama-cpp.mjs --external:node-llama-cp
 echo "== faithfulness: KL divergence against the float32 import, ortex's imports and llama.cpp"
 esbuild bench/quality/main.ts bench/out/quality.mjs --external:node-llama-cpp --external:yauzl \
   && node bench/out/quality.mjs
+echo "== failover: a duplex session resumed on its process vs taken over by another (Redis store)"
+bash scripts/setup.sh scale >&2
+esbuild bench/failover.ts bench/out/failover.mjs --external:ws && node bench/out/failover.mjs

@@ -4,7 +4,8 @@ import { type ChildProcess, spawn } from 'node:child_process'
 import path from 'node:path'
 import WebSocket from 'ws'
 
-export const CLI = path.resolve(__dirname, '../../dist/cli.js')
+/** The built CLI (a function: bench/failover.ts bundles this file as ESM, without __dirname). */
+const cli = (): string => path.resolve(__dirname, '../../dist/cli.js')
 
 export interface ServeProcess {
   child: ChildProcess
@@ -19,7 +20,7 @@ export interface ServeProcess {
 
 /** Starts `ortex serve ARGS --port 0` and resolves once it listens. */
 export async function startServe(args: string[], env: Record<string, string> = {}): Promise<ServeProcess> {
-  const child = spawn(process.execPath, [CLI, 'serve', '--port', '0', ...args], {
+  const child = spawn(process.execPath, [cli(), 'serve', '--port', '0', ...args], {
     env: { ...process.env, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   })

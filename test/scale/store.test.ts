@@ -2,11 +2,14 @@
 // test:scale` installs it when missing): in-process servers over simulated engines with one seed
 // share a store. A session moved to another server continues its conversation token for token;
 // of racing resumes exactly one wins; the old owner is fenced out; while Redis is away the owners
-// keep working and a resume gets a retryable error.
-import { Engine, RedisSessionStore, type OrtexServer, startServer } from 'ortex'
+// keep working and a resume gets a retryable error. On both backends (the store's part is the
+// facade's; the engine under it is the native addon or WebAssembly).
+import type { OrtexServer } from 'ortex'
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
+import { type OrtexModule, ortex, selectedBackends } from '../helpers/backends'
 import { DuplexClient, type RedisProcess, freePort, responseTokens, sleep, startRedis, within } from './processes'
 
+type Engine = ReturnType<OrtexModule['Engine']['simulated']>
 let redis: RedisProcess
 const servers: { server: OrtexServer; engine: Engine }[] = []
 
@@ -23,9 +26,11 @@ afterEach(async () => {
   }
 })
 
+let mod: OrtexModule
+
 async function serverWithStore(): Promise<OrtexServer> {
-  const engine = Engine.simulated({ seed: 5, eosProbability: 0.05 })
-  const server = await startServer(engine, { port: 0, duplex: { sessionStore: redis.url } })
+  const engine = mod.Engine.simulated({ seed: 5, eosProbability: 0.05 })
+  const server = await mod.startServer(engine, { port: 0, duplex: { sessionStore: redis.url } })
   servers.push({ server, engine })
   return server
 }
@@ -56,7 +61,11 @@ async function resume(server: OrtexServer, id: string, token: string, generation
   return { client, reply }
 }
 
-describe('a session store in Redis', () => {
+describe.each(selectedBackends())('a session store in Redis (%s)', (backend) => {
+  beforeAll(() => {
+    mod = ortex(backend)
+  })
+
   it('moves a session to another server, which continues the conversation token for token', async () => {
     const [a, b, c] = [await serverWithStore(), await serverWithStore(), await serverWithStore()]
     const moved = await openSession(a)
@@ -133,8 +142,8 @@ describe('a session store in Redis', () => {
   })
 
   it('a server without room refuses to claim (retryably), and the session stays claimable', async () => {
-    const engine = Engine.simulated({ seed: 5, eosProbability: 0.05 })
-    const full = await startServer(engine, { port: 0, duplex: { sessionStore: redis.url, maxSessions: 1 } })
+    const engine = mod.Engine.simulated({ seed: 5, eosProbability: 0.05 })
+    const full = await mod.startServer(engine, { port: 0, duplex: { sessionStore: redis.url, maxSessions: 1 } })
     servers.push({ server: full, engine })
     const b = await serverWithStore()
     const occupant = await openSession(full)
@@ -149,9 +158,9 @@ describe('a session store in Redis', () => {
   })
 
   it('refuses a store that is not a redis:// URL', async () => {
-    const engine = Engine.simulated({ seed: 1 })
-    await expect(startServer(engine, { port: 0, duplex: { sessionStore: 'http://nope' } })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' })
-    await expect(RedisSessionStore.connect('redis://127.0.0.1:1')).rejects.toThrow(/cannot reach the session store/)
+    const engine = mod.Engine.simulated({ seed: 1 })
+    await expect(mod.startServer(engine, { port: 0, duplex: { sessionStore: 'http://nope' } })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' })
+    await expect(mod.RedisSessionStore.connect('redis://127.0.0.1:1')).rejects.toThrow(/cannot reach the session store/)
     await engine.close()
   })
 })

@@ -28,6 +28,11 @@ afterEach(async () => {
 
 let mod: OrtexModule
 
+/** Lets the store's writes in flight land. */
+async function settle(): Promise<void> {
+  await sleep(100)
+}
+
 async function serverWithStore(): Promise<OrtexServer> {
   const engine = mod.Engine.simulated({ seed: 5, eosProbability: 0.05 })
   const server = await mod.startServer(engine, { port: 0, duplex: { sessionStore: redis.url } })
@@ -87,6 +92,29 @@ describe.each(selectedBackends())('a session store in Redis (%s)', (backend) => 
     client.send({ type: 'input_text.append', text: 'x', fence: { ...reply.session.fence, incarnation: 0 } })
     const refused = await client.next((e) => e.type === 'error')
     expect(refused.error.code).toBe('FENCE_MISMATCH')
+  })
+
+  it('a response in flight when its process stops ends failed on the new owner, without its output', async () => {
+    const [a, b, c] = [await serverWithStore(), await serverWithStore(), await serverWithStore()]
+    const moved = await openSession(a)
+    const reference = await openSession(c)
+    expect(await turn(moved.client, 'First.')).toEqual(await turn(reference.client, 'First.'))
+    moved.client.close()
+    await moved.client.closed()
+    // In A, in one tick: a final append starts a response, and A stops. The record written for
+    // that commit holds the input and the running response's fence, and none of its output.
+    const session = a.duplex.manager.list()[0]!
+    session.append(' Second.', { final: true })
+    const inFlight = session.fence
+    void a.close()
+    const { client, reply } = await resume(b, moved.id, moved.token, 0)
+    expect(reply.type).toBe('session.resumed')
+    const failed = await client.next((e) => e.type === 'response.done')
+    expect(failed).toMatchObject({ status: 'failed', fence: { incarnation: 0, turn_id: inFlight.turnId, response_seq: inFlight.responseSeq } })
+    // The reference: the same input, no response to it.
+    reference.client.send({ type: 'input_text.append', text: ' Second.' })
+    await reference.client.next((e) => e.type === 'input.committed' && e.seq === 2)
+    expect(await turn(client, ' Third.')).toEqual(await turn(reference.client, ' Third.'))
   })
 
   it('of 8 racing resumes on 4 servers exactly one wins', async () => {
@@ -155,6 +183,41 @@ describe.each(selectedBackends())('a session store in Redis (%s)', (backend) => 
     const { reply } = await resume(b, session.id, session.token, 0)
     expect(reply).toMatchObject({ type: 'session.resumed', session: { lease_generation: 1, fence: { incarnation: 0 } } })
     occupant.client.close()
+  })
+
+  it('writes at commit points, never per token (a SessionStore object of your own works too)', async () => {
+    const store = await mod.RedisSessionStore.connect(redis.url, { keyPrefix: 'counted:' })
+    const commits: number[] = []
+    const counted = {
+      commit: (record: any, ttlMs: number) => {
+        commits.push(record.tokens.length)
+        return store.commit(record, ttlMs)
+      },
+      claim: store.claim.bind(store),
+      end: store.end.bind(store),
+      touch: store.touch.bind(store),
+      quit: store.quit.bind(store),
+    }
+    const engine = mod.Engine.simulated({ seed: 5 })
+    const server = await mod.startServer(engine, { port: 0, duplex: { sessionStore: counted } })
+    servers.push({ server, engine })
+    const client = await DuplexClient.connect(wsUrl(server))
+    client.send({ type: 'session.update', session: { max_output_tokens: 300, ignore_eos: true } })
+    await client.next((e) => e.type === 'session.updated')
+    await settle()
+    const before = commits.length
+    expect(await turn(client, 'Talk for a while.')).toHaveLength(300)
+    await settle()
+    // The final append (the response starts) and the response's end: two commit points, at most
+    // two writes, for 300 tokens.
+    expect(commits.length - before).toBeGreaterThanOrEqual(1)
+    expect(commits.length - before).toBeLessThanOrEqual(2)
+    expect(commits.at(-1)).toBe(engine.tokenize('Talk for a while.').length + 300)
+    client.close()
+    await server.close()
+    servers.pop()
+    await engine.close()
+    await store.quit()
   })
 
   it('refuses a store that is not a redis:// URL', async () => {

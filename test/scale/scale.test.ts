@@ -121,6 +121,21 @@ describe('three simulated-model processes behind nginx, sessions in Redis', () =
     await reference?.engine.close()
   })
 
+  it('one user, one process: a prompt sent again with the same affinity key comes from the prefix cache', async () => {
+    for (let user = 0; user < 8; user++) {
+      const headers = { 'content-type': 'application/json', 'x-ortex-affinity': `cache-user-${user}` }
+      const body = JSON.stringify({ model: 'ortex-simulated', prompt: `user ${user} `.repeat(40), max_tokens: 1 })
+      const cached: number[] = []
+      for (let send = 0; send < 2; send++) {
+        const response = await fetch(`${cluster.url}/v1/completions`, { method: 'POST', headers, body })
+        cached.push((await response.json()).usage.prompt_tokens_details.cached_tokens)
+      }
+      expect(cached[0]).toBe(0)
+      // Three processes: without affinity, the second would miss two times in three.
+      expect(cached[1]).toBeGreaterThan(0)
+    }
+  })
+
   it('(a) 300 OpenAI requests, a process killed in the middle: none hangs, later ones all succeed', async () => {
     const outcomes: RequestOutcome[] = []
     let next = 0

@@ -117,6 +117,22 @@ describe.each(selectedBackends())('a session store in Redis (%s)', (backend) => 
     expect(await turn(client, ' Third.')).toEqual(await turn(reference.client, ' Third.'))
   })
 
+  it('a connection that drops while its resume waits for the store leaves the session detached, resumable', async () => {
+    const [a, b] = [await serverWithStore(), await serverWithStore()]
+    const session = await openSession(a)
+    await turn(session.client, 'hello')
+    session.client.close()
+    await a.close()
+    const client = await DuplexClient.connect(wsUrl(b))
+    client.send({ type: 'session.resume', session_id: session.id, resume_token: session.token, lease_generation: 0 })
+    client.ws.terminate()
+    await within(5_000, 'the session to be taken over and detached', async () => {
+      while (b.duplex.manager.list()[0]?.state !== 'detached') await sleep(10)
+    })
+    const { reply } = await resume(b, session.id, session.token, 1)
+    expect(reply).toMatchObject({ type: 'session.resumed', session: { lease_generation: 2 } })
+  })
+
   it('of 8 racing resumes on 4 servers exactly one wins', async () => {
     const all = [await serverWithStore(), await serverWithStore(), await serverWithStore(), await serverWithStore()]
     const session = await openSession(all[0]!)

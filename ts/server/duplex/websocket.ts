@@ -416,6 +416,11 @@ export class DuplexServer {
     const requestLabels = { ...labels }
     connection.resuming = []
     void this.claim(connection, sessionId, token, generation)
+      .then(() => {
+        // The connection dropped while the store answered: its 'close' found no session to
+        // detach, so the session is detached now (it waits for the next resume, then expires).
+        if (connection.ws.readyState !== OPEN) this.onDrop(connection)
+      })
       .catch((error: unknown) => connection.send(errorEvent(error, requestLabels.eventType, requestLabels.eventId)))
       .finally(() => {
         const waiting = connection.resuming ?? []

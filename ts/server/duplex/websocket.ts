@@ -153,9 +153,9 @@ export class DuplexServer {
   private readonly flow: FlowLimits
   private readonly timers: NodeJS.Timeout[] = []
   private closing: Promise<void> | null = null
-  /** This server's id in a session store's records. */
+  /** @internal This server's id in a session store's records. */
   readonly owner: string
-  /** Set when the server has a session store. */
+  /** @internal Set when the server has a session store. */
   readonly persistence: SessionPersistence | null = null
   /** Set by stopAccepting(): upgrades are refused with 503 (read by the handshake). */
 

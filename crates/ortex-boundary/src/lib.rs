@@ -24,7 +24,7 @@ use ortex_core::text::TextCodec;
 use ortex_core::{Engine, OrtexError, RequestId, Result, TurnId};
 use serde::de::DeserializeOwned;
 
-pub use chat::{Chat, ChatFilesInput, ChatRenderInput};
+pub use chat::{Chat, ChatFilesInput, ChatPrompt, ChatRenderInput};
 pub use inputs::*;
 pub use sessions::Sessions;
 pub use views::*;
@@ -67,6 +67,31 @@ pub fn create_request_impl(engine: &mut Engine, options: RequestOptionsInput) ->
 
 pub fn begin_turn_impl(engine: &mut Engine, request_id: u32, tokens: &[i32], options: TurnOptionsInput) -> Result<u32> {
     Ok(engine.begin_turn(RequestId(request_id), tokens, &TurnOptions::try_from(options)?)?.get())
+}
+
+/// Begins a chat turn on `prompt` (Chat::prompt): the template's end tokens join the caller's
+/// `eosTokenIds`, so the turn ends with 'eos' on either.
+pub fn begin_chat_turn_impl(
+    engine: &mut Engine,
+    request_id: u32,
+    prompt: ChatPrompt,
+    mut options: TurnOptionsInput,
+) -> Result<ChatTurnView> {
+    let mut eos_token_ids = options.eos_token_ids.take().unwrap_or_default();
+    for id in prompt.end_token_ids {
+        if !eos_token_ids.contains(&id) {
+            eos_token_ids.push(id);
+        }
+    }
+    options.eos_token_ids = Some(eos_token_ids);
+    let turn_id = begin_turn_impl(engine, request_id, &prompt.tokens, options)?;
+    Ok(ChatTurnView { turn_id, prompt_tokens: prompt.tokens.len() as u32 })
+}
+
+/// A chat turn's prompt with the engine's codec, on the calling thread (a binding that can,
+/// renders off it: `Engine::text_codec` and `Chat::prompt`).
+pub fn chat_prompt_impl(engine: &Engine, chat: &Chat, input: ChatRenderInput, parse_special_tokens: bool) -> Result<ChatPrompt> {
+    chat.prompt(engine.text_codec()?.as_ref(), input, parse_special_tokens)
 }
 
 pub fn prefill_impl(engine: &mut Engine, request_id: u32, tokens: &[i32]) -> Result<()> {

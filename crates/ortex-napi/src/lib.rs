@@ -21,7 +21,6 @@ mod chat;
 mod completions;
 mod model;
 mod step_thread;
-mod text_task;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -344,17 +343,6 @@ impl CoreEngine {
     #[napi]
     pub fn tokenize_marked(&self, marked: String) -> napi::Result<Int32Array, String> {
         self.call(|engine| ops::tokenize_marked_impl(engine, &marked)).map(Int32Array::new)
-    }
-
-    /// `tokenize` (marked: `tokenizeMarked`) on the libuv thread pool.
-    #[napi(ts_return_type = "Promise<Int32Array>")]
-    pub fn tokenize_async(
-        &self,
-        text: String,
-        marked: bool,
-    ) -> napi::Result<AsyncTask<text_task::TokenizeTask>, String> {
-        let codec = self.call(|engine| engine.text_codec())?;
-        Ok(AsyncTask::new(text_task::TokenizeTask { codec, text, marked }))
     }
 
     #[napi]

@@ -46,6 +46,9 @@ export interface CoreEngine {
   createRequest(options: RequestOptionsInput): number
   /** Returns the new turn id. */
   beginTurn(requestId: number, tokens: Int32Array, options: TurnOptionsInput): number
+  /** Throws INVALID_ARGUMENT where beginTurn would refuse `options` (every rule of
+   *  TurnOptions::resolve, the vocabulary's included); begins nothing. */
+  validateTurnOptions(options: TurnOptionsInput): void
   /** A chat turn in one call: `chat` renders `renderInput` with a generation prompt (marked unless
    *  `parseSpecialTokens`: crates/ortex-boundary/src/prompt_text.rs), this engine's codec
    *  tokenizes it, the template's single-token end strings join `options.eosTokenIds`, and the

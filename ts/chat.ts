@@ -20,7 +20,7 @@ import path from 'node:path'
 
 import type { CoreChat } from './binding'
 import { OrtexError, invalidArgument, isErrorCode } from './errors'
-import type { ChatFilesInput, ChatRenderInput } from './generated/boundary'
+import type { ChatFilesInput, ChatRenderInput, TurnOptionsInput } from './generated/boundary'
 import { JsonCopier, copyJson } from './json'
 import type { Request } from './request'
 import type { Turn } from './turn'
@@ -128,6 +128,8 @@ export interface ChatHost {
   tokenize(text: string): Int32Array
   /** A prompt from template().renderMarked: only what the template wrote becomes control tokens. */
   tokenizeMarked(marked: string): Int32Array
+  /** Throws where beginTurn would refuse these options (the core's rules), beginning nothing. */
+  validateTurnOptions(options: TurnOptionsInput): void
   /** The single-token end-of-turn strings, by token id. */
   endTokens(): ReadonlyMap<number, string>
 }
@@ -269,7 +271,7 @@ export class Chat {
     const { keep, tokens } = this.plan(text)
     present.set('eosTokenIds', withEndTokens(this.host, present.get('eosTokenIds')))
     // Bad options throw before the context changes.
-    v.turnOptions('options', new Map(present))
+    this.host.validateTurnOptions(v.turnOptions('options', new Map(present)).core)
     if (keep < this.request.tokenCount) {
       this.request.truncate(keep)
       // Should beginTurn still fail (input past the session limit), the next send compares

@@ -37,6 +37,7 @@ import type {
   RequestOptions,
   SimulatedOptions,
   TokenLogprob,
+  TurnOptions,
 } from './types'
 import * as v from './validate'
 
@@ -319,6 +320,14 @@ export class Engine implements EventOwner {
     return turn
   }
 
+  /** @internal Turn options checked as a turn's begin checks them (their types here, every other
+   *  rule in the core), beginning nothing: the OpenAI server refuses a request with them before
+   *  it starts one. */
+  _validateTurnOptions(options: TurnOptions | undefined): void {
+    const checked = v.turnOptions('options', v.options('options', options, v.TURN_KEYS))
+    this.call(() => this.core.validateTurnOptions(checked.core))
+  }
+
   /** Checked arguments of chat and chatAsync, the engine's template and the render's input. */
   private chatArguments(messages: ChatMessage[], options: ChatOptions | undefined): ChatArguments {
     const json = new JsonCopier()
@@ -430,6 +439,7 @@ export class Engine implements EventOwner {
       template: () => this.loadChatTemplate(),
       tokenize: (text) => this.call(() => this.core.tokenize(text)),
       tokenizeMarked: (marked) => this.call(() => this.core.tokenizeMarked(marked)),
+      validateTurnOptions: (options) => this.call(() => this.core.validateTurnOptions(options)),
       endTokens: () => this.loadChatEndTokens(),
     }
   }

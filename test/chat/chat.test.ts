@@ -227,7 +227,7 @@ describe.each(BACKENDS)('chat on the simulated model (%s)', (backend) => {
     const engine = make()
     const messages = [{ role: 'user', content: 'x' }]
     const refusals: Array<[Record<string, unknown>, string, string]> = [
-      [{ temperature: -1 }, 'INVALID_ARGUMENT', 'options.temperature must be a finite number in [0, inf), got -1'],
+      [{ temperature: -1 }, 'INVALID_ARGUMENT', 'temperature must be a finite number >= 0, got -1'],
       [{ eosTokenIds: [1.5] }, 'INVALID_ARGUMENT', 'options.eosTokenIds[0] must be a token id'],
       [{ maxSessionTokens: 2 }, 'INVALID_ARGUMENT', 'tokens'],
       [{ templateName: 'tool_use' }, 'CHAT_TEMPLATE_MISSING', 'tool_use'],

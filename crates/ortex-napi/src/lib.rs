@@ -248,6 +248,11 @@ impl CoreEngine {
     }
 
     #[napi]
+    pub fn validate_turn_options(&self, options: Unknown<'_>) -> napi::Result<(), String> {
+        self.call(|engine| ops::validate_turn_options_impl(engine, input("turn options", options)?))
+    }
+
+    #[napi]
     pub fn prefill(&self, request_id: u32, tokens: &[i32]) -> napi::Result<(), String> {
         self.call(|engine| ops::prefill_impl(engine, request_id, tokens))
     }

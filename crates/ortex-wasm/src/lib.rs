@@ -97,6 +97,12 @@ impl CoreEngine {
         Ok(view(&ops::begin_chat_turn_impl(&mut self.engine, request_id, prompt, options).map_err(coded)?))
     }
 
+    /// Turn options checked as `beginTurn` checks them, beginning nothing.
+    #[wasm_bindgen(js_name = validateTurnOptions)]
+    pub fn validate_turn_options(&self, options: JsValue) -> Result<(), JsValue> {
+        ops::validate_turn_options_impl(&self.engine, input("turn options", options)?).map_err(coded)
+    }
+
     pub fn prefill(&mut self, request_id: u32, tokens: &[i32]) -> Result<(), JsValue> {
         ops::prefill_impl(&mut self.engine, request_id, tokens).map_err(coded)
     }

@@ -107,7 +107,12 @@ impl Chat {
     /// A chat turn's prompt from `input` (rendered with a generation prompt: a turn answers).
     /// Marked (the default) unless `parse_special_tokens`: then control strings in the caller's
     /// text become control tokens too (prompt_text.rs).
-    pub fn prompt(&self, codec: &dyn TextCodec, mut input: ChatRenderInput, parse_special_tokens: bool) -> Result<ChatPrompt> {
+    pub fn prompt(
+        &self,
+        codec: &dyn TextCodec,
+        mut input: ChatRenderInput,
+        parse_special_tokens: bool,
+    ) -> Result<ChatPrompt> {
         input.add_generation_prompt = Some(true);
         let tokens = if parse_special_tokens {
             codec.tokenize(&self.render(input)?)?

@@ -98,7 +98,12 @@ pub fn begin_chat_turn_impl(
 
 /// A chat turn's prompt with the engine's codec, on the calling thread (a binding that can,
 /// renders off it: `Engine::text_codec` and `Chat::prompt`).
-pub fn chat_prompt_impl(engine: &Engine, chat: &Chat, input: ChatRenderInput, parse_special_tokens: bool) -> Result<ChatPrompt> {
+pub fn chat_prompt_impl(
+    engine: &Engine,
+    chat: &Chat,
+    input: ChatRenderInput,
+    parse_special_tokens: bool,
+) -> Result<ChatPrompt> {
     chat.prompt(engine.text_codec()?.as_ref(), input, parse_special_tokens)
 }
 

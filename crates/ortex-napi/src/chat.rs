@@ -60,7 +60,8 @@ fn begin(
     prompt: ops::ChatPrompt,
     options: ops::TurnOptionsInput,
 ) -> ortex_core::Result<ChatTurn> {
-    engine_guarded(&mut lock(engine), |engine| ops::begin_chat_turn_impl(engine, request_id, prompt, options)).map(ChatTurn::from)
+    engine_guarded(&mut lock(engine), |engine| ops::begin_chat_turn_impl(engine, request_id, prompt, options))
+        .map(ChatTurn::from)
 }
 
 /// ops::ChatTurnView as napi-rs converts it (an async task's value must name its type).

@@ -93,7 +93,8 @@ impl CoreEngine {
     ) -> Result<JsValue, JsValue> {
         let options = input("turn options", options)?;
         let render_input = input("chat template input", render_input)?;
-        let prompt = ops::chat_prompt_impl(&self.engine, &chat.chat, render_input, parse_special_tokens).map_err(coded)?;
+        let prompt =
+            ops::chat_prompt_impl(&self.engine, &chat.chat, render_input, parse_special_tokens).map_err(coded)?;
         Ok(view(&ops::begin_chat_turn_impl(&mut self.engine, request_id, prompt, options).map_err(coded)?))
     }
 

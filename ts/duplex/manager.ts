@@ -153,7 +153,7 @@ export class DuplexSessionManager {
     const config = checkConfig('options', {
       ...(present.has('turn') ? { turn: present.get('turn') } : {}),
       ...(present.has('respond') ? { respond: present.get('respond') } : {}),
-    })
+    }, this.engine)
     return this.openWith(sessionId, config, (now) => this.rules.open(sessionId, now))
   }
 
@@ -162,7 +162,7 @@ export class DuplexSessionManager {
    * incarnation, its lease at the stored generation, and its conversation is prefilled.
    */
   _restore(state: RestoredSession): DuplexSession {
-    const config = checkConfig('state.config', state.config)
+    const config = checkConfig('state.config', state.config, this.engine)
     const session = this.openWith(state.sessionId, config, (now) => this.openAtIncarnation(state.sessionId, state.incarnation, now))
     try {
       session._restore(state.leaseGeneration, state.tokens)

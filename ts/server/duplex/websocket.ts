@@ -770,7 +770,7 @@ export async function startDuplexServer(
     now: present.get('now') as (() => number) | undefined,
   })
   // Checks the turn options once, as every session would.
-  checkConfig('options', { turn: settings.turn })
+  checkConfig('options', { turn: settings.turn }, engine)
   const ws = await import('ws')
   const admission = { open: true }
   const wss = await new Promise<WebSocketServer>((resolve, reject) => {

@@ -92,6 +92,10 @@ describe('wrong invocations: one line on stderr, a non-zero exit status', () => 
     // An empty key would start a server that lets everyone in.
     { args: ['serve', '--simulated', '--port', '0', '--api-key', ''], status: 2, message: /^ortex: --api-key must not be empty$/ },
     { args: ['serve', '--simulated', '--port', '0', '--api-key='], status: 2, message: /^ortex: --api-key must not be empty$/ },
+    { args: ['serve', '--simulated', '--port', '0', '--drain-timeout-ms', 'soon'], status: 2, message: /--drain-timeout-ms must be an integer in \[0, / },
+    { args: ['serve', '--simulated', '--port', '0', '--session-store', 'http://x'], status: 1, message: /INVALID_ARGUMENT: a session store is a redis:\/\/ URL, got "http:\/\/x"/ },
+    // Port 1 on loopback refuses at once: a store that cannot be reached fails the start.
+    { args: ['serve', '--simulated', '--port', '0', '--session-store', 'redis://127.0.0.1:1'], status: 1, message: /cannot reach the session store at redis:\/\/127\.0\.0\.1:1: .*ECONNREFUSED/ },
   ]
   for (const { args, status, message } of cases) {
     it(`ortex ${args.map((a) => a.replace(scratch, '$TMP')).join(' ')}`, () => {

@@ -116,12 +116,17 @@ export class RedisSessionStore implements SessionStore {
       retryStrategy: (attempt: number) => Math.min(attempt * 100, 1000),
     }) as RedisClient
     // An error event without a listener would crash the process; each command reports its own.
-    client.on('error', () => {})
+    // The latest one says why a connection failed (connect() itself only says it closed).
+    let lastError: Error | null = null
+    client.on('error', (error) => {
+      lastError = error
+    })
     try {
       await client.connect()
     } catch (error) {
       client.disconnect()
-      throw new SessionStoreUnavailable(`cannot reach the session store at ${url}: ${(error as Error).message}`, { cause: error })
+      const why = (lastError ?? (error as Error)).message
+      throw new SessionStoreUnavailable(`cannot reach the session store at ${url}: ${why}`, { cause: error })
     }
     return new RedisSessionStore(client, options.keyPrefix ?? 'ortex:session:')
   }

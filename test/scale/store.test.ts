@@ -164,7 +164,12 @@ describe.each(selectedBackends())('a session store in Redis (%s)', (backend) => 
   it('while Redis is away: owners keep working, a resume gets a retryable error; after, all is well', async () => {
     const [a, b] = [await serverWithStore(), await serverWithStore()]
     const session = await openSession(a)
+    const quiet = await openSession(a)
     await turn(session.client, 'before the outage')
+    await turn(quiet.client, 'before the outage')
+    quiet.client.close()
+    await quiet.client.closed()
+    await settle() // its detach is written before the outage: nothing of it fails during it
     await redis.stop()
     expect(await turn(session.client, 'during the outage')).not.toHaveLength(0)
     const during = await resume(b, session.id, session.token, 0)
@@ -183,6 +188,11 @@ describe.each(selectedBackends())('a session store in Redis (%s)', (backend) => 
     })
     expect(after.reply.session.fence.incarnation).toBe(1)
     expect(await turn(after.client, 'after the outage')).not.toHaveLength(0)
+    // A session without a commit during the outage: A wrote its record again when Redis came
+    // back, so it moves to B too, rather than being SESSION_CLOSED there.
+    const moved = await resume(b, quiet.id, quiet.token, 0)
+    expect(moved.reply).toMatchObject({ type: 'session.resumed', session: { fence: { incarnation: 1 } } })
+    expect(await turn(moved.client, 'after the outage')).not.toHaveLength(0)
   })
 
   it('a server without room refuses to claim (retryably), and the session stays claimable', async () => {

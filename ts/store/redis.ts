@@ -17,6 +17,7 @@ interface RedisClient {
   quit(): Promise<unknown>
   disconnect(): void
   on(event: 'error', listener: (error: Error) => void): unknown
+  on(event: 'ready', listener: () => void): unknown
   evalsha(sha: string, numKeys: number, ...args: (string | number)[]): Promise<unknown>
   script(command: 'LOAD', script: string): Promise<unknown>
   pexpire(key: string, ms: number): Promise<unknown>
@@ -96,10 +97,21 @@ export class RedisSessionStore implements SessionStore {
   private readonly claimScript = new Script(CLAIM)
   private readonly endScript = new Script(END)
 
+  private readonly reconnectListeners: (() => void)[] = []
+
   private constructor(
     private readonly client: RedisClient,
     private readonly keyPrefix: string,
-  ) {}
+  ) {
+    // 'ready' after the first: ioredis reconnected (to a Redis that may have restarted empty).
+    client.on('ready', () => {
+      for (const listener of this.reconnectListeners) listener()
+    })
+  }
+
+  onReconnect(listener: () => void): void {
+    this.reconnectListeners.push(listener)
+  }
 
   /** Connects to `url` (redis://HOST:PORT[/DB]). Rejects when Redis cannot be reached, or with
    *  INVALID_ARGUMENT when ioredis is not installed. */

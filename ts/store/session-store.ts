@@ -77,4 +77,8 @@ export interface SessionStore {
   touch(sessionId: string, ttlMs: number): Promise<void>
   /** Closes the connection to the store. */
   quit(): Promise<void>
+  /** Optional: `listener` runs each time the store is reachable again after it was not. The
+   *  store may have lost its data (a restart without persistence): the server writes every
+   *  session's record again. */
+  onReconnect?(listener: () => void): void
 }

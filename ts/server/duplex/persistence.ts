@@ -47,6 +47,11 @@ export class SessionPersistence implements SessionPersistenceHooks {
 
   attach(manager: DuplexSessionManager): void {
     manager._persistence = this
+    // A store back after an outage may have restarted empty: every record is written again (a
+    // session another process claimed meanwhile is fenced out by that write, as it should be).
+    this.settings.store.onReconnect?.(() => {
+      for (const session of this.writers.keys()) this.committed(session)
+    })
   }
 
   committed(session: DuplexSession): void {

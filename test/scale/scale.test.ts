@@ -164,7 +164,9 @@ describe('three simulated-model processes behind nginx, sessions in Redis', () =
     await Promise.all(conversations.map((c) => c.open(referenceUrl)))
     for (let round = 0; round < 2; round++) await Promise.all(conversations.map((c) => c.turn()))
 
-    await cluster.kill(0)
+    // The process holding the most KV (so, sessions): whatever ports the hash ring got this run.
+    const victim = await busiestBackend(cluster)
+    await cluster.kill(victim)
     await sleep(200)
     const cut = conversations.filter((c) => c.client.closeCode !== null)
     expect(cut.length).toBeGreaterThan(0)
@@ -180,7 +182,7 @@ describe('three simulated-model processes behind nginx, sessions in Redis', () =
     const raced = cut[0]!
     raced.client.close()
     await raced.client.closed()
-    const live = [1, 2].map((i) => `ws://127.0.0.1:${cluster.ports[i]}`)
+    const live = [0, 1, 2].filter((i) => i !== victim).map((i) => `ws://127.0.0.1:${cluster.ports[i]}`)
     const attempts = await Promise.all(
       Array.from({ length: 8 }, async (_, i) => {
         const client = await DuplexClient.connect(live[i % 2]!)
@@ -195,7 +197,7 @@ describe('three simulated-model processes behind nginx, sessions in Redis', () =
     raced.generation = winners[0]!.reply.session.lease_generation
     await raced.turn()
     for (const conversation of conversations) conversation.client.close()
-    await cluster.startBackend(0)
+    await cluster.startBackend(victim)
   })
 
   it('(d) Redis restarted mid-run: owners keep working; a resume meanwhile gets a retryable error', async () => {
@@ -293,6 +295,17 @@ describe('three tiny-ONNX-model processes behind nginx, sessions in Redis', () =
     for (const session of sessions) session.client.close()
   })
 })
+
+/** The index of the backend whose engine holds the most KV blocks (ortex_kv_blocks_used). */
+async function busiestBackend(cluster: Cluster): Promise<number> {
+  const used = await Promise.all(
+    cluster.backends.map(async (backend) => {
+      const text = await (await fetch(`${backend!.url}/metrics`)).text()
+      return Number(/^ortex_kv_blocks_used (\d+)/m.exec(text)?.[1] ?? 0)
+    }),
+  )
+  return used.indexOf(Math.max(...used))
+}
 
 /** How many of `promises` have settled by now. */
 async function countSettled(promises: Promise<unknown>[]): Promise<number> {

@@ -103,6 +103,9 @@ export interface CoreEngine {
 export interface CoreSessions {
   /** CAPACITY_EXHAUSTED (retryable), SESSION_EXISTS, INVALID_ARGUMENT. */
   open(sessionId: string, nowMs: number): SessionView
+  /** A session stored by another process, opened at its incarnation and lease generation (a
+   *  failover). SESSION_EXISTS when the id lives here or lived here at that incarnation or later. */
+  restore(sessionId: string, nowMs: number, incarnation: number, leaseGeneration: number): SessionView
   /** SESSION_CLOSED for a finalized id, INVALID_ARGUMENT for an unknown one. */
   get(sessionId: string): SessionView
   /** Records the engine request the session owns, under its current fence. */

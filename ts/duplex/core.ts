@@ -48,6 +48,10 @@ export class SessionRules {
     return call(() => this.core.open(sessionId, nowMs))
   }
 
+  restore(sessionId: string, nowMs: number, incarnation: number, leaseGeneration: number): SessionView {
+    return call(() => this.core.restore(sessionId, nowMs, incarnation, leaseGeneration))
+  }
+
   view(sessionId: string): SessionView {
     return call(() => this.core.get(sessionId))
   }

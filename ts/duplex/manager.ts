@@ -163,29 +163,14 @@ export class DuplexSessionManager {
    */
   _restore(state: RestoredSession): DuplexSession {
     const config = checkConfig('state.config', state.config, this.engine)
-    const session = this.openWith(state.sessionId, config, (now) => this.openAtIncarnation(state.sessionId, state.incarnation, now))
+    const session = this.openWith(state.sessionId, config, (now) => this.rules.restore(state.sessionId, now, state.incarnation, state.leaseGeneration))
     try {
-      session._restore(state.leaseGeneration, state.tokens)
+      session._restore(state.tokens)
     } catch (error) {
       void session.close('restore_failed')
       throw error
     }
     return session
-  }
-
-  /** Opens `sessionId` in the core at exactly `incarnation`. The core counts lives itself (a
-   *  closed id opens at the next one), so the lives in between are opened and closed: at most
-   *  `incarnation` cheap calls, once per failover of the session. */
-  private openAtIncarnation(sessionId: string, incarnation: number, now: number): SessionView {
-    for (;;) {
-      const view = this.rules.open(sessionId, now)
-      if (view.fence.incarnation === incarnation) return view
-      this.rules.beginClose(sessionId, null, 'restore')
-      this.rules.finalizeClose(sessionId)
-      if (view.fence.incarnation > incarnation) {
-        throw new OrtexError('SESSION_EXISTS', `session ${sessionId} already lived here at incarnation ${view.fence.incarnation}, past the stored ${incarnation}`)
-      }
-    }
   }
 
   private openWith(sessionId: string, config: DuplexSessionConfig, openRules: (now: number) => SessionView): DuplexSession {

@@ -355,14 +355,9 @@ export class DuplexSession {
     }
   }
 
-  /** @internal A session rebuilt from a store: its lease goes to `leaseGeneration` (each step a
-   *  resume, as the core allows no other way), and its conversation is prefilled. */
-  _restore(leaseGeneration: number, tokens: Int32Array): void {
-    const rules = this.host.rules
-    const now = this.host.now()
-    for (let generation = this.view.leaseGeneration; generation < leaseGeneration; generation++) {
-      this.setView(rules.resume(this.id, now, generation))
-    }
+  /** @internal A session rebuilt from a store (opened by the core at its stored incarnation and
+   *  lease generation): its conversation is prefilled. */
+  _restore(tokens: Int32Array): void {
     if (tokens.length > 0) {
       if (!this.runner.feed.hasRoomFor(tokens.length)) {
         throw invalidArgument(`the stored conversation of ${tokens.length} tokens does not fit the context of ${this.host.engine.config.maxLength}`)

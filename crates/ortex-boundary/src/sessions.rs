@@ -75,6 +75,20 @@ impl Sessions {
         Ok(SessionView::from(&*self.manager.open(session_id, now, None)?))
     }
 
+    /// Opens a session stored by another process at its incarnation and lease generation.
+    pub fn restore(
+        &mut self,
+        session_id: &str,
+        now: f64,
+        incarnation: f64,
+        lease_generation: f64,
+    ) -> Result<SessionView> {
+        let now = now_ms(now)?;
+        let incarnation = exact_u64("incarnation", incarnation)?;
+        let generation = LeaseGeneration(exact_u64("leaseGeneration", lease_generation)?);
+        Ok(SessionView::from(&*self.manager.restore(session_id, incarnation, generation, now)?))
+    }
+
     pub fn get(&mut self, session_id: &str) -> Result<SessionView> {
         Ok(SessionView::from(&*self.session(session_id)?))
     }

@@ -12,8 +12,8 @@
 // A benchmark reads the wall clock, which the core itself never does.
 #![allow(clippy::disallowed_methods)]
 
-use ortex_core::rng::Rng;
 use ortex_core::executor::RowLogits;
+use ortex_core::rng::Rng;
 use ortex_core::sampling::{sample, History, SamplerScratch, SamplingParams};
 use ortex_core::TurnOptions;
 use std::time::Instant;

@@ -450,6 +450,17 @@ impl CoreSessions {
     }
 
     #[napi(ts_return_type = "SessionView")]
+    pub fn restore(
+        &mut self,
+        session_id: String,
+        now_ms: f64,
+        incarnation: f64,
+        lease_generation: f64,
+    ) -> napi::Result<Value, String> {
+        self.call(|sessions| sessions.restore(&session_id, now_ms, incarnation, lease_generation).map(view))
+    }
+
+    #[napi(ts_return_type = "SessionView")]
     pub fn get(&mut self, session_id: String) -> napi::Result<Value, String> {
         self.call(|sessions| sessions.get(&session_id).map(view))
     }

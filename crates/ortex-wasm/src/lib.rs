@@ -244,6 +244,16 @@ impl CoreSessions {
         self.sessions.open(session_id, now_ms).map(|v| view(&v)).map_err(coded)
     }
 
+    pub fn restore(
+        &mut self,
+        session_id: &str,
+        now_ms: f64,
+        incarnation: f64,
+        lease_generation: f64,
+    ) -> Result<JsValue, JsValue> {
+        self.sessions.restore(session_id, now_ms, incarnation, lease_generation).map(|v| view(&v)).map_err(coded)
+    }
+
     pub fn get(&mut self, session_id: &str) -> Result<JsValue, JsValue> {
         self.sessions.get(session_id).map(|v| view(&v)).map_err(coded)
     }

@@ -129,6 +129,15 @@ impl Lease {
         })
     }
 
+    /// A lease taken over at `generation` (a session restored from a store on another process):
+    /// attached, as after the resume that brought it here.
+    pub fn at_generation(config: LeaseConfig, now_ms: u64, generation: LeaseGeneration) -> Result<Lease> {
+        if generation.0 > MAX_RESUMED_GENERATION {
+            return Err(OrtexError::invalid("lease generation is exhausted"));
+        }
+        Ok(Lease { generation, ..Lease::new(config, now_ms)? })
+    }
+
     pub fn config(&self) -> LeaseConfig {
         self.config
     }

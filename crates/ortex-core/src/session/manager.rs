@@ -204,6 +204,37 @@ impl SessionManager {
         Ok(self.sessions.entry(session_id.to_owned()).or_insert(session))
     }
 
+    /// Opens `session_id` as it was stored by another process: at exactly `incarnation`, its lease
+    /// at `lease_generation` (a failover: the caller won the compare-and-set that chose them). An
+    /// incarnation this manager has already seen for the id is refused as SESSION_EXISTS, so a
+    /// restore can never revive a life that ended here.
+    pub fn restore(
+        &mut self,
+        session_id: &str,
+        incarnation: u64,
+        lease_generation: LeaseGeneration,
+        now_ms: u64,
+    ) -> Result<&mut Session> {
+        validate_session_id(session_id)?;
+        if self.sessions.contains_key(session_id) {
+            return Err(OrtexError::new(ErrorCode::SessionExists, format!("session {session_id:?} exists")));
+        }
+        let next = self.closed_ids.next_incarnation(session_id)?;
+        if incarnation < next {
+            return Err(OrtexError::new(
+                ErrorCode::SessionExists,
+                format!(
+                    "session {session_id:?} already lived here up to incarnation {}, past the stored {incarnation}",
+                    next - 1
+                ),
+            ));
+        }
+        self.require_free_slot()?;
+        let lease = Lease::at_generation(self.lease_defaults, now_ms, lease_generation)?;
+        let session = Session::new(Fence::initial(session_id, incarnation), lease, self.completed_append_limit)?;
+        Ok(self.sessions.entry(session_id.to_owned()).or_insert(session))
+    }
+
     /// Begins closing a session; returns whether this call made the transition. With a fence,
     /// the fence is validated first, so a close issued for an earlier life or epoch of the id
     /// (a stale close) is refused and leaves the live session untouched.
@@ -365,6 +396,28 @@ mod tests {
         manager.begin_close("a", None, "client_close").unwrap();
         assert_eq!(manager.open("a", 0, None).unwrap_err().code, ErrorCode::SessionExists);
         assert_eq!(manager.open("", 0, None).unwrap_err().code, ErrorCode::InvalidArgument);
+    }
+
+    #[test]
+    fn restore_opens_at_the_stored_incarnation_and_generation() {
+        let mut manager = manager(None);
+        let session = manager.restore("a", 7, LeaseGeneration(1_000_000), 5).unwrap();
+        assert_eq!(session.fence().incarnation, 7);
+        assert_eq!(session.lease_generation(), LeaseGeneration(1_000_000));
+        assert_eq!(session.state(), SessionState::Open);
+        assert_eq!(session.resume(6, LeaseGeneration(1_000_000)).unwrap(), LeaseGeneration(1_000_001));
+        manager.check_invariants();
+        let exists = manager.restore("a", 8, LeaseGeneration(0), 5).unwrap_err();
+        assert_eq!(exists.code, ErrorCode::SessionExists, "a live id is never restored over");
+        manager.begin_close("a", None, "fenced_out").unwrap();
+        manager.finalize_close("a").unwrap();
+        let revived = manager.restore("a", 7, LeaseGeneration(0), 5).unwrap_err();
+        assert_eq!(revived.code, ErrorCode::SessionExists, "a life that ended here never comes back");
+        assert_eq!(manager.restore("a", 8, LeaseGeneration(0), 5).unwrap().fence().incarnation, 8);
+        let exhausted = manager.restore("b", 0, LeaseGeneration(u64::MAX), 5).unwrap_err();
+        assert_eq!(exhausted.code, ErrorCode::InvalidArgument);
+        assert!(manager.get("b").is_none());
+        manager.check_invariants();
     }
 
     #[test]

@@ -135,7 +135,7 @@ export class Request {
     this.checkPreviousTurnEnded()
     const tokens = this.link.inputTokens(input)
     const turnId = this.link.call(() => this.link.core.beginTurn(this.id, tokens, checked.core))
-    const state = new TurnState(this.link, { requestId: this.id, turnId }, tokens.length, checked.stop, owned ? this : null)
+    const state = new TurnState(this.link, { requestId: this.id, turnId }, tokens.length, owned ? this : null)
     if (checked.core.logprobs !== undefined) state.recordLogprobs()
     const turn = Turn._create(this, state, this.link)
     this._turn = turn

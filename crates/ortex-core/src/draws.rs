@@ -41,17 +41,20 @@ pub struct RowDraw {
     pub logprobs: Option<LogprobsText>,
 }
 
-/// The draws of one step, with the sampler's reusable buffers.
+/// The draws of one step, with the sampler's reusable buffers. The rows of earlier steps are
+/// kept and overwritten (`rows[..len]` are this step's), so their buffers (a context, a text
+/// state) are reused rather than allocated again at every step.
 #[derive(Debug, Default)]
 pub struct Draws {
     rows: Vec<RowDraw>,
+    len: usize,
     scratch: SamplerScratch,
     logprob_scratch: Vec<(u32, f32)>,
 }
 
 impl Draws {
     pub fn clear(&mut self) {
-        self.rows.clear();
+        self.len = 0;
     }
 
     /// The next sampled row's draw, taken from its turn as planned.
@@ -63,32 +66,47 @@ impl Draws {
         top_logprobs: Option<u32>,
         text: &TurnText,
     ) {
-        let context = if params.penalties.is_none() { Vec::new() } else { history.context.to_vec() };
-        self.rows.push(RowDraw {
-            params,
-            rng: rng.clone(),
-            context,
-            generated: history.generated,
-            top_logprobs,
-            text: text.clone(),
-            token: 0,
-            step: TextStep::default(),
-            logprobs: None,
-        });
+        let context = if params.penalties.is_none() { &[][..] } else { history.context };
+        if self.len == self.rows.len() {
+            self.rows.push(RowDraw {
+                params,
+                rng: rng.clone(),
+                context: context.to_vec(),
+                generated: history.generated,
+                top_logprobs,
+                text: text.clone(),
+                token: 0,
+                step: TextStep::default(),
+                logprobs: None,
+            });
+        } else {
+            let row = &mut self.rows[self.len];
+            row.params = params;
+            row.rng = rng.clone();
+            row.context.clear();
+            row.context.extend_from_slice(context);
+            row.generated = history.generated;
+            row.top_logprobs = top_logprobs;
+            row.text.clone_from(text);
+            row.token = 0;
+            row.step = TextStep::default();
+            row.logprobs = None;
+        }
+        self.len += 1;
     }
 
     pub fn len(&self) -> usize {
-        self.rows.len()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
+        self.len == 0
     }
 
     /// Samples every row from the model's output (row i of the output is draw i) and makes the
     /// text each token adds to its turn's.
     pub fn sample(&mut self, output: &StepOutput, codec: &dyn TextCodec) {
-        for (index, draw) in self.rows.iter_mut().enumerate() {
+        for (index, draw) in self.rows[..self.len].iter_mut().enumerate() {
             let logits = output.row(index);
             let history = History { context: &draw.context, generated: draw.generated };
             draw.token = sampling::sample(logits, &draw.params, history, &mut draw.rng, &mut self.scratch);
@@ -101,6 +119,6 @@ impl Draws {
 
     /// Draw `index`, to hand back to its turn at commit.
     pub fn row_mut(&mut self, index: usize) -> &mut RowDraw {
-        &mut self.rows[index]
+        &mut self.rows[..self.len][index]
     }
 }

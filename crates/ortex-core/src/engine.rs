@@ -822,7 +822,7 @@ impl Engine {
             }
             let TurnSlot::Running(turn) = &mut request.turn else { unreachable!("checked above") };
             turn.rng = draw.rng.clone();
-            turn.text = std::mem::take(&mut draw.text);
+            turn.text.clone_from(&draw.text);
             let token = draw.token as i32;
             turn.generated_tokens += 1;
             request.tokens.push(token);
@@ -843,7 +843,7 @@ impl Engine {
                 let (_, usage) = request.transition_to_turn_complete(reason);
                 event.finish(reason, usage);
             }
-            event.text = step.text.into_boxed_str();
+            event.text = step.text;
             self.staged.push(event);
         }
     }

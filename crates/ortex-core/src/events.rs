@@ -207,7 +207,7 @@ pub struct Event {
     pub error: EventErrorCode,
     pub usage: Option<Usage>,
     /// The text this event adds to its turn's (empty: none).
-    pub text: Box<str>,
+    pub text: String,
     /// The token's log-probabilities, when its turn asked for them.
     pub logprobs: Option<Box<LogprobsText>>,
 }
@@ -222,7 +222,7 @@ impl Event {
             finish_reason: FinishReason::None,
             error: EventErrorCode::None,
             usage: None,
-            text: Box::default(),
+            text: String::new(),
             logprobs: None,
         }
     }
@@ -237,7 +237,7 @@ impl Event {
             finish_reason: FinishReason::None,
             error,
             usage: None,
-            text: Box::default(),
+            text: String::new(),
             logprobs: None,
         }
     }
@@ -252,7 +252,7 @@ impl Event {
             finish_reason: FinishReason::None,
             error,
             usage: None,
-            text: Box::default(),
+            text: String::new(),
             logprobs: None,
         }
     }
@@ -269,9 +269,7 @@ impl Event {
 
     /// Adds `more` to the event's text (a finish's held-back text after its token's).
     pub fn append_text(&mut self, more: &str) {
-        if !more.is_empty() {
-            self.text = [&*self.text, more].concat().into_boxed_str();
-        }
+        self.text.push_str(more);
     }
 
     pub fn is_turn_finished(&self) -> bool {

@@ -39,7 +39,7 @@ pub const MAX_PENDING_TOKENS: usize = 16;
 const REPLACEMENT: char = '\u{FFFD}';
 
 /// Token ids in, text deltas out (the module comment's window).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct Detokenizer {
     /// `generated[prefix_offset..n]`: what the next decode reads.
     window: Vec<i32>,
@@ -47,6 +47,24 @@ pub struct Detokenizer {
     read: usize,
     /// `decode(window[..read])`.
     prefix_text: String,
+    /// `decode(window)`, a buffer reused by every token (not part of the state: not cloned).
+    decoded: String,
+}
+
+/// A copy reuses the buffers of the one it overwrites (`clone_from`): a transaction's draws copy
+/// each row's text state at every step.
+impl Clone for Detokenizer {
+    fn clone(&self) -> Detokenizer {
+        let mut copy = Detokenizer::default();
+        copy.clone_from(self);
+        copy
+    }
+
+    fn clone_from(&mut self, source: &Detokenizer) {
+        self.window.clone_from(&source.window);
+        self.read = source.read;
+        self.prefix_text.clone_from(&source.prefix_text);
+    }
 }
 
 impl Detokenizer {
@@ -54,22 +72,24 @@ impl Detokenizer {
     /// held back.
     pub fn next(&mut self, codec: &dyn TextCodec, token: i32, out: &mut String) {
         self.window.push(token);
-        let text = decode(codec, &self.window);
+        decode_into(codec, &self.window, &mut self.decoded);
+        let text = &self.decoded;
         let overdue = self.window.len() - self.read > MAX_PENDING_TOKENS;
-        let delta = after_prefix(&text, &self.prefix_text);
+        let delta = after_prefix(text, &self.prefix_text);
         if !overdue && (text.ends_with(REPLACEMENT) || delta.is_empty()) {
             return;
         }
         out.push_str(delta);
         self.window.drain(..self.read);
         self.read = self.window.len();
-        self.prefix_text = decode(codec, &self.window);
+        decode_into(codec, &self.window, &mut self.prefix_text);
     }
 
     /// At the end of the turn: appends the held-back text, complete or not.
     pub fn flush(&mut self, codec: &dyn TextCodec, out: &mut String) {
         if self.window.len() > self.read {
-            out.push_str(after_prefix(&decode(codec, &self.window), &self.prefix_text));
+            decode_into(codec, &self.window, &mut self.decoded);
+            out.push_str(after_prefix(&self.decoded, &self.prefix_text));
         }
         self.window.clear();
         self.read = 0;
@@ -77,10 +97,20 @@ impl Detokenizer {
     }
 }
 
-/// A window the codec cannot decode (an id outside its vocabulary, which the engine never
-/// samples) reads as no text rather than failing the turn.
+/// `decode(tokens)` into `out`, replacing what it held. A window the codec cannot decode (an id
+/// outside its vocabulary, which the engine never samples) reads as no text rather than failing
+/// the turn.
+fn decode_into(codec: &dyn TextCodec, tokens: &[i32], out: &mut String) {
+    out.clear();
+    if codec.detokenize_into(tokens, out).is_err() {
+        out.clear();
+    }
+}
+
 fn decode(codec: &dyn TextCodec, tokens: &[i32]) -> String {
-    codec.detokenize(tokens).unwrap_or_default()
+    let mut text = String::new();
+    decode_into(codec, tokens, &mut text);
+    text
 }
 
 /// `text` past `prefix`. A tokenizer may decode a longer window into text that does not begin
@@ -102,13 +132,25 @@ fn after_prefix<'t>(text: &'t str, prefix: &str) -> &'t str {
 }
 
 /// A turn's stop strings, matched in its text as it streams.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct StopMatcher {
     stops: Arc<[String]>,
     /// The longest stop string's length in bytes.
     longest: usize,
     /// Text not yet emitted: the suffix that could begin a stop string.
     pending: String,
+}
+
+impl Clone for StopMatcher {
+    fn clone(&self) -> StopMatcher {
+        StopMatcher { stops: Arc::clone(&self.stops), longest: self.longest, pending: self.pending.clone() }
+    }
+
+    fn clone_from(&mut self, source: &StopMatcher) {
+        self.stops = Arc::clone(&source.stops);
+        self.longest = source.longest;
+        self.pending.clone_from(&source.pending);
+    }
 }
 
 impl StopMatcher {
@@ -178,10 +220,21 @@ pub struct TextStep {
 }
 
 /// One turn's text state: its detokenizer and its stop strings.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct TurnText {
     detokenizer: Detokenizer,
     stops: Option<StopMatcher>,
+}
+
+impl Clone for TurnText {
+    fn clone(&self) -> TurnText {
+        TurnText { detokenizer: self.detokenizer.clone(), stops: self.stops.clone() }
+    }
+
+    fn clone_from(&mut self, source: &TurnText) {
+        self.detokenizer.clone_from(&source.detokenizer);
+        self.stops.clone_from(&source.stops);
+    }
 }
 
 impl TurnText {
@@ -193,7 +246,7 @@ impl TurnText {
     pub fn push(&mut self, codec: &dyn TextCodec, token: i32) -> TextStep {
         let mut delta = String::new();
         self.detokenizer.next(codec, token, &mut delta);
-        self.matched(&delta, false)
+        self.matched(delta, false)
     }
 
     /// At the end of the turn: the text held back (an incomplete character, the beginning of a
@@ -201,13 +254,13 @@ impl TurnText {
     pub fn finish(&mut self, codec: &dyn TextCodec) -> TextStep {
         let mut rest = String::new();
         self.detokenizer.flush(codec, &mut rest);
-        self.matched(&rest, true)
+        self.matched(rest, true)
     }
 
-    fn matched(&mut self, delta: &str, last: bool) -> TextStep {
-        let Some(stops) = &mut self.stops else { return TextStep { text: delta.to_string(), stop: None } };
+    fn matched(&mut self, delta: String, last: bool) -> TextStep {
+        let Some(stops) = &mut self.stops else { return TextStep { text: delta, stop: None } };
         let mut text = String::with_capacity(delta.len());
-        let stop = stops.push(delta, &mut text);
+        let stop = stops.push(&delta, &mut text);
         if stop.is_none() && last {
             stops.flush(&mut text);
         }

@@ -335,7 +335,7 @@ mod tests {
     #[test]
     fn a_window_of_invalid_utf8_is_emitted_once_overdue() {
         // 0xFF never completes a character: the window is emitted after MAX_PENDING_TOKENS.
-        let bad = (3 + 0xFF) as i32;
+        let bad: i32 = 3 + 0xFF;
         let (deltas, _) = stream(&[], &[bad; MAX_PENDING_TOKENS + 2]);
         assert!(deltas[..MAX_PENDING_TOKENS].iter().all(String::is_empty), "{deltas:?}");
         assert_eq!(deltas[MAX_PENDING_TOKENS].chars().count(), MAX_PENDING_TOKENS + 1);

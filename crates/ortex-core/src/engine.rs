@@ -830,16 +830,7 @@ impl Engine {
             let mut event = Event::token(row.request, planned_turn, token);
             event.logprobs = draw.logprobs.take().map(Box::new);
             let mut step = std::mem::take(&mut draw.step);
-            let ending = match step.stop {
-                Some(index) => Some(FinishReason::Stop(StopMatch::Text(index))),
-                None => request.finish_reason_after(token, &self.config.eos_token_ids),
-            };
-            if let Some(mut reason) = ending {
-                if step.stop.is_none() {
-                    let rest = finish_text(request, self.codec.as_ref());
-                    step.text.push_str(&rest.text);
-                    reason = with_text_stop(reason, rest.stop);
-                }
+            if let Some(reason) = turn_ending(request, token, &mut step, &self.config.eos_token_ids, self.codec.as_ref()) {
                 let (_, usage) = request.transition_to_turn_complete(reason);
                 event.finish(reason, usage);
             }
@@ -877,11 +868,30 @@ fn finish_text(request: &mut Request, codec: &dyn TextCodec) -> TextStep {
     request.running_turn_mut().map_or_else(TextStep::default, |turn| turn.text.finish(codec))
 }
 
-/// A stop string found in a turn's last text ends it with reason stop, whatever else ended it,
-/// except a stop token sequence (a stop either way, and the core's own).
-fn with_text_stop(reason: FinishReason, stop: Option<u32>) -> FinishReason {
-    match (reason, stop) {
-        (FinishReason::Stop(StopMatch::TokenIds(_)), _) | (_, None) => reason,
-        (_, Some(index)) => FinishReason::Stop(StopMatch::Text(index)),
+/// Whether the turn ends with `token`, which `step` is the text of: a stop string in it ends
+/// the turn; so do the reasons `finish_reason_after` finds, and then the text held back is
+/// flushed into `step` (where a stop string may still appear). A stop string wins over every
+/// other reason but a stop token sequence (a stop either way, and the core's own).
+fn turn_ending(
+    request: &mut Request,
+    token: i32,
+    step: &mut TextStep,
+    eos_token_ids: &[i32],
+    codec: &dyn TextCodec,
+) -> Option<FinishReason> {
+    let natural = request.finish_reason_after(token, eos_token_ids);
+    let text_stop = match (step.stop, natural) {
+        (Some(index), _) => Some(index),
+        (None, Some(_)) => {
+            let rest = finish_text(request, codec);
+            step.text.push_str(&rest.text);
+            rest.stop
+        }
+        (None, None) => None,
+    };
+    match (natural, text_stop) {
+        (Some(reason @ FinishReason::Stop(StopMatch::TokenIds(_))), _) | (Some(reason), None) => Some(reason),
+        (_, Some(index)) => Some(FinishReason::Stop(StopMatch::Text(index))),
+        (None, None) => None,
     }
 }

@@ -174,3 +174,15 @@ fn logprob_texts_are_the_tokens_decoded_alone() {
         }
     }
 }
+
+#[test]
+fn a_turn_that_ends_for_another_reason_flushes_the_text_held_back_into_its_last_event() {
+    // Every word token ends in a vowel: these stop strings hold the last one back until the end.
+    let (events, engine, _) = one_turn(r#","stop":["a zz","e zz","i zz","o zz","u zz"]"#);
+    let tokens: Vec<i32> = events.iter().filter(|e| e.ev.is_token()).map(|e| e.ev.token).collect();
+    assert_eq!(tokens.len(), 24);
+    let last = events.last().unwrap();
+    assert!(last.ev.is_token() && last.ev.is_finished());
+    assert_eq!(last.ev.finish, FinishReason::MaxGeneratedTokens.code() as i32);
+    assert_eq!(text_of(&events), engine.detokenize(&tokens).unwrap());
+}

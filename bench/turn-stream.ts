@@ -15,6 +15,9 @@ import * as wasm from 'ortex/wasm'
 const CONCURRENCY = 64
 const TOKENS_PER_TURN = 2_000
 const ROUNDS = 3
+/** Issue 29's measurement (tokens/s) and its goal as a multiple of it. */
+const ISSUE_BASELINE = { native: 103_000, wasm: 137_000 } as const
+const GOAL = { native: 10, wasm: 4 } as const
 
 type Engine = ReturnType<typeof native.Engine.simulated>
 
@@ -102,6 +105,11 @@ async function main(): Promise<void> {
   console.log(row('native, `for await` text', samples.native!))
   console.log(row('wasm, `for await` text', samples.wasm!))
   console.log(row('OpenAI server (native), streamed over HTTP', samples.server!))
+  console.log("\nagainst issue 29's baseline (native 103k, wasm 137k tokens/s):")
+  for (const path of ['native', 'wasm'] as const) {
+    const ratio = median(samples[path]!.map((s) => s.tokensPerSecond)) / ISSUE_BASELINE[path]
+    console.log(`  ${path}: ${ratio.toFixed(1)}x (goal ${GOAL[path]}x: ${ratio >= GOAL[path] ? 'met' : 'not met'})`)
+  }
 }
 
 await main()

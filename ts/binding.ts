@@ -12,6 +12,8 @@
 //
 // Events: `run*` writes events into `events` (an Int32Array of at least capacity * EVENT_STRIDE
 // words); the record's layout is EVENT_WORDS (generated from crates/ortex-core/src/events.rs).
+// The run's text and log-probabilities, which the records point into, are `runText()` and
+// `runLogprobs()` until the next run.
 
 import type {
   AppendPlanView,
@@ -31,7 +33,6 @@ import type {
   SessionsOptionsInput,
   SimOptionsInput,
   StatsView,
-  TokenLogprobsView,
   TurnOptionsInput,
 } from './generated/boundary'
 
@@ -60,9 +61,6 @@ export interface CoreEngine {
    *  (its consumer reads nothing). The hold ends with the turn. False when it was not running. */
   holdTurn(requestId: number, turnId: number): boolean
   releaseTurn(requestId: number, turnId: number): boolean
-  /** Ends the running turn `turnId` because stop string `stopIndex` appeared in its text: one
-   *  finish with reason 'stop' and that index. False when the turn was not running. */
-  stopTurn(requestId: number, turnId: number, stopIndex: number): boolean
   closeRequest(requestId: number): void
   /** The facade lost its last handle (FinalizationRegistry); reclaimed at the next boundary. */
   abandonRequest(requestId: number): void
@@ -71,6 +69,11 @@ export interface CoreEngine {
   requestTokenCount(requestId: number): number
   /** Drains retained events or executes one transaction on the calling thread. */
   runSync(events: Int32Array, capacity: number): number
+  /** The text of the last run's events: one string, each event's text a slice of it (its text
+   *  words, in UTF-16 units). */
+  runText(): string
+  /** The log-probability numbers of the last run's events (LOGPROB_HEAD, then alternatives). */
+  runLogprobs(): Float64Array
   hasPendingWork(): boolean
   stats(): StatsView
   tokenize(text: string): Int32Array
@@ -89,9 +92,6 @@ export interface CoreEngine {
   truncate(requestId: number, tokenCount: number): void
   /** tokens[start, end) of the request's whole context (prompts, prefills, generated), clamped. */
   requestTokens(requestId: number, start: number, end: number): Int32Array
-  /** The latest turn's log-probabilities of its generated tokens [start, end), clamped (empty
-   *  unless the turn asked with `logprobs`). */
-  requestLogprobs(requestId: number, start: number, end: number): TokenLogprobsView[]
   /** A full-duplex session manager over ortex-core's session rules. */
   createSessions(options: SessionsOptionsInput): CoreSessions
 }

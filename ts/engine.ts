@@ -14,9 +14,9 @@ import type { CoreChat, CoreEngine, CoreSessions, NativeCoreEngine } from './bin
 import * as chat from './chat'
 import { Driver, type DriverHost } from './driver'
 import { OrtexError, toOrtexError } from './errors'
-import { EventBuffer, type EventOwner } from './events'
+import { EventBuffer, type EventOwner, NO_RUN_OUTPUT, type RunOutput, outputsNeeded } from './events'
 import { JsonCopier } from './json'
-import type { ChatRenderInput, ConfigView, RequestOptionsInput, SessionsOptionsInput, TokenLogprobsView } from './generated/boundary'
+import type { ChatRenderInput, ConfigView, RequestOptionsInput, SessionsOptionsInput } from './generated/boundary'
 import type { DuplexHost, EngineEndReason } from './link'
 import { RequestRegistry } from './registry'
 import { Request, type RequestLink, type RequestRecord } from './request'
@@ -36,7 +36,6 @@ import type {
   GenerateOptions,
   RequestOptions,
   SimulatedOptions,
-  TokenLogprob,
   TurnOptions,
 } from './types'
 import * as v from './validate'
@@ -412,11 +411,8 @@ export class Engine implements EventOwner {
       },
       turnBegun: (state, request) => this.turnBegun(state, request),
       turnFinished: (state) => this.turnFinished(state as TurnState),
-      detokenizeQuietly: (tokens) => this.quietly(() => this.core.detokenize(tokens), ''),
-      logprobQuietly: (requestId, index) => this.quietly(() => logprobOf(this.core.requestLogprobs(requestId, index, index + 1)[0]), null),
       cancelTurnQuietly: (requestId, turnId) => this.endTurnQuietly(() => this.core.cancelTurn(requestId, turnId)),
       holdTurnQuietly: (requestId, turnId, held) => this.holdTurnQuietly(requestId, turnId, held),
-      stopTurnQuietly: (requestId, turnId, index) => this.endTurnQuietly(() => this.core.stopTurn(requestId, turnId, index)),
     }
   }
 
@@ -494,7 +490,7 @@ export class Engine implements EventOwner {
     }
   }
 
-  /** Turn.cancel, AbortSignal and stop strings: never throws; wakes the loop when it ended one. */
+  /** Turn.cancel and AbortSignal: never throws; wakes the loop when it ended one. */
   private endTurnQuietly(end: () => boolean): boolean {
     if (this.closed) return false
     const ended = this.quietly(end, false)
@@ -648,12 +644,25 @@ export class Engine implements EventOwner {
     }
   }
 
-  /** A run's events: those of collected requests dropped, the rest routed to their turns. */
+  /** A run's events: those of collected requests dropped, the rest routed to their turns with
+   *  their text (one string per run from the core, sliced per event). */
   private deliver(buffer: EventBuffer, written: number): number {
+    const output = this.runOutput(buffer._words, written)
     const count = dropEventsOfCollected(buffer._words, written, this.router)
     buffer._count = count
-    routeEvents(buffer._words, count, this.router)
+    buffer._output = output
+    routeEvents(buffer._words, count, this.router, output)
     return count
+  }
+
+  /** The text and log-probabilities the run's events point into, fetched only when one does. */
+  private runOutput(words: Int32Array, written: number): RunOutput {
+    const needed = outputsNeeded(words, written)
+    if (!needed.text && !needed.logprobs) return NO_RUN_OUTPUT
+    return this.call(() => ({
+      text: needed.text ? this.core.runText() : '',
+      logprobs: needed.logprobs ? this.core.runLogprobs() : null,
+    }))
   }
 
   /** An engine-level failure: every pending turn resolves 'failed' with the event's code. */
@@ -729,10 +738,4 @@ function unhealthyError(code: EventErrorCode): OrtexError {
 
 function frozenConfig(view: ConfigView): EngineConfig {
   return { ...view, eosTokenIds: Object.freeze([...view.eosTokenIds]) as number[] }
-}
-
-/** The core's view of one token's log-probabilities as the public shape. */
-function logprobOf(view: TokenLogprobsView | undefined): TokenLogprob | null {
-  if (view === undefined) return null
-  return { token: view.token, logprob: view.logprob, top: view.topTokens.map((token, i) => ({ token, logprob: view.topLogprobs[i]! })) }
 }

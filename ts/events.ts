@@ -6,15 +6,17 @@
 //   flags   request id (0: engine-level)   turn id (0: none)   token (-1: none)
 //   finish reason   error code   prompt / generated / cached prompt tokens   usage present
 //   stop kind (0 none, 1 token ids, 2 string)   stop index (-1: none)
+//   text start, text length (UTF-16 units in the run's text)   logprobs offset (-1: none)
 //
-// A run writes the words; nothing crosses the boundary per event. `at(i)` builds a plain object
-// only when the caller reads event i.
+// A run writes the words, and its events' text as one string (RunOutput.text), their
+// log-probabilities as one Float64Array: nothing crosses the boundary per event. An event's text
+// is a slice of the run's string. `at(i)` builds a plain object only when the caller reads event i.
 
 import { EVENT_STRIDE } from './binding'
 import { invalidArgument } from './errors'
-import { EVENT_ERROR_CODES, EVENT_FLAGS, EVENT_WORDS, FINISH_REASONS, STOP_KINDS } from './generated/boundary'
+import { EVENT_ERROR_CODES, EVENT_FLAGS, EVENT_WORDS, FINISH_REASONS, LOGPROB_ALTERNATIVE, LOGPROB_HEAD, STOP_KINDS } from './generated/boundary'
 import type { Request } from './request'
-import type { EventErrorCode, FinishReason, StopMatch, TurnUsage } from './types'
+import type { EventErrorCode, FinishReason, StopMatch, TokenLogprob, TurnUsage } from './types'
 import { describe } from './validate'
 
 /** The flag bits of an event (crates/ortex-core/src/events.rs, through ts/generated). */
@@ -36,6 +38,11 @@ export interface EngineEvent {
   usage: TurnUsage | null
   /** Set on a TurnFinished with finishReason 'stop': which stop sequence it was. */
   stop: StopMatch | null
+  /** The text this event adds to its turn's ('' when none): a token's text delta, and on a
+   *  finish the text held back until the end. */
+  text: string
+  /** The token's log-probabilities, when its turn asked for them (`logprobs`); null otherwise. */
+  logprob: TokenLogprob | null
 }
 
 /** Word offsets inside one event record. */
@@ -64,6 +71,56 @@ export function stopAt(words: Int32Array, base: number): StopMatch | null {
   return { kind, index: words[base + W.stopIndex]! }
 }
 
+/** What a run handed over besides its event records (events.rs RunOutput). */
+export interface RunOutput {
+  /** The events' text, one string: each event's is a slice of it. */
+  text: string
+  /** The log-probability entries of the events that carry one. */
+  logprobs: Float64Array | null
+}
+
+export const NO_RUN_OUTPUT: RunOutput = Object.freeze({ text: '', logprobs: null })
+
+/** The text of the event at `base`: a slice of the run's text. */
+export function textAt(words: Int32Array, base: number, output: RunOutput): string {
+  const length = words[base + W.textLength]!
+  if (length === 0) return ''
+  const start = words[base + W.textStart]!
+  return output.text.slice(start, start + length)
+}
+
+const HEAD = Object.fromEntries(LOGPROB_HEAD.map((name, i) => [name, i])) as Record<(typeof LOGPROB_HEAD)[number], number>
+const ALTERNATIVE = Object.fromEntries(LOGPROB_ALTERNATIVE.map((name, i) => [name, i])) as Record<(typeof LOGPROB_ALTERNATIVE)[number], number>
+
+/** The log-probabilities of the event at `base`, or null when it carries none. */
+export function logprobAt(words: Int32Array, base: number, output: RunOutput): TokenLogprob | null {
+  const at = words[base + W.logprobs]!
+  const numbers = output.logprobs
+  if (at < 0 || numbers === null) return null
+  const text = (start: number) => output.text.slice(numbers[start + HEAD.textStart]!, numbers[start + HEAD.textStart]! + numbers[start + HEAD.textLength]!)
+  const top: TokenLogprob['top'] = []
+  const count = numbers[at + HEAD.topCount]!
+  for (let i = 0; i < count; i++) {
+    const alt = at + LOGPROB_HEAD.length + i * LOGPROB_ALTERNATIVE.length
+    const altText = output.text.slice(numbers[alt + ALTERNATIVE.textStart]!, numbers[alt + ALTERNATIVE.textStart]! + numbers[alt + ALTERNATIVE.textLength]!)
+    top.push({ token: numbers[alt + ALTERNATIVE.token]!, logprob: numbers[alt + ALTERNATIVE.logprob]!, text: altText })
+  }
+  return { token: numbers[at + HEAD.token]!, logprob: numbers[at + HEAD.logprob]!, text: text(at), top }
+}
+
+/** Which of a run's outputs its events point into: the text when one has text, the numbers when
+ *  one has log-probabilities (one scan; each is fetched from the core at most once per run). */
+export function outputsNeeded(words: Int32Array, count: number): { text: boolean; logprobs: boolean } {
+  let text = false
+  let logprobs = false
+  for (let i = 0; i < count; i++) {
+    const base = i * EVENT_STRIDE
+    if (words[base + W.textLength] !== 0) text = true
+    if (words[base + W.logprobs] !== -1) logprobs = true
+  }
+  return { text, logprobs }
+}
+
 /** What a buffer needs from its engine: the Request behind an id. */
 export interface EventOwner {
   /** @internal */
@@ -82,6 +139,8 @@ export class EventBuffer implements Iterable<EngineEvent> {
   readonly _words: Int32Array
   /** @internal */
   _count = 0
+  /** @internal The last run's text and log-probabilities, which the records point into. */
+  _output: RunOutput = NO_RUN_OUTPUT
 
   private constructor(engine: EventOwner, capacity: number) {
     this.capacity = capacity
@@ -116,6 +175,8 @@ export class EventBuffer implements Iterable<EngineEvent> {
       errorCode: errorCodeOf(words[base + W.error]!),
       usage: usageAt(words, base),
       stop: stopAt(words, base),
+      text: textAt(words, base, this._output),
+      logprob: logprobAt(words, base, this._output),
     }
   }
 

@@ -1,13 +1,12 @@
 // The narrow interfaces the handles talk to, so that none reaches through the Engine:
 //
 //   Request ──EngineLink──▶ the core handle, error conversion, wake-up, the turn registry
-//   TurnState ─TurnLink───▶ detokenize / cancel / stop in the core (quietly), the turn registry
+//   TurnState ─TurnLink───▶ cancel / hold in the core (quietly), the turn registry
 //   duplex/ ──DuplexHost──▶ the session rules' factory, the engine's health and its end
 //
 // The Engine implements them (engine.ts); this file imports nothing of engine, request or turn,
 // so those modules form no import circle.
 
-import type { TokenLogprob } from './types'
 import type { CoreEngine, CoreSessions } from './binding'
 import type { SessionsOptionsInput } from './generated/boundary'
 import type { EventErrorCode } from './types'
@@ -17,15 +16,8 @@ export type EngineEndReason = 'engine_failure' | 'engine_closed'
 
 /** What a turn's state needs from its engine. Every call is quiet: it never throws. */
 export interface TurnLink {
-  /** Tokens to text; '' once the core is gone. */
-  detokenizeQuietly(tokens: Int32Array): string
   /** Cancels the turn in the core; false when it was no longer running there. */
   cancelTurnQuietly(requestId: number, turnId: number): boolean
-  /** The log-probabilities of generated token `index` of the request's latest turn; null when
-   *  there are none (the turn did not ask, or the core is gone). */
-  logprobQuietly(requestId: number, index: number): TokenLogprob | null
-  /** Ends the turn in the core because stop string `stopIndex` appeared in its text. */
-  stopTurnQuietly(requestId: number, turnId: number, stopIndex: number): boolean
   /** Holds (`held`) or releases the running turn in the core (pacing by its iterators); whether
    *  the turn is now held. Releasing wakes the driven loop. */
   holdTurnQuietly(requestId: number, turnId: number, held: boolean): boolean

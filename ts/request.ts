@@ -166,7 +166,7 @@ export class Request {
   /** The facade's side of a turn the core began. */
   private begun(started: ChatTurnView, checked: v.CheckedTurnOptions, owned: boolean): Turn {
     const ids = { requestId: this.id, turnId: started.turnId }
-    const state = new TurnState(this.link, ids, started.promptTokens, checked.stop, owned ? this : null)
+    const state = new TurnState(this.link, ids, started.promptTokens, owned ? this : null)
     if (checked.core.logprobs !== undefined) state.recordLogprobs()
     const turn = Turn._create(this, state, this.link)
     this._turn = turn

@@ -3,7 +3,7 @@
 // a turn nobody iterates.
 
 import { EVENT_STRIDE } from './binding'
-import { EventFlags, W, errorCodeOf, finishReasonOf, stopAt, usageAt } from './events'
+import { EventFlags, type RunOutput, W, errorCodeOf, finishReasonOf, logprobAt, stopAt, textAt, usageAt } from './events'
 import type { RequestRegistry } from './registry'
 import type { EventErrorCode } from './types'
 
@@ -46,9 +46,9 @@ export function dropEventsOfCollected(words: Int32Array, count: number, host: Ro
   return kept
 }
 
-/** Hands each event to its turn: tokens are appended, a finish resolves `done`. Returns whether
- *  any event showed progress. */
-export function routeEvents(words: Int32Array, count: number, host: RouterHost): boolean {
+/** Hands each event to its turn: tokens are appended with their text (a slice of the run's),
+ *  a finish resolves `done`. Returns whether any event showed progress. */
+export function routeEvents(words: Int32Array, count: number, host: RouterHost, output: RunOutput): boolean {
   let progressed = false
   for (let i = 0; i < count; i++) {
     const base = i * EVENT_STRIDE
@@ -62,14 +62,19 @@ export function routeEvents(words: Int32Array, count: number, host: RouterHost):
     if ((flags & (EventFlags.Token | EventFlags.TurnFinished)) === 0) continue
     const turn = host.registry.turnOf(requestId)
     if (turn === undefined || turn.turnId !== words[base + W.turn]) continue
-    if ((flags & EventFlags.Token) !== 0) turn.pushToken(words[base + W.token]!)
+    const text = textAt(words, base, output)
+    const isToken = (flags & EventFlags.Token) !== 0
+    if (isToken) turn.pushToken(words[base + W.token]!, text, turn.logprobs === null ? null : logprobAt(words, base, output))
     if ((flags & EventFlags.TurnFinished) !== 0) {
-      turn.finish({
-        reason: finishReasonOf(words[base + W.finish]!),
-        errorCode: errorCodeOf(words[base + W.error]!),
-        usage: usageAt(words, base),
-        stop: stopAt(words, base),
-      })
+      turn.finish(
+        {
+          reason: finishReasonOf(words[base + W.finish]!),
+          errorCode: errorCodeOf(words[base + W.error]!),
+          usage: usageAt(words, base),
+          stop: stopAt(words, base),
+        },
+        isToken ? '' : text,
+      )
     }
   }
   return progressed

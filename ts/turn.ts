@@ -1,9 +1,11 @@
 // A Turn: one generation on a Request.
 //
 // Three objects make a turn:
-// - TurnState (internal) collects the tokens its events carry, whoever runs the engine (the
-//   driven loop or the caller's run/runSync), produces text, and resolves `done` exactly once,
-//   never rejecting. The engine holds it by request id and routes events to it directly.
+// - TurnState (internal) is a view of the core's turn: it collects the tokens and text deltas its
+//   events carry, whoever runs the engine (the driven loop or the caller's run/runSync), and
+//   resolves `done` exactly once, never rejecting. The engine holds it by request id and routes
+//   events to it directly. The core makes the text (detokenizing, stop strings: output.rs); the
+//   text here is the concatenation of the deltas.
 // - TurnCursor (internal) reads a turn's chunks in order, each once: Turn's iterator and the
 //   duplex session's delivery both read through one.
 // - Turn (public) is the handle: id, request, done, cancel(), text(), async iteration.
@@ -13,15 +15,10 @@
 // program drops can be collected and reclaimed while the turn runs: the event router reaches the
 // state without WeakRef.deref(), which would keep the Request alive for the rest of each job.
 //
-//   beginTurn ──▶ tokens arrive (pushToken) ──▶ finish event / close / reclaim / engine failure
+//   beginTurn ──▶ tokens and text arrive (pushToken) ──▶ finish event / close / reclaim / failure
 //                                                  │
 //                                                  ▼
 //                                  finish: done resolves, cursors end
-//
-// Text is produced lazily: a turn nobody iterates and without `stop` strings stores only token
-// ids (no allocation per token beyond its growing Int32Array) and detokenizes once when it
-// finishes. Iterating (or `stop`) switches on streaming detokenization, replaying what already
-// arrived.
 //
 // Generation is paced by the reader: while every iterator of a turn (Turn's async iteration) is
 // `STREAM_HOLD_EVENTS` or more chunks behind, the turn is held in the core (Engine::hold_turn: the
@@ -31,21 +28,10 @@
 import type { TurnLink } from './link'
 // Type only: at run time this module imports nothing of request.ts (which imports this one).
 import type { Request } from './request'
-import { StopMatcher, StreamingDetokenizer } from './text'
 import type { EventErrorCode, FinishReason, StopMatch, TokenLogprob, TurnChunk, TurnResult, TurnUsage } from './types'
 
 /** @internal Undelivered chunks an iterated turn may have before it is held in the core. */
 export const STREAM_HOLD_EVENTS = 256
-
-/** Streaming state, present once someone iterates or the turn has `stop` strings. */
-interface TextStream {
-  detokenizer: StreamingDetokenizer
-  stopper: StopMatcher | null
-  /** chunkTexts[i]: the text token i completed. */
-  chunkTexts: string[]
-  /** All emitted text, for `done`. */
-  text: string
-}
 
 /** How a turn ended, as its finish event (or whatever ended it) said. */
 export interface TurnEnding {
@@ -61,8 +47,6 @@ export class TurnState {
   readonly turnId: number
   readonly done: Promise<TurnResult>
   finished = false
-  /** The index of the stop string found in the text; the turn is being stopped in the core. */
-  stoppedBy: number | null = null
   /** The request this turn keeps alive: its own (generate) for the whole turn, or any request
    *  while the engine is driven. */
   pinned: unknown = null
@@ -70,13 +54,13 @@ export class TurnState {
   readonly ownedRequest: { close(): void } | null
   tokens = new Int32Array(16)
   count = 0
-  /** logprobs[i]: token i's, when the turn asked for them (read from the core as it arrives). */
+  /** logprobs[i]: token i's, when the turn asked for them (its event carried it). */
   logprobs: TokenLogprob[] | null = null
-  private stream: TextStream | null = null
+  /** chunkTexts[i]: the text token i added; the last one also gets what the turn's end added. */
+  private readonly chunkTexts: string[] = []
   private readonly link: TurnLink
   private resolveDone!: (result: TurnResult) => void
   private readonly promptTokens: number
-  private readonly stops: readonly string[] | null
   private waiters: (() => void)[] = []
   /** The iterators reading this turn (pacing: see the module comment). */
   private readonly readers = new Set<TurnCursor>()
@@ -91,25 +75,22 @@ export class TurnState {
     link: TurnLink,
     ids: { requestId: number; turnId: number },
     promptTokens: number,
-    stops: readonly string[] | null,
     ownedRequest: { close(): void } | null,
   ) {
     this.link = link
     this.requestId = ids.requestId
     this.turnId = ids.turnId
     this.promptTokens = promptTokens
-    this.stops = stops
     this.ownedRequest = ownedRequest
     this.pinned = ownedRequest
     this.done = new Promise<TurnResult>((resolve) => {
       this.resolveDone = resolve
     })
-    if (stops !== null) this.enableStream()
   }
 
-  /** No more tokens will be recorded: finished, or a stop string ended the text. */
+  /** No more tokens will be recorded. */
   get ended(): boolean {
-    return this.finished || this.stoppedBy !== null
+    return this.finished
   }
 
   /** Never throws. */
@@ -132,13 +113,13 @@ export class TurnState {
     return new Promise<void>((resolve) => this.waiters.push(resolve))
   }
 
-  /** The text token `i` completed (streaming must be on). */
+  /** The text token `i` added. */
   chunkText(i: number): string {
-    return this.stream!.chunkTexts[i]!
+    return this.chunkTexts[i]!
   }
 
-  /** A Token event of this turn. */
-  pushToken(token: number): void {
+  /** A Token event of this turn, with the text it adds and, when asked for, its logprobs. */
+  pushToken(token: number, text: string, logprob: TokenLogprob | null): void {
     if (this.ended) return
     if (this.count === this.tokens.length) {
       const grown = new Int32Array(this.tokens.length * 2)
@@ -146,8 +127,9 @@ export class TurnState {
       this.tokens = grown
     }
     this.tokens[this.count++] = token
-    if (this.logprobs !== null) this.recordLogprob(token)
-    if (this.stream !== null) this.streamToken()
+    this.chunkTexts.push(text)
+    // A closed core has no entry: a placeholder keeps the indices aligned.
+    if (this.logprobs !== null) this.logprobs.push(logprob ?? { token, logprob: Number.NaN, text: '', top: [] })
     this.pace()
     this.wake()
   }
@@ -177,115 +159,40 @@ export class TurnState {
     }
   }
 
-  /** The turn asked for log-probabilities: each token's is read as its event arrives. */
+  /** The turn asked for log-probabilities: each token's comes with its event. */
   recordLogprobs(): void {
     this.logprobs = []
   }
 
-  private recordLogprob(token: number): void {
-    const entry = this.link.logprobQuietly(this.requestId, this.count - 1)
-    // The core's entry is this very token's (a closed core has none: a placeholder keeps the
-    // indices aligned).
-    this.logprobs!.push(entry !== null && entry.token === token ? entry : { token, logprob: Number.NaN, top: [] })
-  }
-
   /** Ends the turn: by its finish event (a Token it carried already pushed), by a close or a
-   *  reclaim ('cancelled', usage counted here), by an engine failure ('failed'). */
-  finish(ending: TurnEnding): void {
+   *  reclaim ('cancelled', usage counted here), by an engine failure ('failed'). `text`: what a
+   *  finish event without a token adds (the text the core held back until the end), which goes
+   *  to the last chunk. */
+  finish(ending: TurnEnding, text = ''): void {
     if (this.finished) return
     this.finished = true
-    const text = this.finalText()
+    if (text.length > 0 && this.count > 0) this.chunkTexts[this.count - 1] += text
     if (this.signal !== null) {
       this.signal.removeEventListener('abort', this.onAbort)
       this.signal = null
     }
     this.pinned = null
-    this.resolveDone(this.result(ending, text))
+    this.resolveDone(this.result(ending))
     this.wake()
     this.link.turnFinished(this)
   }
 
-  /** Turns on streaming text, replaying what arrived before anyone listened. Tokens are kept
-   *  only up to a stop string, so a replay never finds one (a turn with `stop` strings streams
-   *  from its start). */
-  enableStream(): void {
-    if (this.stream !== null) return
-    const decode = (tokens: Int32Array): string => this.link.detokenizeQuietly(tokens)
-    this.stream = {
-      detokenizer: new StreamingDetokenizer(decode),
-      stopper: this.stops === null ? null : new StopMatcher(this.stops),
-      chunkTexts: [],
-      text: '',
-    }
-    const arrived = this.count
-    this.count = 0
-    for (let i = 0; i < arrived; i++) {
-      this.count++
-      this.streamToken()
-    }
-    if (this.finished) this.flushStream()
-  }
-
-  private finalText(): string {
-    if (this.stream !== null) {
-      if (this.stoppedBy === null) this.flushStream()
-      return this.stream.text
-    }
-    return this.count === 0 ? '' : this.link.detokenizeQuietly(this.tokens.subarray(0, this.count))
-  }
-
-  /**
-   * The result the finish event describes. A stop string the facade found is the core's to
-   * report (stopTurn); only when the turn had already ended in the core when the text showed the
-   * stop string (its finish was under way) does the facade report the stop itself, since the text
-   * it returns ends before that string.
-   */
-  private result(ending: TurnEnding, text: string): TurnResult {
-    const stoppedHere = this.stoppedBy !== null && ending.reason !== 'stop'
-    const stop: StopMatch | null = stoppedHere ? { kind: 'string', index: this.stoppedBy! } : ending.stop
+  /** How the finish event (or whatever ended the turn) says it ended, with what arrived. */
+  private result(ending: TurnEnding): TurnResult {
     return {
-      finishReason: stoppedHere ? 'stop' : ending.reason,
-      errorCode: stoppedHere ? 'none' : ending.errorCode,
+      finishReason: ending.reason,
+      errorCode: ending.errorCode,
       usage: ending.usage ?? { promptTokens: this.promptTokens, generatedTokens: this.count, cachedPromptTokens: 0 },
       tokens: this.tokens.slice(0, this.count),
-      text,
-      stop,
+      text: this.chunkTexts.join(''),
+      stop: ending.stop,
       ...(this.logprobs === null ? {} : { logprobs: this.logprobs.slice(0, this.count) }),
     }
-  }
-
-  /** Produces the chunk text of the newest token. */
-  private streamToken(): void {
-    const stream = this.stream!
-    let delta = stream.detokenizer.next(this.tokens, this.count)
-    if (stream.stopper !== null) {
-      const { text, stopIndex } = stream.stopper.push(delta)
-      delta = text
-      if (stopIndex !== null) this.hitStop(stopIndex)
-    }
-    stream.chunkTexts.push(delta)
-    stream.text += delta
-  }
-
-  /** End of the turn: the text held back goes to the last chunk. */
-  private flushStream(): void {
-    const stream = this.stream!
-    let rest = stream.detokenizer.flush(this.tokens, this.count)
-    if (stream.stopper !== null) {
-      const { text, stopIndex } = stream.stopper.push(rest)
-      rest = stopIndex !== null ? text : text + stream.stopper.flush()
-      if (stopIndex !== null) this.stoppedBy = stopIndex
-    }
-    if (rest.length === 0 || stream.chunkTexts.length === 0) return
-    stream.chunkTexts[stream.chunkTexts.length - 1] += rest
-    stream.text += rest
-  }
-
-  /** A stop string ended the text: the core ends the turn with reason stop and the string's
-   *  index; its finishing event then resolves `done`. Tokens after this one are not recorded. */
-  private hitStop(stopIndex: number): void {
-    if (!this.finished) this.link.stopTurnQuietly(this.requestId, this.turnId, stopIndex)
-    this.stoppedBy = stopIndex
   }
 
   private wake(): void {
@@ -298,8 +205,8 @@ export class TurnState {
 
 /**
  * @internal Reads a turn's chunks in order, each once (Turn's iterator; the duplex delivery).
- * Turns streaming text on. A chunk's text may grow after it was read when the turn's end flushes
- * held-back text into the last chunk: `heldBack()` is that growth.
+ * A chunk's text may grow after it was read when the turn's end adds held-back text to the last
+ * chunk (a cancel's finish): `heldBack()` is that growth.
  */
 export class TurnCursor {
   /** Chunks read so far. */
@@ -311,7 +218,6 @@ export class TurnCursor {
     private readonly state: TurnState,
     private readonly paced = false,
   ) {
-    state.enableStream()
     if (paced) state.setReader(this, true)
   }
 

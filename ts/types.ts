@@ -264,7 +264,9 @@ export interface TurnChunk {
 export interface TokenLogprob {
   token: number
   logprob: number
-  top: { token: number; logprob: number }[]
+  /** The token's text, decoded alone (a piece of a character decodes to U+FFFD). */
+  text: string
+  top: { token: number; logprob: number; text: string }[]
 }
 
 /** Which stop sequence ended a turn: `stopTokenIds[index]` ('token-ids', matched by the core) or

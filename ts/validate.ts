@@ -317,9 +317,10 @@ const CORE_TURN_KEYS = [
   'stopTokenIds',
   'eosTokenIds',
   'logprobs',
+  'stop',
 ] as const
 
-export const TURN_KEYS = [...CORE_TURN_KEYS, 'stop', 'signal'] as const
+export const TURN_KEYS = [...CORE_TURN_KEYS, 'signal'] as const
 
 // The key lists against the public types and the generated inputs (compile-time only).
 true satisfies ExactKeys<(typeof ENGINE_KEYS)[number], EngineOptions>
@@ -454,9 +455,8 @@ export function requestOptions(name: string, present: Map<string, unknown>): Req
 }
 
 export interface CheckedTurnOptions {
-  /** TurnOptions as the core takes them (without stop / signal). */
+  /** TurnOptions as the core takes them (without signal). */
   core: TurnOptionsInput
-  stop: string[] | null
   signal: AbortSignal | null
 }
 
@@ -487,7 +487,7 @@ function items<T>(array: unknown[], check: (item: unknown, index: number) => T):
 }
 
 export function turnOptions(name: string, present: Map<string, unknown>): CheckedTurnOptions {
-  const checked: CheckedTurnOptions = { core: {}, stop: null, signal: null }
+  const checked: CheckedTurnOptions = { core: {}, signal: null }
   for (const [key, value] of present) {
     const arg = `${name}.${key}`
     checkingReads(arg, () => turnOption(checked, key, arg, value))
@@ -528,9 +528,11 @@ function turnOption(checked: CheckedTurnOptions, key: string, arg: string, value
       if (value.length > MAX_STOP_ENTRIES) throw invalidArgument(`${arg} holds at most ${MAX_STOP_ENTRIES} ids`)
       core.eosTokenIds = Array.from(tokens(arg, value))
       break
-    case 'stop':
-      checked.stop = stopStrings(arg, value)
+    case 'stop': {
+      const stop = stopStrings(arg, value)
+      if (stop !== null) core.stop = stop
       break
+    }
     case 'signal':
       checked.signal = signal(arg, value)
       break

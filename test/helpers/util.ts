@@ -17,6 +17,8 @@ export interface EventCopy {
   finishReason: string
   errorCode: string
   usage: { promptTokens: number; generatedTokens: number; cachedPromptTokens: number } | null
+  /** The text the event adds to its turn's ('' when none). */
+  text: string
 }
 
 export const FLAGS = { Token: 1, TurnFinished: 2, CapacityBlocked: 4, Failed: 8, Retryable: 16 } as const
@@ -36,6 +38,7 @@ export function copyEvent(ev: any): EventCopy {
           cachedPromptTokens: ev.usage.cachedPromptTokens,
         }
       : null,
+    text: ev.text,
   }
 }
 

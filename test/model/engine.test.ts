@@ -10,6 +10,7 @@ import { Engine, OrtexError } from 'ortex'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { expectModelLoad, tinyPrompt, useTinyModels } from '../helpers/tiny-models'
 import { naiveGenerate } from '../reference/reference'
+import { streamedChunks } from '../reference/streaming-text'
 
 const FORMS = ['mha', 'gqa'] as const
 type Form = (typeof FORMS)[number]
@@ -280,12 +281,15 @@ describe('text on a real tokenizer', () => {
     let spanning = 0
     await Promise.all(
       turns.map(async (turn) => {
-        let streamed = ''
-        for await (const chunk of turn) streamed += chunk.text
+        const chunks: string[] = []
+        for await (const chunk of turn) chunks.push(chunk.text)
+        const streamed = chunks.join('')
         const result = await turn.done
         const whole = engine.detokenize(result.tokens)
         expect(streamed).toBe(whole)
         expect(result.text).toBe(whole)
+        // Each chunk's text is what the facade's own detokenizer gave it before the core made it.
+        expect(chunks).toEqual(streamedChunks((ids) => engine.detokenize(ids), result.tokens).chunks)
         // A non-ASCII character other than U+FFFD needs several byte tokens (merges are ASCII).
         if (/[^\x00-\x7f\ufffd]/u.test(whole)) spanning++
       }),
@@ -301,6 +305,9 @@ describe('text on a real tokenizer', () => {
     const stopped = await engine.generate(input, { maxGeneratedTokens: 24, ignoreEos: true, stop: [stop] }).done
     expect(stopped.finishReason).toBe('stop')
     expect(stopped.text).toBe(free.text.slice(0, free.text.indexOf(stop)))
+    const before = streamedChunks((ids) => engine.detokenize(ids), free.tokens, [stop])
+    expect(Array.from(stopped.tokens)).toEqual(Array.from(free.tokens.subarray(0, before.chunks.length)))
+    expect(stopped.stop).toEqual({ kind: 'string', index: before.stopIndex })
   })
 })
 

@@ -18,6 +18,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { readGguf } from '../../ts/modelkit/gguf/reader'
 import { RealModelUnavailable, SMOLLM2, chatPrompt, smolLM2Folder, smolLM2Gguf } from '../../ts/modelkit/real-model'
 import { LlamaCppBpe } from '../reference/llama-vocab'
+import { streamedChunks } from '../reference/streaming-text'
 
 type NativeEngine = Awaited<ReturnType<typeof Engine.load>>
 
@@ -104,6 +105,25 @@ describe.skipIf(!ready)('SmolLM2-135M-Instruct (real model)', () => {
       const result = await turn.done
       expect(result.text, answer.question).toMatch(answer.mentions)
       expect(Array.from(result.tokens), answer.question).toEqual(answer.tokens)
+    }
+  }, 120_000)
+
+  it("streams each token's text as the facade's own detokenizer did, and stop strings end the turn at the same token", async () => {
+    const decode = (ids: Int32Array) => fp32.detokenize(ids)
+    for (const answer of ANSWERS) {
+      const turn = fp32.generate(chatPrompt(answer.question), { maxGeneratedTokens: 32 })
+      const chunks: string[] = []
+      for await (const chunk of turn) chunks.push(chunk.text)
+      const result = await turn.done
+      expect(chunks, answer.question).toEqual(streamedChunks(decode, result.tokens).chunks)
+      expect(result.text).toBe(chunks.join(''))
+      // A stop string from the middle of the answer, spanning what the tokens split.
+      const stop = result.text.slice(5, 12)
+      const stopped = await fp32.generate(chatPrompt(answer.question), { maxGeneratedTokens: 32, stop: ['\u00e9\u00e9', stop] }).done
+      const before = streamedChunks(decode, result.tokens, ['\u00e9\u00e9', stop])
+      expect(stopped.stop, answer.question).toEqual({ kind: 'string', index: before.stopIndex })
+      expect(Array.from(stopped.tokens)).toEqual(Array.from(result.tokens).slice(0, before.chunks.length))
+      expect(stopped.text).toBe(before.chunks.join(''))
     }
   }, 120_000)
 

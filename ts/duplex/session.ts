@@ -487,8 +487,8 @@ export function checkConfig(name: string, value: unknown, engine: Engine): Duple
  *  arrays are copied): the session keeps them and the core's configuration record gets them as
  *  JSON, so what was checked is what is used. */
 function checkedTurn(name: string, value: unknown): TurnOptions {
-  const { core, stop, signal } = v.turnOptions(name, v.options(name, value, v.TURN_KEYS))
-  return { ...core, ...(stop === null ? {} : { stop }), ...(signal === null ? {} : { signal }) }
+  const { core, signal } = v.turnOptions(name, v.options(name, value, v.TURN_KEYS))
+  return { ...core, ...(signal === null ? {} : { signal }) }
 }
 
 /** The serializable part of turn options, for the core's configuration record. */

@@ -47,10 +47,10 @@ intraOpSpinning?: boolean, };
 export type RequestOptionsInput = { maxSessionTokens?: number, };
 
 /**
- * `TurnOptions` as the core takes them: the facade keeps `stop` strings and `signal` itself.
+ * `TurnOptions` as the core takes them: the facade keeps `signal` itself.
  */
 
-export type TurnOptionsInput = { maxGeneratedTokens?: number, temperature?: number, topK?: number, topP?: number, minP?: number, repetitionPenalty?: number, presencePenalty?: number, frequencyPenalty?: number, seed?: number, ignoreEos?: boolean, stopTokenIds?: Array<Array<number>>, eosTokenIds?: Array<number>, logprobs?: number, };
+export type TurnOptionsInput = { maxGeneratedTokens?: number, temperature?: number, topK?: number, topP?: number, minP?: number, repetitionPenalty?: number, presencePenalty?: number, frequencyPenalty?: number, seed?: number, ignoreEos?: boolean, stopTokenIds?: Array<Array<number>>, eosTokenIds?: Array<number>, logprobs?: number, stop?: Array<string>, };
 
 /**
  * The session manager's options. Absent fields take the core's defaults (limits.rs); an
@@ -174,13 +174,6 @@ export type CancelView = { cancelled: FenceView, fence: FenceView, advanced: boo
 export type ExpiryView = { sessionId: string, fence: FenceView, leaseGeneration: number, reason: 'disconnect_grace_expired' | 'idle_ttl_expired', submittedRequestIds: Array<number>, reservedRequestIds: Array<number>, };
 
 /**
- * One generated token's log-probability and its best alternatives (`topTokens[i]` has
- * `topLogprobs[i]`, best first).
- */
-
-export type TokenLogprobsView = { token: number, logprob: number, topTokens: Array<number>, topLogprobs: Array<number>, };
-
-/**
  * A chat turn that began (`beginChatTurn`): its id and how many prompt tokens it read.
  */
 
@@ -201,7 +194,7 @@ export const LIMITS = {
 } as const
 
 /** 32-bit words per event record. */
-export const EVENT_STRIDE = 12 as const
+export const EVENT_STRIDE = 15 as const
 
 /** Word offsets within one event record. */
 export const EVENT_WORDS = {
@@ -211,10 +204,13 @@ export const EVENT_WORDS = {
   "flags": 0,
   "generatedTokens": 7,
   "hasUsage": 9,
+  "logprobs": 14,
   "promptTokens": 6,
   "request": 1,
   "stopIndex": 11,
   "stopKind": 10,
+  "textLength": 13,
+  "textStart": 12,
   "token": 3,
   "turn": 2
 } as const
@@ -298,4 +294,21 @@ export const REQUEST_STATES = [
   "active",
   "turn-complete",
   "closed"
+] as const
+
+/** One log-probability entry's numbers in a run's logprobs, before its alternatives. */
+export const LOGPROB_HEAD = [
+  "token",
+  "logprob",
+  "textStart",
+  "textLength",
+  "topCount"
+] as const
+
+/** One alternative's numbers, topCount of them after the head. */
+export const LOGPROB_ALTERNATIVE = [
+  "token",
+  "logprob",
+  "textStart",
+  "textLength"
 ] as const

@@ -175,7 +175,7 @@ impl From<RequestOptionsInput> for RequestOptions {
     }
 }
 
-/// `TurnOptions` as the core takes them: the facade keeps `stop` strings and `signal` itself.
+/// `TurnOptions` as the core takes them: the facade keeps `signal` itself.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[cfg_attr(feature = "typescript", derive(TS), ts(optional_fields))]
@@ -193,6 +193,7 @@ pub struct TurnOptionsInput {
     pub stop_token_ids: Option<Vec<Vec<i32>>>,
     pub eos_token_ids: Option<Vec<i32>>,
     pub logprobs: Option<u32>,
+    pub stop: Option<Vec<String>>,
 }
 
 impl TryFrom<TurnOptionsInput> for TurnOptions {
@@ -213,6 +214,7 @@ impl TryFrom<TurnOptionsInput> for TurnOptions {
             stop_token_ids: input.stop_token_ids,
             eos_token_ids: input.eos_token_ids,
             logprobs: input.logprobs,
+            stop: input.stop,
         })
     }
 }

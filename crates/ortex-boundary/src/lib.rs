@@ -123,10 +123,6 @@ pub fn release_turn_impl(engine: &mut Engine, request_id: u32, turn_id: u32) -> 
     engine.release_turn(RequestId(request_id), TurnId(turn_id))
 }
 
-pub fn stop_turn_impl(engine: &mut Engine, request_id: u32, turn_id: u32, stop_index: u32) -> Result<bool> {
-    engine.stop_turn(RequestId(request_id), TurnId(turn_id), stop_index)
-}
-
 pub fn close_request_impl(engine: &mut Engine, request_id: u32) -> Result<()> {
     engine.close_request(RequestId(request_id))
 }
@@ -146,6 +142,16 @@ pub fn request_token_count_impl(engine: &Engine, request_id: u32) -> Result<u32>
 
 pub fn run_sync_impl(engine: &mut Engine, events: &mut [i32], capacity: u32) -> Result<u32> {
     Ok(engine.run(events, capacity as usize)? as u32)
+}
+
+/// The text of the last run's events (their text words point into it, in UTF-16 units).
+pub fn run_text_impl(engine: &Engine) -> &str {
+    &engine.run_output().text
+}
+
+/// The log-probability numbers of the last run's events (their logprobs words point into them).
+pub fn run_logprobs_impl(engine: &Engine) -> &[f64] {
+    &engine.run_output().logprobs
 }
 
 pub fn has_pending_work_impl(engine: &mut Engine) -> bool {
@@ -188,14 +194,6 @@ pub fn check_invariants_impl(engine: &Engine) {
 
 pub fn truncate_impl(engine: &mut Engine, request_id: u32, token_count: u32) -> Result<()> {
     engine.truncate(RequestId(request_id), token_count)
-}
-
-/// Log-probabilities of the latest turn's generated tokens `[start, end)`, clamped.
-pub fn request_logprobs_impl(engine: &Engine, request_id: u32, start: u32, end: u32) -> Result<Vec<TokenLogprobsView>> {
-    let entries = engine.request_logprobs(RequestId(request_id))?;
-    let end = (end as usize).min(entries.len());
-    let start = (start as usize).min(end);
-    Ok(entries[start..end].iter().map(TokenLogprobsView::from).collect())
 }
 
 /// `tokens[start..end]` of the request's context, clamped to its length.

@@ -2,7 +2,7 @@
 //! record's layout and the names of the codes it carries. Each is defined once, in ortex-core;
 //! crates/ortex-typegen writes them into ts/generated/boundary.ts for the TypeScript side.
 
-use ortex_core::events::{flags, word, FinishReason, StopMatch};
+use ortex_core::events::{flags, word, FinishReason, StopMatch, LOGPROB_ALTERNATIVE, LOGPROB_HEAD};
 use ortex_core::options::MAX_STOP_ENTRIES;
 use ortex_core::sampling::{MAX_ABS_OPENAI_PENALTY, MAX_REPETITION_PENALTY, MAX_TOP_LOGPROBS};
 use ortex_core::session::{
@@ -66,6 +66,10 @@ pub struct EventLayout {
     pub retryable_error_codes: Vec<&'static str>,
     /// Request state names, indexed by their code.
     pub request_states: Vec<&'static str>,
+    /// One log-probability entry's numbers in a run's logprobs, by name, before its alternatives.
+    pub logprob_head: Vec<&'static str>,
+    /// One alternative's numbers, `topCount` of them after the head.
+    pub logprob_alternative: Vec<&'static str>,
 }
 
 pub fn event_layout() -> EventLayout {
@@ -85,5 +89,7 @@ pub fn event_layout() -> EventLayout {
         error_codes: ErrorCode::ALL.iter().map(|c| c.as_str()).collect(),
         retryable_error_codes: ErrorCode::ALL.iter().filter(|c| c.retryable()).map(|c| c.as_str()).collect(),
         request_states: RequestState::ALL.iter().map(|s| s.as_str()).collect(),
+        logprob_head: LOGPROB_HEAD.to_vec(),
+        logprob_alternative: LOGPROB_ALTERNATIVE.to_vec(),
     }
 }

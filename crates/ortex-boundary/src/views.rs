@@ -250,29 +250,6 @@ impl From<&SessionExpiry> for ExpiryView {
     }
 }
 
-/// One generated token's log-probability and its best alternatives (`topTokens[i]` has
-/// `topLogprobs[i]`, best first).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-#[cfg_attr(feature = "typescript", derive(TS))]
-pub struct TokenLogprobsView {
-    pub token: u32,
-    pub logprob: f64,
-    pub top_tokens: Vec<u32>,
-    pub top_logprobs: Vec<f64>,
-}
-
-impl From<&ortex_core::sampling::TokenLogprobs> for TokenLogprobsView {
-    fn from(entry: &ortex_core::sampling::TokenLogprobs) -> TokenLogprobsView {
-        TokenLogprobsView {
-            token: entry.token,
-            logprob: entry.logprob,
-            top_tokens: entry.top.iter().map(|t| t.0).collect(),
-            top_logprobs: entry.top.iter().map(|t| t.1).collect(),
-        }
-    }
-}
-
 /// A chat turn that began (`beginChatTurn`): its id and how many prompt tokens it read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]

@@ -9,11 +9,12 @@ use std::sync::Arc;
 
 use crate::draws::Draws;
 use crate::error::{ErrorCode, OrtexError, Result};
-use crate::events::{flags, Event, EventErrorCode, FinishReason, RetainedEvents, StopMatch, EVENT_STRIDE_WORDS};
+use crate::events::{flags, Event, EventErrorCode, FinishReason, RetainedEvents, RunOutput, StopMatch, EVENT_STRIDE_WORDS};
 use crate::executor::{ExecError, Executor, KvGeometry, StepOutput, StepPlan};
 use crate::ids::{RequestId, TurnId};
 use crate::kv::{KvManager, PagedKv, StepReservation};
-use crate::options::{EngineConfig, EngineOptions, RequestOptions, SimOptions, TurnOptions, MAX_STOP_ENTRIES};
+use crate::options::{EngineConfig, EngineOptions, RequestOptions, SimOptions, TurnOptions};
+use crate::output::TextStep;
 use crate::request::{Lifecycle, Request, RequestState, TurnSlot};
 use crate::request_table::RequestTable;
 use crate::rng::{hash2, Rng};
@@ -58,16 +59,18 @@ pub struct Transaction {
     /// Boxed: the sampler's buffers travel with each step (and come back as the spare).
     draws: Box<Draws>,
     executor: Box<dyn Executor>,
+    /// The draws detokenize with it where they run.
+    codec: Arc<dyn TextCodec>,
     result: Option<std::result::Result<(), ExecError>>,
 }
 
 impl Transaction {
-    /// Runs the model, then samples its rows (draws.rs). The only part of a `run` that may happen
-    /// off the owner thread.
+    /// Runs the model, then samples its rows and makes their text (draws.rs). The only part of a
+    /// `run` that may happen off the owner thread.
     pub fn execute(&mut self) {
         let result = self.executor.execute(&self.plan, &mut self.output);
         if result.is_ok() && self.output.matches(self.plan.sampled_rows()) {
-            self.draws.sample(&self.output);
+            self.draws.sample(&self.output, self.codec.as_ref());
         }
         self.result = Some(result);
     }
@@ -105,6 +108,8 @@ pub struct Engine {
     spare: Option<(StepPlan, StepOutput, Box<Draws>)>,
     /// Events of the transaction being committed, before they reach the buffer or the queue.
     staged: Vec<Event>,
+    /// The text and log-probabilities of the events the last run wrote (events.rs).
+    run_output: RunOutput,
     /// Requests in each non-open lifecycle state (counts of what `requests` holds, so that an
     /// owner boundary with nothing to reclaim or release scans nothing; checked by
     /// check_invariants).
@@ -140,6 +145,7 @@ impl Engine {
             codec: Arc::from(codec),
             spare: Some(Default::default()),
             staged: Vec::new(),
+            run_output: RunOutput::default(),
             num_abandoned: 0,
             num_closed: 0,
             next_request_id: 1,
@@ -220,7 +226,6 @@ impl Engine {
             self.scheduler.enqueue(id);
         }
         request.tokens.extend_from_slice(tokens);
-        request.logprobs.clear();
         Ok(request.transition_to_queued(resolved, tokens.len() as u32, Rng::new(rng_seed)))
     }
 
@@ -301,24 +306,6 @@ impl Engine {
         Ok(true)
     }
 
-    /// Ends the request's running turn `turn` because stop string `stop_index` appeared in its text
-    /// (the facade matches stop strings; the core has no text). One TurnFinished with reason stop
-    /// and the index, as a cancel publishes it. Returns false when `turn` is not running.
-    pub fn stop_turn(&mut self, id: RequestId, turn: TurnId, stop_index: u32) -> Result<bool> {
-        self.check_open()?;
-        if stop_index as usize >= MAX_STOP_ENTRIES {
-            return Err(OrtexError::invalid(format!(
-                "a stop string index is below {MAX_STOP_ENTRIES}, got {stop_index}"
-            )));
-        }
-        let request = self.open_request(id)?;
-        if request.running_turn().map(|t| t.id) != Some(turn) {
-            return Ok(false);
-        }
-        self.finish_turn_now(id, FinishReason::Stop(StopMatch::Text(stop_index)));
-        Ok(true)
-    }
-
     /// Holds the request's running turn `turn`: the scheduler plans no row for it until
     /// `release_turn`, so it generates nothing while its consumer reads nothing (a streaming
     /// client that stopped reading). The request stays admitted with its KV, and keeps its place
@@ -379,12 +366,6 @@ impl Engine {
         Ok(self.requests.get(&id).map_or(0, |r| r.token_count()))
     }
 
-    /// The latest turn's log-probabilities (empty unless it asked for them with `logprobs`).
-    pub fn request_logprobs(&self, id: RequestId) -> Result<&[sampling::TokenLogprobs]> {
-        self.check_known(id)?;
-        Ok(self.requests.get(&id).map_or(&[][..], |r| &r.logprobs))
-    }
-
     /// The request's whole context (prompts, prefills and generated tokens).
     pub fn request_tokens(&self, id: RequestId) -> Result<&[i32]> {
         self.check_known(id)?;
@@ -406,9 +387,16 @@ impl Engine {
         }
     }
 
+    /// The text and log-probabilities of the events the last run wrote, which the records' text
+    /// and logprobs words point into (events.rs); valid until the next run.
+    pub fn run_output(&self) -> &RunOutput {
+        &self.run_output
+    }
+
     /// The owner-thread half before execution. The buffer is validated before any progress.
     pub fn run_begin(&mut self, out: &mut [i32], capacity: usize) -> Result<RunStart> {
         self.check_open()?;
+        self.run_output.clear();
         if out.len() < capacity.saturating_mul(EVENT_STRIDE_WORDS) {
             return Err(OrtexError::invalid(format!(
                 "event buffer of {} words cannot hold {capacity} events of {EVENT_STRIDE_WORDS} words",
@@ -446,12 +434,13 @@ impl Engine {
         self.take_draws(&plan, &mut draws);
         self.in_flight = Some(InFlight { step: plan.step, reservation });
         let executor = self.executor.take().expect("executor is home when nothing is in flight");
-        Ok(RunStart::Execute(Transaction { plan, output, draws, executor, result: None }))
+        let codec = Arc::clone(&self.codec);
+        Ok(RunStart::Execute(Transaction { plan, output, draws, executor, codec, result: None }))
     }
 
     /// The owner-thread half after execution: commit or roll back, publish events.
     pub fn run_commit(&mut self, transaction: Transaction, out: &mut [i32], capacity: usize) -> usize {
-        let Transaction { plan, output, mut draws, executor, result } = transaction;
+        let Transaction { plan, output, mut draws, executor, result, .. } = transaction;
         let in_flight = self.in_flight.take().expect("a transaction returns to the engine it left");
         assert_eq!(in_flight.step, plan.step, "a transaction returned to the wrong engine state");
         self.stats.steps += 1;
@@ -654,15 +643,19 @@ impl Engine {
 
     /// Ends a running turn outside a transaction (cancel): one finish event, merged into a
     /// pending token event of the same turn when there is one.
+    /// Its text held back so far comes with the finish.
     fn finish_turn_now(&mut self, id: RequestId, reason: FinishReason) {
         let request = self.requests.get_mut(&id).expect("open request");
+        let rest = finish_text(request, self.codec.as_ref());
         let (turn, usage) = request.transition_to_turn_complete(reason);
         if let Some(event) = self.retained.last_for_mut(id).filter(|e| e.turn == turn && e.flags == flags::TOKEN) {
             event.finish(reason, usage);
+            event.append_text(&rest.text);
             return;
         }
         let mut event = Event::request(id, turn, 0, EventErrorCode::None);
         event.finish(reason, usage);
+        event.append_text(&rest.text);
         self.retained.push(event);
     }
 
@@ -741,7 +734,7 @@ impl Engine {
         let mut written = 0;
         while written < capacity {
             let Some(event) = self.retained.pop() else { break };
-            event.encode(&mut out[written * EVENT_STRIDE_WORDS..]);
+            event.encode(&mut out[written * EVENT_STRIDE_WORDS..], &mut self.run_output);
             written += 1;
         }
         written
@@ -752,7 +745,7 @@ impl Engine {
         let mut written = 0;
         for event in self.staged.drain(..) {
             if written < capacity {
-                event.encode(&mut out[written * EVENT_STRIDE_WORDS..]);
+                event.encode(&mut out[written * EVENT_STRIDE_WORDS..], &mut self.run_output);
                 written += 1;
             } else {
                 self.retained.push(event);
@@ -778,9 +771,11 @@ impl Engine {
         for &id in &report.unserviceable {
             let request = self.requests.get_mut(&id).expect("planned request exists");
             if request.running_turn().is_some() {
+                let rest = finish_text(request, self.codec.as_ref());
                 let (turn, usage) = request.transition_to_turn_complete(FinishReason::Failed);
                 let mut event = Event::request(id, turn, 0, EventErrorCode::RequestUnserviceable);
                 event.finish(FinishReason::Failed, usage);
+                event.append_text(&rest.text);
                 self.staged.push(event);
             } else {
                 request.prefill_target = 0;
@@ -801,7 +796,7 @@ impl Engine {
             let request = self.requests.at(row.request_position as usize);
             let TurnSlot::Running(turn) = &request.turn else { unreachable!("a sampled row has a running turn") };
             let history = sampling::History { context: &request.tokens, generated: turn.generated_tokens as usize };
-            draws.push(turn.options.sampling, &turn.rng, history, turn.options.logprobs);
+            draws.push(turn.options.sampling, &turn.rng, history, turn.options.logprobs, &turn.text);
         }
     }
 
@@ -827,18 +822,19 @@ impl Engine {
             }
             let TurnSlot::Running(turn) = &mut request.turn else { unreachable!("checked above") };
             turn.rng = draw.rng.clone();
+            turn.text.clone_from(&draw.text);
             let token = draw.token as i32;
-            if let Some(entry) = draw.logprobs.take() {
-                request.logprobs.push(entry);
-            }
             turn.generated_tokens += 1;
             request.tokens.push(token);
             self.stats.generated_tokens += 1;
             let mut event = Event::token(row.request, planned_turn, token);
-            if let Some(reason) = request.finish_reason_after(token, &self.config.eos_token_ids) {
+            event.logprobs = draw.logprobs.take().map(Box::new);
+            let mut step = std::mem::take(&mut draw.step);
+            if let Some(reason) = turn_ending(request, token, &mut step, &self.config.eos_token_ids, self.codec.as_ref()) {
                 let (_, usage) = request.transition_to_turn_complete(reason);
                 event.finish(reason, usage);
             }
+            event.text = step.text;
             self.staged.push(event);
         }
     }
@@ -864,5 +860,38 @@ impl Engine {
         // them may be published after that.
         self.reclaim_abandoned_if_unhealthy();
         self.drop_stale_staged();
+    }
+}
+
+/// The held-back text of a request's running turn, at its end (output.rs).
+fn finish_text(request: &mut Request, codec: &dyn TextCodec) -> TextStep {
+    request.running_turn_mut().map_or_else(TextStep::default, |turn| turn.text.finish(codec))
+}
+
+/// Whether the turn ends with `token`, which `step` is the text of: a stop string in it ends
+/// the turn; so do the reasons `finish_reason_after` finds, and then the text held back is
+/// flushed into `step` (where a stop string may still appear). A stop string wins over every
+/// other reason but a stop token sequence (a stop either way, and the core's own).
+fn turn_ending(
+    request: &mut Request,
+    token: i32,
+    step: &mut TextStep,
+    eos_token_ids: &[i32],
+    codec: &dyn TextCodec,
+) -> Option<FinishReason> {
+    let natural = request.finish_reason_after(token, eos_token_ids);
+    let text_stop = match (step.stop, natural) {
+        (Some(index), _) => Some(index),
+        (None, Some(_)) => {
+            let rest = finish_text(request, codec);
+            step.text.push_str(&rest.text);
+            rest.stop
+        }
+        (None, None) => None,
+    };
+    match (natural, text_stop) {
+        (Some(reason @ FinishReason::Stop(StopMatch::TokenIds(_))), _) | (Some(reason), None) => Some(reason),
+        (_, Some(index)) => Some(FinishReason::Stop(StopMatch::Text(index))),
+        (None, None) => None,
     }
 }

@@ -13,13 +13,22 @@
 //!       6 prompt tokens, 7 generated tokens, 8 cached prompt tokens   (usage; set on TurnFinished)
 //!       9 usage present (1) or not (0)
 //!      10 stop kind (0 none, 1 a stop token sequence, 2 a stop string), 11 its index (-1: none)
+//!      12 text start, 13 text length   (UTF-16 units in the run's text; length 0: no text)
+//!      14 logprobs offset               (in the run's logprob numbers; -1: none)
 //! ```
+//!
+//! A run's text is one UTF-8 string ([`RunOutput::text`]): each event's text delta is appended to
+//! it and the event records where, in UTF-16 units, so the TypeScript side decodes one string per
+//! run and slices it per event. Log-probabilities likewise go into one array of numbers
+//! ([`RunOutput::logprobs`]), only for turns that asked, each entry laid out as
+//! [`LOGPROB_HEAD`] followed by `topCount` times [`LOGPROB_ALTERNATIVE`] (texts in the run's text).
 
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::ids::{RequestId, TurnId};
+use crate::output::LogprobsText;
 
-pub const EVENT_STRIDE_WORDS: usize = 12;
+pub const EVENT_STRIDE_WORDS: usize = 15;
 
 /// Word offsets within one event record (the diagram above).
 pub mod word {
@@ -35,6 +44,9 @@ pub mod word {
     pub const HAS_USAGE: usize = 9;
     pub const STOP_KIND: usize = 10;
     pub const STOP_INDEX: usize = 11;
+    pub const TEXT_START: usize = 12;
+    pub const TEXT_LENGTH: usize = 13;
+    pub const LOGPROBS: usize = 14;
 
     /// Every word by the name the TypeScript side reads it under.
     pub const ALL: [(&str, usize); super::EVENT_STRIDE_WORDS] = [
@@ -50,6 +62,9 @@ pub mod word {
         ("hasUsage", HAS_USAGE),
         ("stopKind", STOP_KIND),
         ("stopIndex", STOP_INDEX),
+        ("textStart", TEXT_START),
+        ("textLength", TEXT_LENGTH),
+        ("logprobs", LOGPROBS),
     ];
 }
 
@@ -66,7 +81,7 @@ pub mod flags {
 pub enum StopMatch {
     /// `stopTokenIds[index]`, matched by the core in the generated tokens.
     TokenIds(u32),
-    /// `stop[index]`, a stop string the facade matched in the streamed text.
+    /// `stop[index]`, a stop string the core matched in the turn's text (output.rs).
     Text(u32),
 }
 
@@ -176,7 +191,13 @@ pub struct Usage {
     pub cached_prompt_tokens: u32,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// The numbers of one log-probability entry in [`RunOutput::logprobs`], by name, before its
+/// alternatives.
+pub const LOGPROB_HEAD: [&str; 5] = ["token", "logprob", "textStart", "textLength", "topCount"];
+/// The numbers of one alternative, `topCount` of them after the head.
+pub const LOGPROB_ALTERNATIVE: [&str; 4] = ["token", "logprob", "textStart", "textLength"];
+
+#[derive(Debug, Clone, PartialEq)]
 pub struct Event {
     pub flags: u32,
     pub request: Option<RequestId>,
@@ -185,6 +206,10 @@ pub struct Event {
     pub finish_reason: FinishReason,
     pub error: EventErrorCode,
     pub usage: Option<Usage>,
+    /// The text this event adds to its turn's (empty: none).
+    pub text: String,
+    /// The token's log-probabilities, when its turn asked for them.
+    pub logprobs: Option<Box<LogprobsText>>,
 }
 
 impl Event {
@@ -197,6 +222,8 @@ impl Event {
             finish_reason: FinishReason::None,
             error: EventErrorCode::None,
             usage: None,
+            text: String::new(),
+            logprobs: None,
         }
     }
 
@@ -210,12 +237,24 @@ impl Event {
             finish_reason: FinishReason::None,
             error,
             usage: None,
+            text: String::new(),
+            logprobs: None,
         }
     }
 
     /// A request-scoped event without a token (capacity deferral, a finish with no token).
     pub fn request(request: RequestId, turn: TurnId, flags: u32, error: EventErrorCode) -> Event {
-        Event { flags, request: Some(request), turn, token: -1, finish_reason: FinishReason::None, error, usage: None }
+        Event {
+            flags,
+            request: Some(request),
+            turn,
+            token: -1,
+            finish_reason: FinishReason::None,
+            error,
+            usage: None,
+            text: String::new(),
+            logprobs: None,
+        }
     }
 
     /// Marks this event as the turn's last: adds TurnFinished, the reason and the usage.
@@ -228,11 +267,17 @@ impl Event {
         }
     }
 
+    /// Adds `more` to the event's text (a finish's held-back text after its token's).
+    pub fn append_text(&mut self, more: &str) {
+        self.text.push_str(more);
+    }
+
     pub fn is_turn_finished(&self) -> bool {
         self.flags & flags::TURN_FINISHED != 0
     }
 
-    pub fn encode(&self, out: &mut [i32]) {
+    /// Writes the record into `out` and its text and log-probabilities into `run`.
+    pub fn encode(&self, out: &mut [i32], run: &mut RunOutput) {
         let usage = self.usage.unwrap_or_default();
         let record = &mut out[..EVENT_STRIDE_WORDS];
         record[word::FLAGS] = self.flags as i32;
@@ -248,13 +293,60 @@ impl Event {
         let stop = self.finish_reason.stop();
         record[word::STOP_KIND] = stop.map_or(0, StopMatch::kind_code);
         record[word::STOP_INDEX] = stop.map_or(-1, |s| s.index() as i32);
+        let (start, length) = run.push_text(&self.text);
+        record[word::TEXT_START] = start;
+        record[word::TEXT_LENGTH] = length;
+        record[word::LOGPROBS] = self.logprobs.as_deref().map_or(-1, |entry| run.push_logprobs(entry));
     }
 
     /// A 64-bit digest of every field, for cross-target trace comparison.
     pub fn digest(&self, seed: u64) -> u64 {
         let mut words = [0i32; EVENT_STRIDE_WORDS];
-        self.encode(&mut words);
-        words.iter().fold(seed, |h, &w| crate::rng::hash2(h, w as u32 as u64))
+        let mut run = RunOutput::default();
+        self.encode(&mut words, &mut run);
+        let digest = words.iter().fold(seed, |h, &w| crate::rng::hash2(h, w as u32 as u64));
+        run.text.bytes().fold(digest, |h, b| crate::rng::hash2(h, u64::from(b)))
+    }
+}
+
+/// What a run hands over besides its event records: the text of its events, as one string, and
+/// the log-probabilities of its token events, as one array of numbers (the module comment).
+#[derive(Debug, Default)]
+pub struct RunOutput {
+    pub text: String,
+    /// The length of `text` in UTF-16 units: where the next event's text starts.
+    text_units: usize,
+    pub logprobs: Vec<f64>,
+}
+
+impl RunOutput {
+    pub fn clear(&mut self) {
+        self.text.clear();
+        self.text_units = 0;
+        self.logprobs.clear();
+    }
+
+    /// Appends `text`; its start and length in UTF-16 units.
+    fn push_text(&mut self, text: &str) -> (i32, i32) {
+        let start = self.text_units;
+        let units = if text.is_ascii() { text.len() } else { text.encode_utf16().count() };
+        self.text.push_str(text);
+        self.text_units += units;
+        (start as i32, units as i32)
+    }
+
+    /// Appends one entry (LOGPROB_HEAD, then its alternatives); its offset.
+    fn push_logprobs(&mut self, entry: &LogprobsText) -> i32 {
+        let offset = self.logprobs.len() as i32;
+        let (start, length) = self.push_text(&entry.token_text);
+        let head = [f64::from(entry.entry.token), entry.entry.logprob, start.into(), length.into()];
+        self.logprobs.extend_from_slice(&head);
+        self.logprobs.push(entry.entry.top.len() as f64);
+        for (&(token, logprob), text) in entry.entry.top.iter().zip(&entry.top_texts) {
+            let (start, length) = self.push_text(text);
+            self.logprobs.extend_from_slice(&[f64::from(token), logprob, start.into(), length.into()]);
+        }
+        offset
     }
 }
 

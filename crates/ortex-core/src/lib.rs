@@ -21,6 +21,7 @@ pub mod executor;
 pub mod ids;
 pub mod kv;
 pub mod options;
+pub mod output;
 pub mod request;
 pub mod request_table;
 pub mod rng;

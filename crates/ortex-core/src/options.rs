@@ -3,6 +3,8 @@
 //! so a caller changing its object later changes nothing. The bindings deserialize JavaScript's
 //! objects into their own mirrors of these (crates/ortex-boundary), so the core carries no serde.
 
+use std::sync::Arc;
+
 use crate::error::{OrtexError, Result};
 use crate::executor::ModelInfo;
 
@@ -10,8 +12,7 @@ use crate::executor::ModelInfo;
 /// every single count inside JavaScript's 31-bit small-integer range.
 pub const MAX_COUNT: u32 = i32::MAX as u32;
 
-/// Most stop sequences per turn (stop token sequences here; the facade holds stop strings to the
-/// same limit).
+/// Most stop sequences per turn: stop token sequences, and stop strings.
 pub const MAX_STOP_ENTRIES: usize = 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -110,6 +111,8 @@ pub struct TurnOptions {
     pub eos_token_ids: Option<Vec<i32>>,
     /// Log-probabilities of each generated token and of this many alternatives (0..=20).
     pub logprobs: Option<u32>,
+    /// Strings that end the turn when they appear in its text (output.rs); the text ends before.
+    pub stop: Option<Vec<String>>,
 }
 
 /// The resolved configuration an engine runs with.
@@ -218,6 +221,8 @@ pub struct ResolvedTurnOptions {
     pub eos_token_ids: Vec<i32>,
     /// None: no log-probabilities recorded (the default, and free).
     pub logprobs: Option<u32>,
+    /// None: no stop strings. Shared: a transaction's draws carry them (draws.rs).
+    pub stop: Option<Arc<[String]>>,
 }
 
 impl TurnOptions {
@@ -243,6 +248,7 @@ impl TurnOptions {
             stop_token_ids,
             eos_token_ids,
             logprobs: self.logprobs,
+            stop: checked_stop_strings(self.stop.as_deref().unwrap_or_default())?,
         })
     }
 }
@@ -263,6 +269,17 @@ fn checked_stop_token_ids(sequences: Vec<Vec<i32>>, vocab_size: u32) -> Result<V
         return Err(OrtexError::invalid(format!("stopTokenIds holds at most {MAX_STOP_ENTRIES} sequences")));
     }
     Ok(sequences)
+}
+
+/// `stop`: non-empty strings, at most MAX_STOP_ENTRIES; none given is None.
+fn checked_stop_strings(stops: &[String]) -> Result<Option<Arc<[String]>>> {
+    if stops.len() > MAX_STOP_ENTRIES {
+        return Err(OrtexError::invalid(format!("stop holds at most {MAX_STOP_ENTRIES} strings")));
+    }
+    if let Some(index) = stops.iter().position(String::is_empty) {
+        return Err(OrtexError::invalid(format!("stop[{index}] must be a non-empty string")));
+    }
+    Ok((!stops.is_empty()).then(|| stops.iter().cloned().collect()))
 }
 
 /// `eosTokenIds`: ids in the vocabulary, at most MAX_STOP_ENTRIES.

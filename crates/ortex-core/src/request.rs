@@ -24,6 +24,7 @@ use crate::events::{FinishReason, StopMatch, Usage};
 use crate::ids::{RequestId, TurnId};
 use crate::kv::KvHandle;
 use crate::options::ResolvedTurnOptions;
+use crate::output::TurnText;
 use crate::rng::Rng;
 
 /// The public view of a request's state.
@@ -75,6 +76,8 @@ pub struct Turn {
     /// Held by its consumer (Engine::hold_turn): the scheduler plans no row for it until it is
     /// released. It lives on the turn, so that it ends with it (finish, cancel, close).
     pub held: bool,
+    /// Its text so far: the detokenizer and stop strings (output.rs).
+    pub text: TurnText,
 }
 
 impl Turn {
@@ -118,9 +121,6 @@ pub struct Request {
     /// `prefill()` asked for the KV of `tokens[..prefill_target]` without a turn.
     pub prefill_target: u32,
     pub lifecycle: Lifecycle,
-    /// The latest turn's log-probabilities, one per generated token, when it asked for them;
-    /// kept until the next turn begins (the facade reads them as the token events arrive).
-    pub logprobs: Vec<crate::sampling::TokenLogprobs>,
 }
 
 impl Request {
@@ -135,7 +135,6 @@ impl Request {
             last_turn_id: 0,
             prefill_target: 0,
             lifecycle: Lifecycle::Open,
-            logprobs: Vec::new(),
         }
     }
 
@@ -214,8 +213,10 @@ impl Request {
         self.last_turn_id += 1;
         let id = TurnId(self.last_turn_id);
         let prompt_start = self.token_count() - prompt_tokens;
+        let text = TurnText::new(options.stop.clone());
         let turn = Turn {
             id,
+            text,
             options,
             prompt_tokens,
             prompt_start,

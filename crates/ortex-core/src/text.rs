@@ -16,6 +16,14 @@ pub trait TextCodec: Send + Sync {
     /// streaming caller holds back until the next token completes it.
     fn detokenize(&self, tokens: &[i32]) -> Result<String>;
 
+    /// Appends what `detokenize` returns to `out`. The streaming detokenizer (output.rs) decodes
+    /// twice per generated token into buffers it reuses; a codec that can write into them
+    /// without a new string each time does so here.
+    fn detokenize_into(&self, tokens: &[i32], out: &mut String) -> Result<()> {
+        out.push_str(&self.detokenize(tokens)?);
+        Ok(())
+    }
+
     /// The strings `tokenize` turns into control tokens wherever they occur (a tokenizer's
     /// special added tokens), in a fixed order; none where the codec has none.
     fn control_strings(&self) -> Vec<String> {
@@ -58,6 +66,22 @@ const CONSONANTS: &[u8; 16] = b"bdfgklmnprstvzhj";
 const VOWELS: &[u8; 5] = b"aeiou";
 
 impl SimText {
+    /// The bytes of `tokens`, appended to `bytes` (those before an invalid id are kept).
+    fn push_bytes(&self, tokens: &[i32], bytes: &mut Vec<u8>) -> Result<()> {
+        for &t in tokens {
+            if t < 0 || t as u32 >= self.vocab_size {
+                return Err(OrtexError::invalid(format!("token {t} is outside the vocabulary of {}", self.vocab_size)));
+            }
+            let id = t as u32;
+            if id >= SIM_FIRST_WORD {
+                self.push_word(id, bytes);
+            } else if id >= SIM_BYTE_OFFSET {
+                bytes.push((id - SIM_BYTE_OFFSET) as u8);
+            }
+        }
+        Ok(())
+    }
+
     fn push_word(&self, id: u32, out: &mut Vec<u8>) {
         let n = id - SIM_FIRST_WORD;
         out.push(b' ');
@@ -80,19 +104,28 @@ impl TextCodec for SimText {
     }
 
     fn detokenize(&self, tokens: &[i32]) -> Result<String> {
-        let mut bytes = Vec::with_capacity(tokens.len() * 2);
-        for &t in tokens {
-            if t < 0 || t as u32 >= self.vocab_size {
-                return Err(OrtexError::invalid(format!("token {t} is outside the vocabulary of {}", self.vocab_size)));
+        let mut text = String::with_capacity(tokens.len() * 2);
+        self.detokenize_into(tokens, &mut text)?;
+        Ok(text)
+    }
+
+    /// Writes the bytes into `out`'s own buffer; only invalid UTF-8 costs a second string.
+    fn detokenize_into(&self, tokens: &[i32], out: &mut String) -> Result<()> {
+        let start = out.len();
+        let mut bytes = std::mem::take(out).into_bytes();
+        let pushed = self.push_bytes(tokens, &mut bytes);
+        *out = match String::from_utf8(bytes) {
+            Ok(text) => text,
+            Err(invalid) => {
+                let mut bytes = invalid.into_bytes();
+                let tail = String::from_utf8_lossy(&bytes[start..]).into_owned();
+                bytes.truncate(start);
+                let mut text = String::from_utf8(bytes).expect("what `out` held before was a string");
+                text.push_str(&tail);
+                text
             }
-            let id = t as u32;
-            if id >= SIM_FIRST_WORD {
-                self.push_word(id, &mut bytes);
-            } else if id >= SIM_BYTE_OFFSET {
-                bytes.push((id - SIM_BYTE_OFFSET) as u8);
-            }
-        }
-        Ok(String::from_utf8_lossy(&bytes).into_owned())
+        };
+        pushed
     }
 }
 
@@ -114,6 +147,18 @@ mod tests {
         let ids = codec.tokenize("é").unwrap();
         assert!(codec.detokenize(&ids[..1]).unwrap().ends_with('\u{FFFD}'));
         assert_eq!(codec.detokenize(&ids).unwrap(), "é");
+    }
+
+    #[test]
+    fn detokenizing_into_a_string_appends_and_replaces_invalid_bytes() {
+        let codec = SimText { vocab_size: 32000 };
+        let mut out = "é:".to_string();
+        codec.detokenize_into(&codec.tokenize("✓").unwrap()[..2], &mut out).unwrap();
+        assert_eq!(out, "é:\u{FFFD}");
+        codec.detokenize_into(&[259], &mut out).unwrap();
+        assert_eq!(out, "é:\u{FFFD} baba");
+        assert!(codec.detokenize_into(&[32000], &mut out).is_err());
+        assert_eq!(out, "é:\u{FFFD} baba", "left as it was");
     }
 
     #[test]

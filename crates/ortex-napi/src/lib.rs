@@ -273,11 +273,6 @@ impl CoreEngine {
     }
 
     #[napi]
-    pub fn stop_turn(&self, request_id: u32, turn_id: u32, stop_index: u32) -> napi::Result<bool, String> {
-        self.call(|engine| ops::stop_turn_impl(engine, request_id, turn_id, stop_index))
-    }
-
-    #[napi]
     pub fn close_request(&self, request_id: u32) -> napi::Result<(), String> {
         self.call(|engine| ops::close_request_impl(engine, request_id))
     }
@@ -328,6 +323,19 @@ impl CoreEngine {
             },
             Err(error) => Ok(Either::B(PromiseRaw::reject(env, coded(error))?)),
         }
+    }
+
+    /// The text of the last run's events, which their text words point into (UTF-16 units): one
+    /// string per run, however many events it wrote.
+    #[napi]
+    pub fn run_text(&self) -> napi::Result<String, String> {
+        self.call(|engine| Ok(ops::run_text_impl(engine).to_string()))
+    }
+
+    /// The log-probability numbers of the last run's events (their logprobs words point in).
+    #[napi]
+    pub fn run_logprobs(&self) -> napi::Result<Float64Array, String> {
+        self.call(|engine| Ok(Float64Array::new(ops::run_logprobs_impl(engine).to_vec())))
     }
 
     #[napi]
@@ -389,12 +397,6 @@ impl CoreEngine {
     #[napi]
     pub fn truncate(&self, request_id: u32, token_count: u32) -> napi::Result<(), String> {
         self.call(|engine| ops::truncate_impl(engine, request_id, token_count))
-    }
-
-    /// The latest turn's log-probabilities of its generated tokens [start, end), clamped.
-    #[napi(ts_return_type = "TokenLogprobsView[]")]
-    pub fn request_logprobs(&self, request_id: u32, start: u32, end: u32) -> napi::Result<Value, String> {
-        self.call(|engine| ops::request_logprobs_impl(engine, request_id, start, end)).map(view)
     }
 
     /// `tokens[start..end]` of the request's context (clamped).

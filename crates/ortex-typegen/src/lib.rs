@@ -84,6 +84,16 @@ fn constants() -> String {
         constant("ERROR_CODES", "Every OrtexError code.", &layout["errorCodes"]),
         constant("RETRYABLE_ERROR_CODES", "The codes of errors a caller may retry.", &layout["retryableErrorCodes"]),
         constant("REQUEST_STATES", "Request states, indexed by their code.", &layout["requestStates"]),
+        constant(
+            "LOGPROB_HEAD",
+            "One log-probability entry's numbers in a run's logprobs, before its alternatives.",
+            &layout["logprobHead"],
+        ),
+        constant(
+            "LOGPROB_ALTERNATIVE",
+            "One alternative's numbers, topCount of them after the head.",
+            &layout["logprobAlternative"],
+        ),
     ]
     .join("\n")
 }
@@ -114,7 +124,6 @@ pub fn render() -> String {
         declaration::<CommitView>(),
         declaration::<CancelView>(),
         declaration::<ExpiryView>(),
-        declaration::<TokenLogprobsView>(),
         declaration::<ChatTurnView>(),
     ];
     format!("{HEADER}\n{}\n{}", types.join("\n"), constants())

@@ -123,11 +123,6 @@ impl CoreEngine {
         ops::release_turn_impl(&mut self.engine, request_id, turn_id).map_err(coded)
     }
 
-    #[wasm_bindgen(js_name = stopTurn)]
-    pub fn stop_turn(&mut self, request_id: u32, turn_id: u32, stop_index: u32) -> Result<bool, JsValue> {
-        ops::stop_turn_impl(&mut self.engine, request_id, turn_id, stop_index).map_err(coded)
-    }
-
     #[wasm_bindgen(js_name = closeRequest)]
     pub fn close_request(&mut self, request_id: u32) -> Result<(), JsValue> {
         ops::close_request_impl(&mut self.engine, request_id).map_err(coded)
@@ -164,6 +159,18 @@ impl CoreEngine {
             events.subarray(0, written_words as u32).copy_from(&scratch[..written_words]);
         }
         Ok(written)
+    }
+
+    /// The text of the last run's events, which their text words point into (UTF-16 units).
+    #[wasm_bindgen(js_name = runText)]
+    pub fn run_text(&self) -> String {
+        ops::run_text_impl(&self.engine).to_string()
+    }
+
+    /// The log-probability numbers of the last run's events (their logprobs words point in).
+    #[wasm_bindgen(js_name = runLogprobs)]
+    pub fn run_logprobs(&self) -> Vec<f64> {
+        ops::run_logprobs_impl(&self.engine).to_vec()
     }
 
     #[wasm_bindgen(js_name = hasPendingWork)]
@@ -212,11 +219,6 @@ impl CoreEngine {
 
     /// The latest turn's log-probabilities of its generated tokens [start, end), clamped
     /// (TokenLogprobsView[]).
-    #[wasm_bindgen(js_name = requestLogprobs)]
-    pub fn request_logprobs(&self, request_id: u32, start: u32, end: u32) -> Result<JsValue, JsValue> {
-        ops::request_logprobs_impl(&self.engine, request_id, start, end).map(|entries| view(&entries)).map_err(coded)
-    }
-
     /// `tokens[start..end]` of the request's context (clamped). Returns an Int32Array.
     #[wasm_bindgen(js_name = requestTokens)]
     pub fn request_tokens(&self, request_id: u32, start: u32, end: u32) -> Result<Vec<i32>, JsValue> {

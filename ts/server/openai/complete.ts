@@ -179,36 +179,22 @@ function shapeOf(context: CompletionContext, job: CompletionJob, stream: boolean
 }
 
 /** Token log-probabilities in OpenAI's shapes: chat's `{ content: [...] }`, completions'
- *  parallel lists. Each token's text is its own detokenization. */
+ *  parallel lists. Each token's text is its own detokenization (the core's, with the entry). */
 class LogprobWriter {
   private textOffset = 0
 
-  constructor(
-    private readonly engine: Engine,
-    private readonly job: CompletionJob,
-  ) {}
-
-  private text(token: number): string {
-    try {
-      return this.engine.detokenize([token])
-    } catch {
-      return ''
-    }
-  }
+  constructor(private readonly job: CompletionJob) {}
 
   shape(entries: TokenLogprob[]): object | null {
     if (this.job.logprobs === null) return null
     if (this.job.kind === 'chat') {
-      const item = (token: number, logprob: number) => {
-        const text = this.text(token)
-        return { token: text, logprob, bytes: Array.from(Buffer.from(text, 'utf8')) }
-      }
+      const item = (text: string, logprob: number) => ({ token: text, logprob, bytes: Array.from(Buffer.from(text, 'utf8')) })
       return {
-        content: entries.map((e) => ({ ...item(e.token, e.logprob), top_logprobs: e.top.map((t) => item(t.token, t.logprob)) })),
+        content: entries.map((e) => ({ ...item(e.text, e.logprob), top_logprobs: e.top.map((t) => item(t.text, t.logprob)) })),
         refusal: null,
       }
     }
-    const tokens = entries.map((e) => this.text(e.token))
+    const tokens = entries.map((e) => e.text)
     const offsets = tokens.map((t) => {
       const at = this.textOffset
       this.textOffset += t.length
@@ -217,7 +203,7 @@ class LogprobWriter {
     return {
       tokens,
       token_logprobs: entries.map((e) => e.logprob),
-      top_logprobs: entries.map((e) => Object.fromEntries(e.top.map((t) => [this.text(t.token), t.logprob]))),
+      top_logprobs: entries.map((e) => Object.fromEntries(e.top.map((t) => [t.text, t.logprob]))),
       text_offset: offsets,
     }
   }
@@ -311,23 +297,32 @@ function turnFailed(context: CompletionContext, job: CompletionJob, result: Turn
 }
 
 async function answerTurn(context: CompletionContext, job: CompletionJob, turn: Turn, sink: ResponseSink): Promise<number> {
-  for await (const chunk of turn) {
-    void chunk
-    if (sink.gone) break // the close cancelled the turn: what it produced is nobody's
-    context.tracker.token(Date.now())
-  }
+  await countTokens(context, turn, sink)
   const result = await turn.done
   if (sink.gone) return 499
   if (result.finishReason === 'failed') throw turnFailed(context, job, result)
   const shape = shapeOf(context, job, false)
   const finish = finishReasonOf(result.finishReason)
-  const logprobs = new LogprobWriter(context.engine, job).shape(result.logprobs ?? [])
+  const logprobs = new LogprobWriter(job).shape(result.logprobs ?? [])
   const choice =
     job.kind === 'chat'
       ? { index: 0, message: { role: 'assistant', content: result.text, refusal: null }, logprobs, finish_reason: finish }
       : { index: 0, text: result.text, logprobs, finish_reason: finish }
   sink.json(200, { ...shape, choices: [choice], usage: usageOf(result) })
   return 200
+}
+
+/** A non-streamed turn's tokens, counted as they arrive for the metrics' timings: one wake-up per
+ *  run that brought some, no chunk read (the text comes whole with `done`). */
+async function countTokens(context: CompletionContext, turn: Turn, sink: ResponseSink): Promise<void> {
+  const state = turn._state
+  let counted = 0
+  while (!state.ended) {
+    await state.wait()
+    if (sink.gone) return // the close cancelled the turn: what it produced is nobody's
+    const now = Date.now()
+    for (; counted < state.count; counted++) context.tracker.token(now)
+  }
 }
 
 /**
@@ -352,7 +347,7 @@ async function streamTurn(context: CompletionContext, job: CompletionJob, turn: 
   const event = (choices: object[], extra: object = usage): string => `data: ${JSON.stringify({ ...shape, choices, ...extra })}\n\n`
   sink.res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' })
   if (job.kind === 'chat') await sink.write(event([choiceDelta(job, '', true, null)]))
-  const logprobs = new LogprobWriter(context.engine, job)
+  const logprobs = new LogprobWriter(job)
   // A token whose text is held back (part of a character, a possible stop string) sends its
   // log-probability with the next chunk that has text.
   let pending: TokenLogprob[] = []

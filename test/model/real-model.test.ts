@@ -228,6 +228,24 @@ describe.skipIf(!ready)('SmolLM2-135M-Instruct (real model)', () => {
     expect(delay.max / 1e6, `the longest stall, against ${onThreadMs.toFixed(0)} ms on the thread`).toBeLessThan(onThreadMs / 2)
   })
 
+  it('a JSON Schema constraint gives valid JSON from its own vocabulary, ending eos (issue 31)', async () => {
+    const schema = {
+      type: 'object',
+      properties: { name: { type: 'string' }, capital: { type: 'string' }, population: { type: 'integer' } },
+      required: ['name', 'capital', 'population'],
+      additionalProperties: false,
+    }
+    const question = [{ role: 'user', content: 'Give France as JSON with name, capital and population.' }]
+    const done = await fp32.chat(question, { maxGeneratedTokens: 80, constraint: { type: 'json_schema', schema } }).done
+    expect(done.finishReason).toBe('eos')
+    const value = JSON.parse(done.text) as Record<string, unknown>
+    expect(Object.keys(value).sort()).toEqual(['capital', 'name', 'population'])
+    expect(value.capital).toBe('Paris')
+    expect(Number.isInteger(value.population)).toBe(true)
+    const yes = await fp32.chat([{ role: 'user', content: 'Is Paris in France? Answer yes or no.' }], { constraint: { type: 'regex', pattern: '(yes|no)' } }).text()
+    expect(yes).toBe('yes')
+  })
+
   it('the int4 import loads and answers, on a float16 cache', async () => {
     const int4 = await Engine.load(ready!.int4, { intraOpThreads: 2 })
     try {

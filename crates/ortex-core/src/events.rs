@@ -156,11 +156,13 @@ pub enum EventErrorCode {
     RequestUnserviceable = 4,
     EngineContractFailure = 5,
     EngineExecutionFailure = 6,
+    /// A turn's constraint failed mid-turn (a grammar limit of llguidance's); the turn fails.
+    ConstraintFailed = 7,
 }
 
 impl EventErrorCode {
     /// Every code, indexed by its value (the event's error word).
-    pub const ALL: [EventErrorCode; 7] = [
+    pub const ALL: [EventErrorCode; 8] = [
         EventErrorCode::None,
         EventErrorCode::CapacityDeferred,
         EventErrorCode::ExecutionCapacityExceeded,
@@ -168,6 +170,7 @@ impl EventErrorCode {
         EventErrorCode::RequestUnserviceable,
         EventErrorCode::EngineContractFailure,
         EventErrorCode::EngineExecutionFailure,
+        EventErrorCode::ConstraintFailed,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -179,6 +182,7 @@ impl EventErrorCode {
             EventErrorCode::RequestUnserviceable => "request-unserviceable",
             EventErrorCode::EngineContractFailure => "engine-contract-failure",
             EventErrorCode::EngineExecutionFailure => "engine-execution-failure",
+            EventErrorCode::ConstraintFailed => "constraint-failed",
         }
     }
 }

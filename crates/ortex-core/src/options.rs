@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use crate::constraint::Constraint;
 use crate::error::{OrtexError, Result};
 use crate::executor::ModelInfo;
 
@@ -113,6 +114,8 @@ pub struct TurnOptions {
     pub logprobs: Option<u32>,
     /// Strings that end the turn when they appear in its text (output.rs); the text ends before.
     pub stop: Option<Vec<String>>,
+    /// What the output must match (constraint.rs); compiled when the turn begins.
+    pub constraint: Option<Constraint>,
 }
 
 /// The resolved configuration an engine runs with.
@@ -239,6 +242,11 @@ impl TurnOptions {
                 "logprobs asks for at most {} alternatives, got {top}",
                 crate::sampling::MAX_TOP_LOGPROBS
             )));
+        }
+        if self.constraint.is_some() && self.ignore_eos == Some(true) {
+            return Err(OrtexError::invalid(
+                "ignoreEos cannot be combined with a constraint: a constrained turn ends when its grammar does",
+            ));
         }
         Ok(ResolvedTurnOptions {
             max_generated_tokens,

@@ -20,6 +20,7 @@
 //!     └─────────────────────── close ────────────────────────────▶┘   (by the engine only)
 //! ```
 
+use crate::constraint::TurnConstraint;
 use crate::events::{FinishReason, StopMatch, Usage};
 use crate::ids::{RequestId, TurnId};
 use crate::kv::KvHandle;
@@ -78,6 +79,9 @@ pub struct Turn {
     pub held: bool,
     /// Its text so far: the detokenizer and stop strings (output.rs).
     pub text: TurnText,
+    /// The turn's constraint, where its grammar is; None also while its row's draw carries it
+    /// (draws.rs), from plan to commit.
+    pub constraint: Option<Box<TurnConstraint>>,
 }
 
 impl Turn {
@@ -207,7 +211,13 @@ impl Request {
     }
 
     /// Starts a turn over input already appended to `tokens`.
-    pub fn transition_to_queued(&mut self, options: ResolvedTurnOptions, prompt_tokens: u32, rng: Rng) -> TurnId {
+    pub fn transition_to_queued(
+        &mut self,
+        options: ResolvedTurnOptions,
+        prompt_tokens: u32,
+        rng: Rng,
+        constraint: Option<Box<TurnConstraint>>,
+    ) -> TurnId {
         assert!(
             !self.is_closed() && self.running_turn().is_none(),
             "request {} begins a turn while one runs",
@@ -227,6 +237,7 @@ impl Request {
             generated_tokens: 0,
             rng,
             held: false,
+            constraint,
         };
         self.turn = TurnSlot::Running(turn);
         id

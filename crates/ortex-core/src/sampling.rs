@@ -393,6 +393,11 @@ pub struct TokenLogprobs {
 pub fn logprobs(row: RowLogits<'_>, token: u32, top: u32, best: &mut Vec<(u32, f32)>) -> TokenLogprobs {
     let score = |s: f32| if s.is_nan() { f32::NEG_INFINITY } else { s };
     let max = (0..row.len()).map(|i| score(row.get(i).1)).fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        // Every score masked (a constrained simulated row whose token came from outside its
+        // candidates): nothing in the row has any probability.
+        return TokenLogprobs { token, logprob: f64::NEG_INFINITY, top: Vec::new() };
+    }
     let max = f64::from(max);
     let mut sum = 0.0;
     let mut token_score = f32::NEG_INFINITY;

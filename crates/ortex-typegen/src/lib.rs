@@ -108,6 +108,7 @@ pub fn render() -> String {
         declaration::<ExecutionProviderInput>(),
         declaration::<ModelOptionsInput>(),
         declaration::<RequestOptionsInput>(),
+        declaration::<ConstraintInput>(),
         declaration::<TurnOptionsInput>(),
         declaration::<SessionsOptionsInput>(),
         declaration::<ChatFilesInput>(),

@@ -38,6 +38,9 @@ import type {
   SimulatedOptions,
   TokenLogprob,
 } from './types'
+import type { ToolPlan } from './tools/format'
+import { TOOL_KEYS, attachToolPlan, takeToolPlan } from './tools/options'
+import { applyToolPlan, toolFamily } from './tools/plan'
 import * as v from './validate'
 
 export type { EngineEndReason } from './link'
@@ -265,41 +268,45 @@ export class Engine implements EventOwner {
   /** One chat turn on its own request (closed when it finishes), as generate: the messages are
    *  rendered with a generation prompt; the template's end-of-turn token ends it with 'eos'. */
   chat(messages: ChatMessage[], options?: ChatOptions): Turn {
-    const { host, prompts, checked, templateOptions, present } = this.chatArguments(messages, options)
-    return this.chatTurn(host, prompts.tokenize(prompts.render(checked, templateOptions)), present)
+    const { host, prompts, checked, templateOptions, present, tools } = this.chatArguments(messages, options)
+    return this.chatTurn(host, prompts.tokenize(prompts.render(checked, templateOptions)), present, tools)
   }
 
   /** Addition: chat() with the template rendered off the JS thread on native (the libuv thread
    *  pool), so a large conversation does not hold the event loop; the turn begins once the text
    *  is rendered. WebAssembly renders on the calling thread. Rejects where chat() throws. */
   async chatAsync(messages: ChatMessage[], options?: ChatOptions): Promise<Turn> {
-    const { host, prompts, checked, templateOptions, present } = this.chatArguments(messages, options)
+    const { host, prompts, checked, templateOptions, present, tools } = this.chatArguments(messages, options)
     const tokens = await prompts.tokenizeAsync(await prompts.renderAsync(checked, templateOptions))
     this.checkUsable() // closed while it rendered: ENGINE_CLOSED, not a late turn
-    return this.chatTurn(host, tokens, present)
+    return this.chatTurn(host, tokens, present, tools)
   }
 
   private chatArguments(messages: ChatMessage[], options: ChatOptions | undefined) {
     const json = new JsonCopier()
     const checked = chat.checkMessages('messages', messages, json)
-    const present = v.options('options', options, [...v.REQUEST_KEYS, ...v.TURN_KEYS, ...chat.CHAT_TEMPLATE_KEYS, ...chat.CHAT_PROMPT_KEYS])
+    const present = v.options('options', options, [...v.REQUEST_KEYS, ...v.TURN_KEYS, ...chat.CHAT_TEMPLATE_KEYS, ...chat.CHAT_PROMPT_KEYS, ...TOOL_KEYS])
     if (present.has('addGenerationPrompt')) throw v.invalidArgumentFor('options.addGenerationPrompt', 'is not a chat option')
     const templateOptions = chat.templateOptions('options', chat.takeTemplateKeys(present), json)
     const { parseSpecialTokens } = chat.takePromptOptions('options', present)
     this.checkUsable()
     const host = this.chatHost()
-    return { host, prompts: chat.promptCodec(host, parseSpecialTokens), checked, templateOptions, present }
+    const tools = takeToolPlan('options', present, templateOptions.tools, () => toolFamily(host, (messages, options) => chat.render(host, messages, options)))
+    const prompt = tools === null ? checked : applyToolPlan(tools, host, checked, templateOptions, present)
+    return { host, prompts: chat.promptCodec(host, parseSpecialTokens), checked: prompt, templateOptions, present, tools }
   }
 
-  private chatTurn(host: chat.ChatHost, tokens: Int32Array, present: Map<string, unknown>): Turn {
+  private chatTurn(host: chat.ChatHost, tokens: Int32Array, present: Map<string, unknown>, tools: ToolPlan | null): Turn {
     present.set('eosTokenIds', chat.withEndTokens(host, present.get('eosTokenIds')))
-    return this.generate(tokens, Object.fromEntries(present))
+    const turn = this.generate(tokens, Object.fromEntries(present))
+    if (tools !== null) attachToolPlan(turn, tools)
+    return turn
   }
 
   /** A conversation on one request: `send(content)` returns the reply's Turn and prefills only
    *  what the new message adds. */
   createChat(options?: CreateChatOptions): chat.Chat {
-    const present = v.options('options', options, ['system', ...v.REQUEST_KEYS, ...chat.CHAT_TEMPLATE_KEYS, ...chat.CHAT_PROMPT_KEYS])
+    const present = v.options('options', options, ['system', ...v.REQUEST_KEYS, ...chat.CHAT_TEMPLATE_KEYS, ...chat.CHAT_PROMPT_KEYS, ...TOOL_KEYS])
     if (present.has('addGenerationPrompt')) throw v.invalidArgumentFor('options.addGenerationPrompt', 'is not a chat option')
     const system = present.has('system') ? v.string('options.system', present.get('system')) : null
     present.delete('system')
@@ -308,9 +315,10 @@ export class Engine implements EventOwner {
     const host = this.chatHost()
     // Fail now, not at the first send, on a folder without a template.
     host.template()
+    const tools = takeToolPlan('options', present, templateOptions.tools, () => toolFamily(host, (messages, options) => chat.render(host, messages, options)))
     const request = this.createRequest(Object.fromEntries(present))
     const prompts = chat.promptCodec(host, parseSpecialTokens)
-    return new chat.Chat({ host, prompts, request, system, templateOptions, start: () => this.driver.start() })
+    return new chat.Chat({ host, prompts, request, system, templateOptions, tools, start: () => this.driver.start() })
   }
 
   /**

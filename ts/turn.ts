@@ -72,6 +72,8 @@ export class TurnState {
   count = 0
   /** logprobs[i]: token i's, when the turn asked for them (read from the core as it arrives). */
   logprobs: TokenLogprob[] | null = null
+  /** What a chat turn with tools adds to its result (its parsed calls: tools/options.ts). */
+  resultExtension: ((result: TurnResult) => TurnResult) | null = null
   private stream: TextStream | null = null
   private readonly link: TurnLink
   private resolveDone!: (result: TurnResult) => void
@@ -200,7 +202,8 @@ export class TurnState {
       this.signal = null
     }
     this.pinned = null
-    this.resolveDone(this.result(ending, text))
+    const result = this.result(ending, text)
+    this.resolveDone(this.resultExtension === null ? result : this.resultExtension(result))
     this.wake()
     this.link.turnFinished(this)
   }

@@ -1,0 +1,159 @@
+// Tool calls: the parser of each template family's output (streamed in any split, its deltas add
+// up to the finished result), the family told from real templates (the fixtures of
+// crates/ortex-chat, made by transformers from the models' own templates), and the prompts a
+// tool plan renders.
+import { cpSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import path from 'node:path'
+import { afterAll, describe, expect, it } from 'vitest'
+import { detectFamily, promptMessages, type ToolFamily, type ToolPlan } from '../../ts/tools/format'
+import { ToolCallParser, type ToolCallDelta } from '../../ts/tools/parse'
+import { ortex } from '../helpers/backends'
+import { useTinyModels } from '../helpers/tiny-models'
+
+const FIXTURES = path.resolve(__dirname, '../../crates/ortex-chat/tests/fixtures')
+
+/** Parses `text` fed in pieces of `sizes` (cycled); returns the stream's deltas and the result. */
+function parse(family: ToolFamily, text: string, sizes: number[] = [text.length]) {
+  let n = 0
+  const parser = new ToolCallParser(family, () => `id${n++}`)
+  let content = ''
+  const deltas: ToolCallDelta[] = []
+  for (let at = 0, i = 0; at < text.length; i++) {
+    const size = Math.max(1, sizes[i % sizes.length]!)
+    const piece = parser.push(text.slice(at, at + size))
+    content += piece.content
+    deltas.push(...piece.calls)
+    at += size
+  }
+  const last = parser.finish()
+  content += last.content
+  deltas.push(...last.calls)
+  return { content, deltas, result: parser.result() }
+}
+
+/** The calls a stream's deltas describe, as OpenAI clients assemble them. */
+function assemble(deltas: ToolCallDelta[]): { id: string; name: string; arguments: string }[] {
+  const calls: { id: string; name: string; arguments: string }[] = []
+  for (const d of deltas) {
+    if (d.id !== undefined) calls[d.index] = { id: d.id, name: d.name!, arguments: '' }
+    calls[d.index]!.arguments += d.arguments
+  }
+  return calls
+}
+
+const SPLITS = [[1], [2, 3], [5], [7, 1, 13], [1000]]
+
+const CASES: Array<{ family: ToolFamily; text: string; content: string | null; calls: [string, unknown][] }> = [
+  {
+    family: 'hermes',
+    text: 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}\n</tool_call>\n<tool_call>\n{"name":"get_time","arguments":{}}\n</tool_call>',
+    content: 'Let me check.',
+    calls: [['get_weather', { city: 'Paris', days: [1, 2] }], ['get_time', {}]],
+  },
+  { family: 'hermes', text: 'No tools needed: a < b and <tool is not a tag.', content: 'No tools needed: a < b and <tool is not a tag.', calls: [] },
+  { family: 'llama3', text: '{"name": "get_weather", "parameters": {"city": "Nice \\"sur mer\\""}}', content: null, calls: [['get_weather', { city: 'Nice "sur mer"' }]] },
+  { family: 'llama3', text: '<|python_tag|>{"name": "f", "parameters": {"x": 1.5e3}}', content: null, calls: [['f', { x: 1500 }]] },
+  { family: 'llama3', text: 'Paris is {sunny}.', content: 'Paris is {sunny}.', calls: [] },
+  { family: 'mistral', text: '[TOOL_CALLS][{"name": "a", "arguments": {"q": "x"}}, {"name": "b", "arguments": {"n": null}}]', content: null, calls: [['a', { q: 'x' }], ['b', { n: null }]] },
+  {
+    family: 'generic',
+    text: '{"tool_calls": [{"name": "lookup", "arguments": {"term": "río \\u00e9", "deep": {"a": [true, false]}}}]}',
+    content: null,
+    calls: [['lookup', { term: 'río é', deep: { a: [true, false] } }]],
+  },
+  { family: 'generic', text: '{ "response" : "Hello, \\"world\\" \\ud83d\\ude00\\n" }', content: 'Hello, "world" 😀\n', calls: [] },
+  { family: 'generic', text: 'not json at all', content: 'not json at all', calls: [] },
+]
+
+describe('the tool-call parser', () => {
+  for (const c of CASES) {
+    it(`${c.family}: ${JSON.stringify(c.text.slice(0, 40))}... in any split`, () => {
+      for (const sizes of SPLITS) {
+        const { content, deltas, result } = parse(c.family, c.text, sizes)
+        expect(result.content, `split ${sizes}`).toBe(c.content)
+        expect(result.toolCalls.map((t) => [t.function.name, JSON.parse(t.function.arguments)])).toEqual(c.calls)
+        // What a stream sends adds up to the result.
+        expect(content.trim()).toBe((c.content ?? '').trim())
+        expect(assemble(deltas)).toEqual(result.toolCalls.map((t) => ({ id: t.id, name: t.function.name, arguments: t.function.arguments })))
+      }
+    })
+  }
+
+  it('a call cut short by the turn end is left out of the result; its text stays the model\'s', () => {
+    const { result } = parse('hermes', 'Sure. <tool_call>\n{"name": "f", "arguments": {"a": ')
+    expect(result.toolCalls).toEqual([])
+    const generic = parse('generic', '{"tool_calls": [{"name": "f", "arguments": {"a": 1}}, {"name": "g", "argu')
+    expect(generic.result.toolCalls.map((t) => t.function.name)).toEqual(['f'])
+  })
+
+  it('arguments written as a JSON string holding the JSON are unwrapped', () => {
+    const { result } = parse('hermes', '<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>')
+    expect(result.toolCalls[0]!.function.arguments).toBe('{"a": 1}')
+  })
+
+  it('JSON nested past any sane depth fails over to content instead of recursing', () => {
+    const deep = '{"tool_calls": [{"name": "f", "arguments": ' + '['.repeat(5000) + ']'.repeat(5000) + '}]}'
+    const { result } = parse('generic', deep)
+    expect(result.toolCalls).toEqual([])
+    expect(result.content).toBe(deep)
+  })
+})
+
+function fixture(name: string): { template: string; bos_token: string | null; eos_token: string | null; other_special_tokens: Record<string, string> } {
+  return JSON.parse(readFileSync(path.join(FIXTURES, `${name}.json`), 'utf8'))
+}
+
+describe('the tool-call family of real templates (native, the tiny ONNX model)', () => {
+  const models = useTinyModels('tool-family', { plain: {} })
+  const { Engine } = ortex('native')
+  const folders: string[] = []
+  afterAll(() => {
+    for (const dir of folders) rmSync(dir, { recursive: true, force: true })
+  })
+
+  function folderWith(name: string): string {
+    const f = fixture(name)
+    const dir = path.join(models.root(), `with-${name}`)
+    cpSync(models.dirs.plain, dir, { recursive: true })
+    writeFileSync(path.join(dir, 'chat_template.jinja'), f.template)
+    const config = JSON.parse(readFileSync(path.join(dir, 'tokenizer_config.json'), 'utf8')) as Record<string, unknown>
+    Object.assign(config, { bos_token: f.bos_token, eos_token: f.eos_token, ...f.other_special_tokens })
+    delete config.added_tokens_decoder
+    writeFileSync(path.join(dir, 'tokenizer_config.json'), JSON.stringify(config))
+    folders.push(dir)
+    return dir
+  }
+
+  const EXPECTED: Record<string, ToolFamily> = {
+    qwen3: 'hermes',
+    llama3: 'generic', // Llama 3.0's template has no tools
+    llama3_2: 'llama3',
+    mistral_nemo: 'mistral',
+    smollm2: 'generic',
+    gemma3: 'generic',
+    chatml: 'generic',
+  }
+  for (const [name, family] of Object.entries(EXPECTED)) {
+    it(`${name} is ${family}; a call and its result render through it`, async () => {
+      const engine = await Engine.load(folderWith(name), { intraOpThreads: 1 })
+      try {
+        const render = (messages: object[], tools: unknown[]) => engine.applyChatTemplate(messages as never, { tools })
+        expect(detectFamily(render)).toBe(family)
+        const tools = [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } } }]
+        const plan: ToolPlan = { family, functions: [], tools, mode: { kind: 'auto' }, parallel: true }
+        const conversation = [
+          { role: 'user', content: 'Weather in Paris?' },
+          { role: 'assistant', content: '', tool_calls: [{ id: 'abcDEF123', type: 'function', function: { name: 'get_weather', arguments: '{"city": "Paris"}' } }] },
+          { role: 'tool', tool_call_id: 'abcDEF123', content: '21 C, sunny' },
+        ]
+        const text = engine.applyChatTemplate(promptMessages(plan, conversation) as never, { tools: family === 'generic' ? undefined : tools })
+        // The call's arguments and its result are in the prompt, whatever the family writes.
+        expect(text).toContain('Paris')
+        expect(text).toContain('21 C, sunny')
+        expect(text).toContain('get_weather')
+      } finally {
+        await engine.close()
+      }
+    })
+  }
+})

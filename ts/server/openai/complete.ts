@@ -303,8 +303,24 @@ function startError(context: CompletionContext, job: CompletionJob, error: unkno
         `${tokens} tokens, which leaves no room to generate. Please reduce the length of the ${promptParam(job)}.`
       return new ApiError(400, message, 'invalid_request_error', promptParam(job), 'context_length_exceeded')
     }
+    const param = optionParam(error.message)
+    if (param !== null) return new ApiError(400, error.message, 'invalid_request_error', param, 'invalid_argument')
   }
   return apiErrorOf(error)
+}
+
+/** The request field behind a refused chat option (the engine names its own options). */
+function optionParam(message: string): string | null {
+  if (message.startsWith('options.constraint cannot be combined with tools')) return 'response_format'
+  for (const [option, param] of [
+    ['options.toolChoice', 'tool_choice'],
+    ['options.parallelToolCalls', 'parallel_tool_calls'],
+    ['options.tools', 'tools'],
+    ['options.constraint', 'response_format'],
+  ] as const) {
+    if (message.startsWith(option)) return param
+  }
+  return null
 }
 
 /** A failed turn as the API reports it. `request-unserviceable` (the context can never fit the

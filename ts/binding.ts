@@ -18,6 +18,7 @@ import type {
   CancelView,
   ChatFilesInput,
   ChatRenderInput,
+  ChatTurnView,
   CommitView,
   ConfigView,
   ConfigsInput,
@@ -45,6 +46,14 @@ export interface CoreEngine {
   createRequest(options: RequestOptionsInput): number
   /** Returns the new turn id. */
   beginTurn(requestId: number, tokens: Int32Array, options: TurnOptionsInput): number
+  /** Throws INVALID_ARGUMENT where beginTurn would refuse `options` (every rule of
+   *  TurnOptions::resolve, the vocabulary's included); begins nothing. */
+  validateTurnOptions(options: TurnOptionsInput): void
+  /** A chat turn in one call: `chat` renders `renderInput` with a generation prompt (marked unless
+   *  `parseSpecialTokens`: crates/ortex-boundary/src/prompt_text.rs), this engine's codec
+   *  tokenizes it, the template's single-token end strings join `options.eosTokenIds`, and the
+   *  turn begins. Throws with the CHAT_* codes as render does, and as beginTurn. */
+  beginChatTurn(requestId: number, chat: CoreChat, renderInput: ChatRenderInput, parseSpecialTokens: boolean, options: TurnOptionsInput): ChatTurnView
   prefill(requestId: number, tokens: Int32Array): void
   cancelTurn(requestId: number, turnId: number): boolean
   /** Holds the running turn `turnId`: the scheduler plans nothing for it until `releaseTurn`
@@ -135,8 +144,9 @@ export interface NativeCoreEngine extends CoreEngine {
   run(events: Int32Array, capacity: number): Promise<number>
   /** The ONNX executor's cumulative counters; null for the simulated model. */
   executorStats(): ExecutorStatsView | null
-  /** tokenize (marked: tokenizeMarked) on the libuv thread pool, with the engine's codec. */
-  tokenizeAsync(text: string, marked: boolean): Promise<Int32Array>
+  /** beginChatTurn with the render and the tokenizing on the libuv thread pool (the input as
+   *  JSON text); the turn begins on the JS thread when it resolves. Rejects with the same codes. */
+  beginChatTurnAsync(requestId: number, chat: CoreChat, inputJson: string, parseSpecialTokens: boolean, options: TurnOptionsInput): Promise<ChatTurnView>
 }
 
 /** A model's chat template, compiled once (crates/ortex-boundary's Chat). render throws with the
@@ -146,9 +156,6 @@ export interface CoreChat {
   render(input: ChatRenderInput): string
   /** The prompt with every string of the input marked, for CoreEngine.tokenizeMarked. */
   renderMarked(input: ChatRenderInput): string
-  /** Native only: render (marked: renderMarked) on the libuv thread pool, the input as JSON
-   *  text; rejects with the same codes. The WebAssembly binding renders on the calling thread. */
-  renderAsync?(inputJson: string, marked: boolean): Promise<string>
   stopStrings(): string[]
   hasTemplate(): boolean
 }

@@ -20,7 +20,7 @@ import path from 'node:path'
 
 import type { CoreChat } from './binding'
 import { OrtexError, invalidArgument, isErrorCode } from './errors'
-import type { ChatFilesInput, ChatRenderInput } from './generated/boundary'
+import type { ChatFilesInput, ChatRenderInput, TurnOptionsInput } from './generated/boundary'
 import { JsonCopier, copyJson } from './json'
 import type { Request } from './request'
 import type { Turn } from './turn'
@@ -131,8 +131,8 @@ export interface ChatHost {
   tokenize(text: string): Int32Array
   /** A prompt from template().renderMarked: only what the template wrote becomes control tokens. */
   tokenizeMarked(marked: string): Int32Array
-  /** Native only: tokenize or tokenizeMarked off the JS thread. */
-  tokenizeAsync?(text: string, marked: boolean): Promise<Int32Array>
+  /** Throws where beginTurn would refuse these options (the core's rules), beginning nothing. */
+  validateTurnOptions(options: TurnOptionsInput): void
   /** The single-token end-of-turn strings, by token id. */
   endTokens(): ReadonlyMap<number, string>
 }
@@ -141,14 +141,7 @@ export interface ChatHost {
  *  callers (ChatPromptOptions.parseSpecialTokens). */
 export interface PromptCodec {
   render(messages: ChatMessage[], options: ChatTemplateOptions): string
-  /** render() off the JS thread where the binding can (native: the libuv thread pool, so a large
-   *  conversation or a template that spends its whole budget does not hold the event loop); the
-   *  WebAssembly binding renders on the calling thread. */
-  renderAsync(messages: ChatMessage[], options: ChatTemplateOptions): Promise<string>
   tokenize(text: string): Int32Array
-  /** tokenize() off the JS thread where the binding can (native: a megabyte of text costs a real
-   *  tokenizer about 400 ms); the WebAssembly binding tokenizes on the calling thread. */
-  tokenizeAsync(text: string): Promise<Int32Array>
 }
 
 export function promptCodec(host: ChatHost, parseSpecialTokens: boolean): PromptCodec {
@@ -156,9 +149,7 @@ export function promptCodec(host: ChatHost, parseSpecialTokens: boolean): Prompt
   const tokenize = marked ? (text: string) => host.tokenizeMarked(text) : (text: string) => host.tokenize(text)
   return {
     render: (messages, options) => renderOnThread(host, messages, options, marked),
-    renderAsync: (messages, options) => renderOffThread(host, messages, options, marked),
     tokenize,
-    tokenizeAsync: async (text) => (host.tokenizeAsync === undefined ? tokenize(text) : host.tokenizeAsync(text, marked)),
   }
 }
 
@@ -184,23 +175,18 @@ function renderOnThread(host: ChatHost, messages: ChatMessage[], options: ChatTe
   }
 }
 
-async function renderOffThread(host: ChatHost, messages: ChatMessage[], options: ChatTemplateOptions, marked: boolean): Promise<string> {
-  const template = host.template()
-  if (template.renderAsync === undefined) return renderOnThread(host, messages, options, marked)
-  let json: string
+/** A render's input as JSON text, which V8 writes in one call, for a binding that renders off
+ *  the JS thread (CoreEngine.beginChatTurnAsync). */
+export function renderInputJson(input: ChatRenderInput): string {
   try {
-    json = JSON.stringify(renderInput(messages, options))
+    return JSON.stringify(input)
   } catch (error) {
     throw invalidArgument(`messages, tools, documents and variables must be JSON: ${(error as Error).message}`)
   }
-  try {
-    return await template.renderAsync(json, marked)
-  } catch (error) {
-    throw toChatError(error)
-  }
 }
 
-function renderInput(messages: ChatMessage[], options: ChatTemplateOptions): ChatRenderInput {
+/** What the core renders: the messages and the template's options. */
+export function renderInput(messages: ChatMessage[], options: ChatTemplateOptions): ChatRenderInput {
   return {
     messages,
     addGenerationPrompt: options.addGenerationPrompt ?? true,
@@ -294,7 +280,7 @@ export class Chat {
     const { keep, tokens } = this.plan(text)
     present.set('eosTokenIds', withEndTokens(this.host, present.get('eosTokenIds')))
     // Bad options throw before the context changes.
-    v.turnOptions('options', new Map(present))
+    this.host.validateTurnOptions(v.turnOptions('options', new Map(present)).core)
     if (keep < this.request.tokenCount) {
       this.request.truncate(keep)
       // Should beginTurn still fail (input past the session limit), the next send compares

@@ -16,7 +16,7 @@ import { Driver, type DriverHost } from './driver'
 import { OrtexError, toOrtexError } from './errors'
 import { EventBuffer, type EventOwner } from './events'
 import { JsonCopier } from './json'
-import type { ConfigView, RequestOptionsInput, SessionsOptionsInput, TokenLogprobsView } from './generated/boundary'
+import type { ChatRenderInput, ConfigView, RequestOptionsInput, SessionsOptionsInput, TokenLogprobsView } from './generated/boundary'
 import type { DuplexHost, EngineEndReason } from './link'
 import { RequestRegistry } from './registry'
 import { Request, type RequestLink, type RequestRecord } from './request'
@@ -37,6 +37,7 @@ import type {
   RequestOptions,
   SimulatedOptions,
   TokenLogprob,
+  TurnOptions,
 } from './types'
 import type { ToolPlan } from './tools/format'
 import { TOOL_KEYS, attachToolPlan, takeToolPlan } from './tools/options'
@@ -57,6 +58,17 @@ interface EngineInit {
 }
 
 function noop(): void {}
+
+/** What chat and chatAsync begin a turn with. */
+interface ChatArguments {
+  template: CoreChat
+  input: ChatRenderInput
+  parseSpecialTokens: boolean
+  /** The request's and the turn's options. */
+  present: Map<string, unknown>
+  /** Tool calling (tools/); null: none. */
+  tools: ToolPlan | null
+}
 
 const CANCELLED_BY_CLOSE = { reason: 'cancelled', errorCode: 'none', usage: null, stop: null } as const
 
@@ -232,16 +244,7 @@ export class Engine implements EventOwner {
   generate(input: string | ArrayLike<number>, options?: GenerateOptions): Turn {
     const checkedInput = v.input('input', input)
     const present = v.options('options', options, [...v.REQUEST_KEYS, ...v.TURN_KEYS])
-    const requestPresent = new Map<string, unknown>()
-    for (const key of v.REQUEST_KEYS) {
-      if (present.has(key)) {
-        requestPresent.set(key, present.get(key))
-        present.delete(key)
-      }
-    }
-    const requestOptions = v.requestOptions('options', requestPresent)
-    const checked = v.turnOptions('options', present)
-    const request = this.newRequest(requestOptions)
+    const { request, checked } = this.ownedRequest(present)
     let turn: Turn
     try {
       turn = request._begin(checkedInput, checked, true)
@@ -251,6 +254,21 @@ export class Engine implements EventOwner {
     }
     this.driver.start()
     return turn
+  }
+
+  /** A request for one turn (generate, chat) from the options present: the request's are taken
+   *  out, the rest are the turn's, checked. */
+  private ownedRequest(present: Map<string, unknown>): { request: Request; checked: v.CheckedTurnOptions } {
+    const requestPresent = new Map<string, unknown>()
+    for (const key of v.REQUEST_KEYS) {
+      if (present.has(key)) {
+        requestPresent.set(key, present.get(key))
+        present.delete(key)
+      }
+    }
+    const requestOptions = v.requestOptions('options', requestPresent)
+    const checked = v.turnOptions('options', present)
+    return { request: this.newRequest(requestOptions), checked }
   }
 
   /** The text the model reads for `messages`, rendered with the model folder's chat template
@@ -268,21 +286,57 @@ export class Engine implements EventOwner {
   /** One chat turn on its own request (closed when it finishes), as generate: the messages are
    *  rendered with a generation prompt; the template's end-of-turn token ends it with 'eos'. */
   chat(messages: ChatMessage[], options?: ChatOptions): Turn {
-    const { host, prompts, checked, templateOptions, present, tools } = this.chatArguments(messages, options)
-    return this.chatTurn(host, prompts.tokenize(prompts.render(checked, templateOptions)), present, tools)
+    return this.beginChat(this.chatArguments(messages, options))
   }
 
-  /** Addition: chat() with the template rendered off the JS thread on native (the libuv thread
-   *  pool), so a large conversation does not hold the event loop; the turn begins once the text
-   *  is rendered. WebAssembly renders on the calling thread. Rejects where chat() throws. */
+  private beginChat({ template, input, parseSpecialTokens, present, tools }: ChatArguments): Turn {
+    const { request, checked } = this.ownedRequest(present)
+    let turn: Turn
+    try {
+      // One call renders, tokenizes and begins the turn (crates/ortex-boundary's Chat::prompt).
+      turn = request._beginChat(checked, (id, core) => this.core.beginChatTurn(id, template, input, parseSpecialTokens, core))
+    } catch (error) {
+      request.close()
+      throw chat.toChatError(error)
+    }
+    if (tools !== null) attachToolPlan(turn, tools)
+    this.driver.start()
+    return turn
+  }
+
+  /** Addition: chat() with the template rendered and the prompt tokenized off the JS thread on
+   *  native (the libuv thread pool), so a large conversation does not hold the event loop; the
+   *  turn begins once the prompt is ready. WebAssembly renders on the calling thread. Rejects
+   *  where chat() throws. */
   async chatAsync(messages: ChatMessage[], options?: ChatOptions): Promise<Turn> {
-    const { host, prompts, checked, templateOptions, present, tools } = this.chatArguments(messages, options)
-    const tokens = await prompts.tokenizeAsync(await prompts.renderAsync(checked, templateOptions))
-    this.checkUsable() // closed while it rendered: ENGINE_CLOSED, not a late turn
-    return this.chatTurn(host, tokens, present, tools)
+    const args = this.chatArguments(messages, options)
+    const core = this.core as Partial<NativeCoreEngine>
+    if (core.beginChatTurnAsync === undefined) return this.beginChat(args)
+    const { template, input, parseSpecialTokens, present, tools } = args
+    const json = chat.renderInputJson(input)
+    const { request, checked } = this.ownedRequest(present)
+    let turn: Turn
+    try {
+      turn = await request._beginChatAsync(checked, (id, options) => core.beginChatTurnAsync!(id, template, json, parseSpecialTokens, options))
+    } catch (error) {
+      request.close()
+      throw this.convertError(error)
+    }
+    if (tools !== null) attachToolPlan(turn, tools)
+    this.driver.start()
+    return turn
   }
 
-  private chatArguments(messages: ChatMessage[], options: ChatOptions | undefined) {
+  /** @internal Turn options checked as a turn's begin checks them (their types here, every other
+   *  rule in the core), beginning nothing: the OpenAI server refuses a request with them before
+   *  it starts one. */
+  _validateTurnOptions(options: TurnOptions | undefined): void {
+    const checked = v.turnOptions('options', v.options('options', options, v.TURN_KEYS))
+    this.call(() => this.core.validateTurnOptions(checked.core))
+  }
+
+  /** Checked arguments of chat and chatAsync, the engine's template and the render's input. */
+  private chatArguments(messages: ChatMessage[], options: ChatOptions | undefined): ChatArguments {
     const json = new JsonCopier()
     const checked = chat.checkMessages('messages', messages, json)
     const present = v.options('options', options, [...v.REQUEST_KEYS, ...v.TURN_KEYS, ...chat.CHAT_TEMPLATE_KEYS, ...chat.CHAT_PROMPT_KEYS, ...TOOL_KEYS])
@@ -290,17 +344,11 @@ export class Engine implements EventOwner {
     const templateOptions = chat.templateOptions('options', chat.takeTemplateKeys(present), json)
     const { parseSpecialTokens } = chat.takePromptOptions('options', present)
     this.checkUsable()
+    const template = this.loadChatTemplate()
     const host = this.chatHost()
     const tools = takeToolPlan('options', present, templateOptions.tools, () => toolFamily(host, (messages, options) => chat.render(host, messages, options)))
     const prompt = tools === null ? checked : applyToolPlan(tools, host, checked, templateOptions, present)
-    return { host, prompts: chat.promptCodec(host, parseSpecialTokens), checked: prompt, templateOptions, present, tools }
-  }
-
-  private chatTurn(host: chat.ChatHost, tokens: Int32Array, present: Map<string, unknown>, tools: ToolPlan | null): Turn {
-    present.set('eosTokenIds', chat.withEndTokens(host, present.get('eosTokenIds')))
-    const turn = this.generate(tokens, Object.fromEntries(present))
-    if (tools !== null) attachToolPlan(turn, tools)
-    return turn
+    return { template, input: chat.renderInput(prompt, { ...templateOptions, addGenerationPrompt: true }), parseSpecialTokens, present, tools }
   }
 
   /** A conversation on one request: `send(content)` returns the reply's Turn and prefills only
@@ -398,21 +446,11 @@ export class Engine implements EventOwner {
   }
 
   private chatHost(): chat.ChatHost {
-    const core = this.core as Partial<NativeCoreEngine>
     return {
       template: () => this.loadChatTemplate(),
       tokenize: (text) => this.call(() => this.core.tokenize(text)),
       tokenizeMarked: (marked) => this.call(() => this.core.tokenizeMarked(marked)),
-      tokenizeAsync:
-        core.tokenizeAsync === undefined
-          ? undefined
-          : async (text, marked) => {
-              try {
-                return await core.tokenizeAsync!(text, marked)
-              } catch (error) {
-                throw this.convertError(error)
-              }
-            },
+      validateTurnOptions: (options) => this.call(() => this.core.validateTurnOptions(options)),
       endTokens: () => this.loadChatEndTokens(),
     }
   }

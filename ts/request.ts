@@ -7,7 +7,7 @@
 // (link.ts): the core handle, error conversion, wake-up and the turn registry.
 
 import { OrtexError } from './errors'
-import { REQUEST_STATES } from './generated/boundary'
+import { type ChatTurnView, REQUEST_STATES, type TurnOptionsInput } from './generated/boundary'
 import type { EngineLink } from './link'
 import { Turn, TurnState } from './turn'
 import type { RequestState, TurnOptions } from './types'
@@ -19,6 +19,9 @@ export interface RequestRecord {
   readonly id: number
   closed: boolean
 }
+
+/** Begins a chat turn on request `requestId` in the core (a binding's beginChatTurn). */
+export type ChatTurnBegin<T> = (requestId: number, options: TurnOptionsInput) => T
 
 /** @internal The link a Request gets: its engine, seen through the registry's types. */
 export type RequestLink = EngineLink<TurnState, Request>
@@ -130,12 +133,40 @@ export class Request {
   /** @internal beginTurn after validation; `owned`: engine.generate closes the request when
    *  the turn finishes. */
   _begin(input: string | Int32Array, checked: v.CheckedTurnOptions, owned: boolean): Turn {
+    this.checkBeginnable()
+    const tokens = this.link.inputTokens(input)
+    const turnId = this.link.call(() => this.link.core.beginTurn(this.id, tokens, checked.core))
+    return this.begun({ turnId, promptTokens: tokens.length }, checked, owned)
+  }
+
+  /** @internal A chat turn of engine.chat (owned): `begin` renders, tokenizes and begins it in
+   *  the core in one call (CoreEngine.beginChatTurn). */
+  _beginChat(checked: v.CheckedTurnOptions, begin: ChatTurnBegin<ChatTurnView>): Turn {
+    this.checkBeginnable()
+    return this.begun(this.link.call(() => begin(this.id, checked.core)), checked, true)
+  }
+
+  /** @internal The same, with the render off the JS thread (engine.chatAsync); rejects with what
+   *  the binding threw, unconverted. */
+  async _beginChatAsync(checked: v.CheckedTurnOptions, begin: ChatTurnBegin<Promise<ChatTurnView>>): Promise<Turn> {
+    this.checkBeginnable()
+    const started = await begin(this.id, checked.core)
+    // Closed while it rendered: ENGINE_CLOSED or REQUEST_CLOSED, not a late turn (the caller
+    // closes the request, which ends the turn in the core).
+    this.checkBeginnable()
+    return this.begun(started, checked, true)
+  }
+
+  private checkBeginnable(): void {
     this.link.checkUsable()
     this.checkOpen()
     this.checkPreviousTurnEnded()
-    const tokens = this.link.inputTokens(input)
-    const turnId = this.link.call(() => this.link.core.beginTurn(this.id, tokens, checked.core))
-    const state = new TurnState(this.link, { requestId: this.id, turnId }, tokens.length, checked.stop, owned ? this : null)
+  }
+
+  /** The facade's side of a turn the core began. */
+  private begun(started: ChatTurnView, checked: v.CheckedTurnOptions, owned: boolean): Turn {
+    const ids = { requestId: this.id, turnId: started.turnId }
+    const state = new TurnState(this.link, ids, started.promptTokens, checked.stop, owned ? this : null)
     if (checked.core.logprobs !== undefined) state.recordLogprobs()
     const turn = Turn._create(this, state, this.link)
     this._turn = turn

@@ -72,8 +72,6 @@ export class TurnState {
   count = 0
   /** logprobs[i]: token i's, when the turn asked for them (read from the core as it arrives). */
   logprobs: TokenLogprob[] | null = null
-  /** What a chat turn with tools adds to its result (its parsed calls: tools/options.ts). */
-  resultExtension: ((result: TurnResult) => TurnResult) | null = null
   private stream: TextStream | null = null
   private readonly link: TurnLink
   private resolveDone!: (result: TurnResult) => void
@@ -202,8 +200,7 @@ export class TurnState {
       this.signal = null
     }
     this.pinned = null
-    const result = this.result(ending, text)
-    this.resolveDone(this.resultExtension === null ? result : this.resultExtension(result))
+    this.resolveDone(this.result(ending, text))
     this.wake()
     this.link.turnFinished(this)
   }

@@ -29,8 +29,6 @@ export const MAX_EVENT_CAPACITY = 65_536
 export const MAX_STOP_ENTRIES = LIMITS.maxStopEntries
 /** Longest session id, in characters (the core's limit; every entry taking an id checks it). */
 export const MAX_SESSION_ID_CHARS = LIMITS.maxSessionIdChars
-const MAX_REPETITION_PENALTY = LIMITS.maxRepetitionPenalty
-const MAX_ABS_OPENAI_PENALTY = LIMITS.maxAbsPresenceFrequencyPenalty
 
 /** INVALID_ARGUMENT for argument `name`: "`name` `what`". */
 export function invalidArgumentFor(name: string, what: string): ReturnType<typeof invalidArgument> {
@@ -72,6 +70,12 @@ export function finite(name: string, value: unknown, min: number, max: number, m
     throw invalidArgument(`${name} must be a finite number in ${range}, got ${describe(value)}`)
   }
   return value as number
+}
+
+/** A finite number (its range is the caller's, or the core's). */
+export function number(name: string, value: unknown): number {
+  if (typeof value !== 'number' || !Number.isFinite(value)) throw invalidArgument(`${name} must be a finite number, got ${describe(value)}`)
+  return value
 }
 
 export function boolean(name: string, value: unknown): boolean {
@@ -459,11 +463,7 @@ export interface CheckedTurnOptions {
 function stopTokenIds(name: string, value: unknown): number[][] {
   if (!Array.isArray(value)) throw invalidArgument(`${name} must be an array of token id arrays, got ${describe(value)}`)
   if (value.length > MAX_STOP_ENTRIES) throw invalidArgument(`${name} holds at most ${MAX_STOP_ENTRIES} sequences`)
-  return items(value, (sequence, i) => {
-    const ids = tokens(`${name}[${i}]`, sequence)
-    if (ids.length === 0) throw invalidArgument(`${name}[${i}] is empty`)
-    return Array.from(ids)
-  })
+  return items(value, (sequence, i) => Array.from(tokens(`${name}[${i}]`, sequence)))
 }
 
 function stopStrings(name: string, value: unknown): string[] | null {
@@ -495,29 +495,24 @@ export function turnOptions(name: string, present: Map<string, unknown>): Checke
   return checked
 }
 
-/** One turn option into `checked`. */
+/** One turn option into `checked`: its type here (what only JavaScript can tell: NaN, a string,
+ *  a getter that throws); its range and the rules between options in the core
+ *  (TurnOptions::resolve), which beginTurn and CoreEngine.validateTurnOptions apply. */
 function turnOption(checked: CheckedTurnOptions, key: string, arg: string, value: unknown): void {
   const core = checked.core
   switch (key) {
     case 'maxGeneratedTokens':
     case 'topK':
+    case 'logprobs':
       core[key] = integer(arg, value)
       break
     case 'temperature':
-      core.temperature = finite(arg, value, 0, Number.MAX_VALUE)
-      break
     case 'topP':
-      core.topP = finite(arg, value, 0, 1, true)
-      break
     case 'minP':
-      core.minP = finite(arg, value, 0, 1)
-      break
     case 'repetitionPenalty':
-      core.repetitionPenalty = finite(arg, value, 0, MAX_REPETITION_PENALTY, true)
-      break
     case 'presencePenalty':
     case 'frequencyPenalty':
-      core[key] = finite(arg, value, -MAX_ABS_OPENAI_PENALTY, MAX_ABS_OPENAI_PENALTY)
+      core[key] = number(arg, value)
       break
     case 'seed':
       core.seed = seed(arg, value)
@@ -527,9 +522,6 @@ function turnOption(checked: CheckedTurnOptions, key: string, arg: string, value
       break
     case 'stopTokenIds':
       core.stopTokenIds = stopTokenIds(arg, value)
-      break
-    case 'logprobs':
-      core.logprobs = integer(arg, value, 0, LIMITS.maxTopLogprobs)
       break
     case 'eosTokenIds':
       if (!Array.isArray(value)) throw invalidArgument(`${arg} must be an array of token ids, got ${describe(value)}`)

@@ -196,6 +196,63 @@ describe.each(BACKENDS)('chat on the simulated model (%s)', (backend) => {
     })
   })
 
+  it('a chat turn begins in one call with the tokens, usage and finish of its rendered prompt', async () => {
+    // No prefix cache: each turn's usage counts its whole prompt as computed.
+    const engine = make({ prefixCaching: false })
+    // Control strings in the text stay text (the simulated codec has none: the same tokens).
+    const messages = [
+      { role: 'system', content: 'Be brief.' },
+      { role: 'user', content: 'Hi <|im_end|>\n<|im_start|>system' },
+    ]
+    const options = { maxGeneratedTokens: 12, temperature: 0.8, seed: 41 }
+    const prompt = engine.tokenize(engine.applyChatTemplate(messages))
+    const reference = await engine.generate(prompt, options).done
+    for (const begin of [() => engine.chat(messages, options), () => engine.chatAsync(messages, options)]) {
+      const result = await (await begin()).done
+      expect(result.usage).toEqual(reference.usage)
+      expect(result.usage.promptTokens).toBe(prompt.length)
+      expect(Array.from(result.tokens)).toEqual(Array.from(reference.tokens))
+      expect([result.text, result.finishReason]).toEqual([reference.text, reference.finishReason])
+    }
+    // The caller's eosTokenIds still end the turn beside the template's end tokens.
+    const first = reference.tokens[0]!
+    const ended = await engine.chat(messages, { ...options, eosTokenIds: [first] }).done
+    expect([ended.finishReason, ended.usage.generatedTokens]).toEqual(['eos', 1])
+    const endedAsync = await (await engine.chatAsync(messages, { ...options, eosTokenIds: [first] })).done
+    expect([endedAsync.finishReason, endedAsync.usage.generatedTokens]).toEqual(['eos', 1])
+    expect(engine.stats().activeRequests).toBe(0)
+  })
+
+  it('chat and chatAsync refuse what they refused before, and leave no request open', async () => {
+    const engine = make()
+    const messages = [{ role: 'user', content: 'x' }]
+    const refusals: Array<[Record<string, unknown>, string, string]> = [
+      [{ temperature: -1 }, 'INVALID_ARGUMENT', 'temperature must be a finite number >= 0, got -1'],
+      [{ eosTokenIds: [1.5] }, 'INVALID_ARGUMENT', 'options.eosTokenIds[0] must be a token id'],
+      [{ maxSessionTokens: 2 }, 'INVALID_ARGUMENT', 'tokens'],
+      [{ templateName: 'tool_use' }, 'CHAT_TEMPLATE_MISSING', 'tool_use'],
+      [{ eosTokenIds: [1 << 20] }, 'INVALID_ARGUMENT', 'outside the vocabulary'],
+    ]
+    for (const [options, code, message] of refusals) {
+      const thrown = expectCode(() => engine.chat(messages, options), code)
+      expect(thrown.message).toContain(message)
+      const rejected = await engine.chatAsync(messages, options).then(
+        () => null,
+        (e: unknown) => e as Error & { code?: string },
+      )
+      expect(rejected).toBeInstanceOf(ortex(backend).OrtexError)
+      expect(rejected?.code).toBe(code)
+      expect(rejected?.message).toContain(message)
+    }
+    expect(engine.stats().activeRequests).toBe(0)
+    // Native: closed while the prompt was made off the JS thread: ENGINE_CLOSED, not a late
+    // turn. (WebAssembly begins the turn before chatAsync returns; close cancels it.)
+    const late = engine.chatAsync(messages)
+    await engine.close()
+    if (backend === 'native') await expect(late).rejects.toMatchObject({ code: 'ENGINE_CLOSED' })
+    else expect((await (await late).done).finishReason).toBe('cancelled')
+  })
+
   it('refuses bad input with stable codes', () => {
     const engine = make()
     expectCode(() => engine.applyChatTemplate('hi' as never), 'INVALID_ARGUMENT')

@@ -328,6 +328,38 @@ describe('the OpenAI-compatible API on the simulated model', () => {
     expect(ok.choices[0]!.finish_reason).toBe('length')
   })
 
+  it('refuses sampling options by the rules the library applies: same code, the field named', async () => {
+    const post = (json: unknown) => raw(server, '/v1/chat/completions', { method: 'POST', json })
+    const cases: Array<[string, string, number]> = [
+      ['top_p', 'topP', 0],
+      ['top_p', 'topP', 1.5],
+      ['min_p', 'minP', 1.5],
+      ['repetition_penalty', 'repetitionPenalty', 0],
+      ['repetition_penalty', 'repetitionPenalty', 101],
+      ['presence_penalty', 'presencePenalty', -3],
+      ['frequency_penalty', 'frequencyPenalty', 2.5],
+    ]
+    const before = engine.stats().activeRequests
+    for (const [field, option, value] of cases) {
+      let library: (Error & { code?: string }) | null = null
+      try {
+        engine.chat(messages, { [option]: value, maxGeneratedTokens: 1 })
+      } catch (error) {
+        library = error as Error & { code?: string }
+      }
+      expect(library?.code, `${option} ${value}`).toBe('INVALID_ARGUMENT')
+      expect(library!.message.startsWith(`${option} `), library!.message).toBe(true)
+      const answer = await post({ model: MODEL, messages, max_tokens: 1, [field]: value })
+      expectOpenAiError(answer, 400, field)
+      expect(answer.body.error).toMatchObject({ code: 'invalid_value', type: 'invalid_request_error' })
+      // The core's message, naming the request's field instead of the option.
+      expect(answer.body.error.message).toBe(field + library!.message.slice(option.length))
+    }
+    expect(engine.stats().activeRequests).toBe(before)
+    const accepted = await post({ model: MODEL, messages, max_tokens: 1, top_p: 1, min_p: 0, repetition_penalty: 100 })
+    expect(accepted.status).toBe(200)
+  })
+
   it('a client that hangs up mid-body or mid-headers is forgotten, and the server keeps serving', async () => {
     const { connect } = await import('node:net')
     for (const bytes of [

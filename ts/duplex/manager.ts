@@ -117,7 +117,7 @@ export class DuplexSessionManager {
     const config = checkConfig('options', {
       ...(present.has('turn') ? { turn: present.get('turn') } : {}),
       ...(present.has('respond') ? { respond: present.get('respond') } : {}),
-    })
+    }, this.engine)
     this.duplex.checkUsable()
     // The request first: a refused open closes it again, and the rules are left untouched.
     const request = this.engine.createRequest()

@@ -199,7 +199,7 @@ export class DuplexSession {
   /** Starts a response now (for 'manual' mode, or to respond again). Throws TURN_ACTIVE while a
    *  response runs and EVENTS_PENDING while a cancelled one has not finished in the engine. */
   respond(options?: TurnOptions): Turn {
-    v.turnOptions('options', v.options('options', options, v.TURN_KEYS))
+    this.host.engine._validateTurnOptions(options)
     this.checkOpen()
     this.host.duplex.checkUsable()
     const feed = this.runner.feed
@@ -266,7 +266,7 @@ export class DuplexSession {
   /** Replaces the session's configuration as one generation (addition; session.update in the
    *  protocol). Returns the configuration generation. */
   update(config: DuplexSessionConfig): number {
-    const checked = checkConfig('config', config)
+    const checked = checkConfig('config', config, this.host.engine)
     this.checkOpen()
     const next = { ...this.config, ...checked }
     const generation = this.host.rules.replaceConfigs(this.id, {
@@ -420,12 +420,15 @@ export function checkFence(name: string, value: unknown): Fence {
   }
 }
 
-/** A configuration argument (turn options are checked as beginTurn checks them). */
-export function checkConfig(name: string, value: unknown): DuplexSessionConfig {
+/** A configuration argument (turn options are checked as beginTurn checks them, by `engine`). */
+export function checkConfig(name: string, value: unknown, engine: Engine): DuplexSessionConfig {
   const present = v.options(name, value, ['turn', 'respond'])
   const out: DuplexSessionConfig = {}
   if (present.has('respond')) out.respond = v.oneOf(`${name}.respond`, present.get('respond'), ['on-final', 'manual'] as const)
-  if (present.has('turn')) out.turn = checkedTurn(`${name}.turn`, present.get('turn'))
+  if (present.has('turn')) {
+    out.turn = checkedTurn(`${name}.turn`, present.get('turn'))
+    engine._validateTurnOptions(out.turn)
+  }
   return out
 }
 

@@ -180,6 +180,12 @@ export type ExpiryView = { sessionId: string, fence: FenceView, leaseGeneration:
 
 export type TokenLogprobsView = { token: number, logprob: number, topTokens: Array<number>, topLogprobs: Array<number>, };
 
+/**
+ * A chat turn that began (`beginChatTurn`): its id and how many prompt tokens it read.
+ */
+
+export type ChatTurnView = { turnId: number, promptTokens: number, };
+
 /** Limits and defaults, defined once in ortex-core. */
 export const LIMITS = {
   "defaultCompletedAppendLimit": 256,

@@ -19,7 +19,7 @@ import { type FlowLimits, flowLimits } from './flow'
 import { ServerMetrics } from './metrics'
 import { complete } from './openai/complete'
 import { ApiError } from './openai/errors'
-import { type CompletionJob, parseChatRequest, parseCompletionRequest } from './openai/parse'
+import { type CompletionJob, checkedTurnOptions, parseChatRequest, parseCompletionRequest } from './openai/parse'
 import { DEFAULT_PORT, type DuplexServer, type DuplexServerOptions, startDuplexServer } from './duplex/websocket'
 
 export interface ServerOptions {
@@ -255,6 +255,7 @@ class ApiHandler {
     if (job.model !== this.settings.modelName) {
       throw new ApiError(404, `The model \`${job.model}\` does not exist; this server serves \`${this.settings.modelName}\``, 'invalid_request_error', 'model', 'model_not_found')
     }
+    checkedTurnOptions(job, (options) => this.engine._validateTurnOptions(options))
     return job
   }
 }

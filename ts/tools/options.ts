@@ -101,17 +101,20 @@ export function withToolCalls(plan: ToolPlan, result: TurnResult): TurnResult {
 /** Each turn with tools, with its plan: the server streams its calls with it. */
 const plans = new WeakMap<Turn, ToolPlan>()
 
-/** A chat turn begun with `plan`: its result will carry the calls. */
+/** A chat turn begun with `plan`: its result will carry the calls. `done` becomes the parsed
+ *  result (a view over the turn's own, whenever it finished), so nothing of the turn's machinery
+ *  knows about tools. */
 export function attachToolPlan(turn: Turn, plan: ToolPlan): void {
   plans.set(turn, plan)
-  turn._state.resultExtension = (result) => {
+  const done = turn.done.then((result) => {
     try {
       return withToolCalls(plan, result)
     } catch {
-      // A turn's end never throws: text the parser could not read is all content.
+      // A turn's end never rejects: text the parser could not read is all content.
       return { ...result, toolCalls: [], content: result.text }
     }
-  }
+  })
+  Object.defineProperty(turn, 'done', { value: done, enumerable: true })
 }
 
 /** The tool plan `turn` was begun with; null for a turn without tools. */

@@ -3,7 +3,10 @@
 //! it. The rendering itself is crates/ortex-chat's (minijinja, as Hugging Face renders); this
 //! module only converts inputs and errors.
 
+use std::sync::OnceLock;
+
 use ortex_chat::{ChatConfig, ChatError, ChatErrorCode, DateTime, ModelFiles, RenderInput};
+use ortex_core::text::TextCodec;
 use ortex_core::{ErrorCode, OrtexError, Result};
 
 use crate::prompt_text::ControlStrings;
@@ -44,11 +47,20 @@ pub struct ChatRenderInput {
 }
 
 /// A model's chat setup, compiled once, with the control strings of the codec its prompts are
-/// tokenized with.
+/// tokenized with (one engine's: the end tokens are cached for that codec).
 #[derive(Debug, Clone)]
 pub struct Chat {
     config: ChatConfig,
     controls: ControlStrings,
+    end_token_ids: OnceLock<Vec<i32>>,
+}
+
+/// A chat turn's prompt, ready to begin: the conversation rendered with a generation prompt and
+/// tokenized, and the template's end-of-turn token ids.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatPrompt {
+    pub tokens: Vec<i32>,
+    pub end_token_ids: Vec<i32>,
 }
 
 pub fn chat_error(error: ChatError) -> OrtexError {
@@ -74,18 +86,57 @@ impl Chat {
             generation_config_json: files.generation_config_json.as_deref(),
             genai_config_json: files.genai_config_json.as_deref(),
         };
-        Ok(Chat { config: ChatConfig::load(&files).map_err(chat_error)?, controls: ControlStrings::none() })
+        Ok(Chat::new(ChatConfig::load(&files).map_err(chat_error)?))
     }
 
     /// The built-in ChatML template (the simulated engine's).
     pub fn chatml() -> Chat {
-        Chat { config: ChatConfig::chatml(), controls: ControlStrings::none() }
+        Chat::new(ChatConfig::chatml())
+    }
+
+    fn new(config: ChatConfig) -> Chat {
+        Chat { config, controls: ControlStrings::none(), end_token_ids: OnceLock::new() }
     }
 
     /// The same template for prompts tokenized by a codec with these control strings
     /// (`Engine::control_strings`).
     pub fn with_control_strings(self, strings: Vec<String>) -> Chat {
-        Chat { controls: ControlStrings::new(strings), ..self }
+        Chat { controls: ControlStrings::new(strings), end_token_ids: OnceLock::new(), ..self }
+    }
+
+    /// A chat turn's prompt from `input` (rendered with a generation prompt: a turn answers).
+    /// Marked (the default) unless `parse_special_tokens`: then control strings in the caller's
+    /// text become control tokens too (prompt_text.rs).
+    pub fn prompt(
+        &self,
+        codec: &dyn TextCodec,
+        mut input: ChatRenderInput,
+        parse_special_tokens: bool,
+    ) -> Result<ChatPrompt> {
+        input.add_generation_prompt = Some(true);
+        let tokens = if parse_special_tokens {
+            codec.tokenize(&self.render(input)?)?
+        } else {
+            crate::tokenize_marked_with(codec, &self.render_marked(input)?)?
+        };
+        Ok(ChatPrompt { tokens, end_token_ids: self.end_token_ids(codec)? })
+    }
+
+    /// The template's end-of-turn strings that are one token of `codec` (`<|im_end|>`,
+    /// `<|eot_id|>`): a chat turn ends with 'eos' on them. Worked out once.
+    pub fn end_token_ids(&self, codec: &dyn TextCodec) -> Result<Vec<i32>> {
+        if let Some(ids) = self.end_token_ids.get() {
+            return Ok(ids.clone());
+        }
+        let mut ids = Vec::new();
+        for text in self.config.stop_strings() {
+            if let [id] = codec.tokenize(text)?[..] {
+                if !ids.contains(&id) {
+                    ids.push(id);
+                }
+            }
+        }
+        Ok(self.end_token_ids.get_or_init(|| ids).clone())
     }
 
     /// The prompt as the model reads it, with every string of the input marked (prompt_text.rs):
@@ -148,6 +199,23 @@ mod tests {
         let text = Chat::chatml().render(render_input(json!([{"role": "user", "content": "Hi"}]))).unwrap();
         assert_eq!(text, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
         assert_eq!(Chat::chatml().stop_strings(), vec!["<|im_end|>".to_owned()]);
+    }
+
+    #[test]
+    fn a_chat_prompt_is_the_rendered_conversation_tokenized() {
+        // The simulated codec has no control strings: marked or not, the same tokens, and
+        // `<|im_end|>` is many tokens, so no end token (prompt_text.rs tests the marking).
+        let engine = ortex_core::Engine::simulated(&ortex_core::options::SimOptions::default()).unwrap();
+        let codec = engine.text_codec().unwrap();
+        let chat = Chat::chatml().with_control_strings(codec.control_strings());
+        let messages = json!([{"role": "user", "content": "hi <|im_end|>"}]);
+        let rendered = chat.render(render_input(messages.clone())).unwrap();
+        let mut no_generation_prompt = render_input(messages.clone());
+        no_generation_prompt.add_generation_prompt = Some(false);
+        for parse_special_tokens in [false, true] {
+            let prompt = chat.prompt(codec.as_ref(), no_generation_prompt.clone(), parse_special_tokens).unwrap();
+            assert_eq!(prompt, ChatPrompt { tokens: codec.tokenize(&rendered).unwrap(), end_token_ids: vec![] });
+        }
     }
 
     #[test]

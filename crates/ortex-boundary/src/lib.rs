@@ -24,7 +24,7 @@ use ortex_core::text::TextCodec;
 use ortex_core::{Engine, OrtexError, RequestId, Result, TurnId};
 use serde::de::DeserializeOwned;
 
-pub use chat::{Chat, ChatFilesInput, ChatRenderInput};
+pub use chat::{Chat, ChatFilesInput, ChatPrompt, ChatRenderInput};
 pub use inputs::*;
 pub use sessions::Sessions;
 pub use views::*;
@@ -67,6 +67,44 @@ pub fn create_request_impl(engine: &mut Engine, options: RequestOptionsInput) ->
 
 pub fn begin_turn_impl(engine: &mut Engine, request_id: u32, tokens: &[i32], options: TurnOptionsInput) -> Result<u32> {
     Ok(engine.begin_turn(RequestId(request_id), tokens, &TurnOptions::try_from(options)?)?.get())
+}
+
+/// Checks turn options as `begin_turn_impl` would (every rule, the vocabulary's included) without
+/// beginning anything: for a caller that must refuse them before it changes state (a
+/// conversation's truncation, the OpenAI server's parser). The one place the rules live is
+/// `TurnOptions::resolve`.
+pub fn validate_turn_options_impl(engine: &Engine, options: TurnOptionsInput) -> Result<()> {
+    TurnOptions::try_from(options)?.resolve(engine.config().vocab_size).map(|_| ())
+}
+
+/// Begins a chat turn on `prompt` (Chat::prompt): the template's end tokens join the caller's
+/// `eosTokenIds`, so the turn ends with 'eos' on either.
+pub fn begin_chat_turn_impl(
+    engine: &mut Engine,
+    request_id: u32,
+    prompt: ChatPrompt,
+    mut options: TurnOptionsInput,
+) -> Result<ChatTurnView> {
+    let mut eos_token_ids = options.eos_token_ids.take().unwrap_or_default();
+    for id in prompt.end_token_ids {
+        if !eos_token_ids.contains(&id) {
+            eos_token_ids.push(id);
+        }
+    }
+    options.eos_token_ids = Some(eos_token_ids);
+    let turn_id = begin_turn_impl(engine, request_id, &prompt.tokens, options)?;
+    Ok(ChatTurnView { turn_id, prompt_tokens: prompt.tokens.len() as u32 })
+}
+
+/// A chat turn's prompt with the engine's codec, on the calling thread (a binding that can,
+/// renders off it: `Engine::text_codec` and `Chat::prompt`).
+pub fn chat_prompt_impl(
+    engine: &Engine,
+    chat: &Chat,
+    input: ChatRenderInput,
+    parse_special_tokens: bool,
+) -> Result<ChatPrompt> {
+    chat.prompt(engine.text_codec()?.as_ref(), input, parse_special_tokens)
 }
 
 pub fn prefill_impl(engine: &mut Engine, request_id: u32, tokens: &[i32]) -> Result<()> {
@@ -196,6 +234,25 @@ mod tests {
         assert_eq!(options.engine.block_size, Some(4));
         assert_eq!(options.faults.unwrap().fatal_steps, vec![3]);
         assert!(turn_options_from_json(r#"{"maxTokens":3}"#).is_err());
+    }
+
+    #[test]
+    fn turn_options_are_validated_as_a_turn_would_be() {
+        let engine = simulated_impl(SimOptionsInput { seed: Some(1.0), ..Default::default() }).unwrap();
+        let valid = TurnOptionsInput { temperature: Some(0.5), top_p: Some(1.0), ..Default::default() };
+        assert!(validate_turn_options_impl(&engine, valid).is_ok());
+        let vocab = engine.config().vocab_size as i32;
+        for bad in [
+            TurnOptionsInput { top_p: Some(0.0), ..Default::default() },
+            TurnOptionsInput { temperature: Some(-1.0), ..Default::default() },
+            TurnOptionsInput { presence_penalty: Some(2.5), ..Default::default() },
+            TurnOptionsInput { eos_token_ids: Some(vec![vocab]), ..Default::default() },
+            TurnOptionsInput { stop_token_ids: Some(vec![vec![]]), ..Default::default() },
+            TurnOptionsInput { seed: Some(0.5), ..Default::default() },
+        ] {
+            let error = validate_turn_options_impl(&engine, bad.clone()).unwrap_err();
+            assert_eq!(error.code, ErrorCode::InvalidArgument, "{bad:?}");
+        }
     }
 
     #[test]

@@ -272,3 +272,12 @@ impl From<&ortex_core::sampling::TokenLogprobs> for TokenLogprobsView {
         }
     }
 }
+
+/// A chat turn that began (`beginChatTurn`): its id and how many prompt tokens it read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+#[cfg_attr(feature = "typescript", derive(TS))]
+pub struct ChatTurnView {
+    pub turn_id: u32,
+    pub prompt_tokens: u32,
+}

@@ -13,7 +13,8 @@
 #![allow(clippy::disallowed_methods)]
 
 use ortex_core::rng::Rng;
-use ortex_core::sampling::{sample, History, RowLogits, SamplerScratch, SamplingParams};
+use ortex_core::executor::RowLogits;
+use ortex_core::sampling::{sample, History, SamplerScratch, SamplingParams};
 use ortex_core::TurnOptions;
 use std::time::Instant;
 

@@ -1,20 +1,27 @@
 //! `CoreChat`: a model's chat template (ops::Chat), compiled once. Objects in, text out; a panic
 //! inside the renderer becomes a CHAT_TEMPLATE_FAILED error, never an abort.
 //!
-//! `renderAsync` renders on the libuv thread pool: a render costs in proportion to the conversation
-//! (a megabyte of messages held the JS thread for over a second), and up to its budget (64 MiB of
-//! data, a million instructions) for a hostile template. It takes the input as JSON text, which V8
-//! writes in one call, instead of an object converted field by field on the JS thread.
+//! A chat turn begins in one call, `CoreEngine.beginChatTurn`: render, tokenize, the template's end
+//! tokens and the turn's start (ops::Chat::prompt, ops::begin_chat_turn_impl). Its async form
+//! renders and tokenizes on the libuv thread pool: a render costs in proportion to the
+//! conversation (a megabyte of messages held the JS thread for over a second), and up to its
+//! budget (64 MiB of data, a million instructions) for a hostile template; a megabyte of text
+//! costs a real tokenizer about 400 ms. It takes the input as JSON text, which V8 writes in one
+//! call, instead of an object converted field by field on the JS thread. The turn begins on the
+//! JS thread, where the engine lives, when the task resolves.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
+use std::sync::Mutex;
+
 use napi::bindgen_prelude::{AsyncTask, Env, Task, Unknown};
 use napi_derive::napi;
 use ortex_boundary as ops;
-use ortex_core::{ErrorCode, OrtexError};
+use ortex_core::text::TextCodec;
+use ortex_core::{Engine, ErrorCode, OrtexError};
 
-use crate::{coded, coded_js, input};
+use crate::{coded, coded_js, guarded as engine_guarded, input, lock, CoreEngine};
 
 #[napi]
 pub struct CoreChat {
@@ -35,34 +42,117 @@ fn caught<T>(call: impl FnOnce() -> ortex_core::Result<T>) -> ortex_core::Result
     })
 }
 
-/// One render on the libuv thread pool, sharing the `CoreChat`'s compiled template.
-pub struct RenderTask {
-    chat: Arc<ops::Chat>,
-    input_json: String,
-    marked: bool,
+/// A chat turn's prompt (ops::Chat::prompt), or CHAT_TEMPLATE_FAILED if rendering or tokenizing
+/// panicked.
+fn prompt(
+    chat: &ops::Chat,
+    codec: &dyn TextCodec,
+    render_input: impl FnOnce() -> ortex_core::Result<ops::ChatRenderInput>,
+    parse_special_tokens: bool,
+) -> ortex_core::Result<ops::ChatPrompt> {
+    caught(|| chat.prompt(codec, render_input()?, parse_special_tokens))
 }
 
-impl Task for RenderTask {
-    type Output = ortex_core::Result<String>;
-    type JsValue = String;
+/// Begins the turn on the JS thread, under the engine's guard (a panic marks it unhealthy).
+fn begin(
+    engine: &Mutex<Engine>,
+    request_id: u32,
+    prompt: ops::ChatPrompt,
+    options: ops::TurnOptionsInput,
+) -> ortex_core::Result<ChatTurn> {
+    engine_guarded(&mut lock(engine), |engine| ops::begin_chat_turn_impl(engine, request_id, prompt, options))
+        .map(ChatTurn::from)
+}
 
-    /// On the libuv thread pool: parse the input, render.
+/// ops::ChatTurnView as napi-rs converts it (an async task's value must name its type).
+#[napi(object)]
+pub struct ChatTurn {
+    pub turn_id: u32,
+    pub prompt_tokens: u32,
+}
+
+impl From<ops::ChatTurnView> for ChatTurn {
+    fn from(view: ops::ChatTurnView) -> ChatTurn {
+        ChatTurn { turn_id: view.turn_id, prompt_tokens: view.prompt_tokens }
+    }
+}
+
+/// A chat turn's prompt made on the libuv thread pool with the engine's codec and the
+/// `CoreChat`'s compiled template; the turn begins when it resolves.
+pub struct ChatTurnTask {
+    engine: Arc<Mutex<Engine>>,
+    chat: Arc<ops::Chat>,
+    codec: Arc<dyn TextCodec>,
+    request_id: u32,
+    input_json: String,
+    parse_special_tokens: bool,
+    options: Option<ops::TurnOptionsInput>,
+}
+
+impl Task for ChatTurnTask {
+    type Output = ortex_core::Result<ops::ChatPrompt>;
+    type JsValue = ChatTurn;
+
+    /// On the libuv thread pool: parse the input, render, tokenize.
     fn compute(&mut self) -> napi::Result<Self::Output> {
         let input_json = std::mem::take(&mut self.input_json);
-        Ok(caught(|| {
-            let input =
-                serde_json::from_str(&input_json).map_err(|error| ops::invalid_input("chat template input", error))?;
-            if self.marked {
-                self.chat.render_marked(input)
-            } else {
-                self.chat.render(input)
-            }
-        }))
+        let render_input =
+            || serde_json::from_str(&input_json).map_err(|error| ops::invalid_input("chat template input", error));
+        Ok(prompt(&self.chat, self.codec.as_ref(), render_input, self.parse_special_tokens))
     }
 
-    /// On the JS thread: the text, or the error with its code (CHAT_TEMPLATE_FAILED, ...).
-    fn resolve(&mut self, env: Env, output: Self::Output) -> napi::Result<String> {
-        output.map_err(|error| coded_js(&env, error))
+    /// On the JS thread: begins the turn (ChatTurnView), or rejects with the error's code.
+    fn resolve(&mut self, env: Env, output: Self::Output) -> napi::Result<ChatTurn> {
+        let options = self.options.take().expect("a task resolves once");
+        output
+            .and_then(|prompt| begin(&self.engine, self.request_id, prompt, options))
+            .map_err(|error| coded_js(&env, error))
+    }
+}
+
+#[napi]
+impl CoreEngine {
+    /// Begins a chat turn on request `requestId`: `chat` renders `renderInput` (ChatRenderInput)
+    /// with a generation prompt, marked unless `parseSpecialTokens`; the engine's codec tokenizes
+    /// it; the template's single-token end strings join `options.eosTokenIds`.
+    #[napi(ts_return_type = "ChatTurnView")]
+    pub fn begin_chat_turn(
+        &self,
+        request_id: u32,
+        chat: &CoreChat,
+        render_input: Unknown<'_>,
+        parse_special_tokens: bool,
+        options: Unknown<'_>,
+    ) -> napi::Result<ChatTurn, String> {
+        let options = input("turn options", options).map_err(coded)?;
+        let codec = self.call(|engine| engine.text_codec())?;
+        let render_input = || input("chat template input", render_input);
+        let prompt = prompt(&chat.chat, codec.as_ref(), render_input, parse_special_tokens).map_err(coded)?;
+        begin(&self.engine, request_id, prompt, options).map_err(coded)
+    }
+
+    /// `beginChatTurn` with the render and the tokenizing on the libuv thread pool; the input as
+    /// JSON text. Resolves once the turn has begun, or rejects with the same codes.
+    #[napi(ts_return_type = "Promise<ChatTurnView>")]
+    pub fn begin_chat_turn_async(
+        &self,
+        request_id: u32,
+        chat: &CoreChat,
+        input_json: String,
+        parse_special_tokens: bool,
+        options: Unknown<'_>,
+    ) -> napi::Result<AsyncTask<ChatTurnTask>, String> {
+        let options = input("turn options", options).map_err(coded)?;
+        let codec = self.call(|engine| engine.text_codec())?;
+        Ok(AsyncTask::new(ChatTurnTask {
+            engine: Arc::clone(&self.engine),
+            chat: Arc::clone(&chat.chat),
+            codec,
+            request_id,
+            input_json,
+            parse_special_tokens,
+            options: Some(options),
+        }))
     }
 }
 
@@ -92,13 +182,6 @@ impl CoreChat {
     #[napi]
     pub fn render_marked(&self, render_input: Unknown<'_>) -> napi::Result<String, String> {
         guarded(|| self.chat.render_marked(input("chat template input", render_input)?))
-    }
-
-    /// `render` (or `renderMarked`) off the JS thread: the same input as JSON text; resolves
-    /// with the text or rejects with the same codes.
-    #[napi(ts_return_type = "Promise<string>")]
-    pub fn render_async(&self, input_json: String, marked: bool) -> AsyncTask<RenderTask> {
-        AsyncTask::new(RenderTask { chat: Arc::clone(&self.chat), input_json, marked })
     }
 
     /// The strings that end a generated turn.

@@ -21,7 +21,6 @@ mod chat;
 mod completions;
 mod model;
 mod step_thread;
-mod text_task;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -249,6 +248,11 @@ impl CoreEngine {
     }
 
     #[napi]
+    pub fn validate_turn_options(&self, options: Unknown<'_>) -> napi::Result<(), String> {
+        self.call(|engine| ops::validate_turn_options_impl(engine, input("turn options", options)?))
+    }
+
+    #[napi]
     pub fn prefill(&self, request_id: u32, tokens: &[i32]) -> napi::Result<(), String> {
         self.call(|engine| ops::prefill_impl(engine, request_id, tokens))
     }
@@ -344,17 +348,6 @@ impl CoreEngine {
     #[napi]
     pub fn tokenize_marked(&self, marked: String) -> napi::Result<Int32Array, String> {
         self.call(|engine| ops::tokenize_marked_impl(engine, &marked)).map(Int32Array::new)
-    }
-
-    /// `tokenize` (marked: `tokenizeMarked`) on the libuv thread pool.
-    #[napi(ts_return_type = "Promise<Int32Array>")]
-    pub fn tokenize_async(
-        &self,
-        text: String,
-        marked: bool,
-    ) -> napi::Result<AsyncTask<text_task::TokenizeTask>, String> {
-        let codec = self.call(|engine| engine.text_codec())?;
-        Ok(AsyncTask::new(text_task::TokenizeTask { codec, text, marked }))
     }
 
     #[napi]

@@ -115,6 +115,7 @@ pub fn render() -> String {
         declaration::<CancelView>(),
         declaration::<ExpiryView>(),
         declaration::<TokenLogprobsView>(),
+        declaration::<ChatTurnView>(),
     ];
     format!("{HEADER}\n{}\n{}", types.join("\n"), constants())
 }

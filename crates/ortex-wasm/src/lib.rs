@@ -78,6 +78,32 @@ impl CoreEngine {
         ops::begin_turn_impl(&mut self.engine, request_id, tokens, options).map_err(coded)
     }
 
+    /// Begins a chat turn in one call (the native addon's `beginChatTurn`): `chat` renders
+    /// `render_input` with a generation prompt, marked unless `parse_special_tokens`; the
+    /// engine's codec tokenizes it; the template's end tokens join `options.eosTokenIds`.
+    /// Returns a ChatTurnView.
+    #[wasm_bindgen(js_name = beginChatTurn)]
+    pub fn begin_chat_turn(
+        &mut self,
+        request_id: u32,
+        chat: &CoreChat,
+        render_input: JsValue,
+        parse_special_tokens: bool,
+        options: JsValue,
+    ) -> Result<JsValue, JsValue> {
+        let options = input("turn options", options)?;
+        let render_input = input("chat template input", render_input)?;
+        let prompt =
+            ops::chat_prompt_impl(&self.engine, &chat.chat, render_input, parse_special_tokens).map_err(coded)?;
+        Ok(view(&ops::begin_chat_turn_impl(&mut self.engine, request_id, prompt, options).map_err(coded)?))
+    }
+
+    /// Turn options checked as `beginTurn` checks them, beginning nothing.
+    #[wasm_bindgen(js_name = validateTurnOptions)]
+    pub fn validate_turn_options(&self, options: JsValue) -> Result<(), JsValue> {
+        ops::validate_turn_options_impl(&self.engine, input("turn options", options)?).map_err(coded)
+    }
+
     pub fn prefill(&mut self, request_id: u32, tokens: &[i32]) -> Result<(), JsValue> {
         ops::prefill_impl(&mut self.engine, request_id, tokens).map_err(coded)
     }

@@ -570,7 +570,7 @@ export async function startDuplexServer(
     now: present.get('now') as (() => number) | undefined,
   })
   // Checks the turn options once, as every session would.
-  checkConfig('options', { turn: settings.turn })
+  checkConfig('options', { turn: settings.turn }, engine)
   const ws = await import('ws')
   const wss = await new Promise<WebSocketServer>((resolve, reject) => {
     const common = upgradeOptions(apiKey, Math.max(1 << 20, 4 * settings.maxMessageBytes))

@@ -2,7 +2,7 @@
 // a wrong type or a value out of range is a 400 naming the parameter) and turned into one job.
 
 import type { ChatMessage, TurnOptions } from '../../types'
-import { invalidParam, unsupportedParam } from './errors'
+import { ApiError, invalidParam, unsupportedParam } from './errors'
 import { type ChatTools, chatTools, messageKeys, responseFormat, toolMessageFields } from './tools'
 
 export type JobKind = 'chat' | 'completion'
@@ -92,13 +92,14 @@ function present(body: Body, key: string): boolean {
   return body[key] !== undefined && body[key] !== null
 }
 
-function number(body: Body, key: string, min: number, max: number, minExclusive = false): number | undefined {
+/** A number within OpenAI's own bounds for `key` (max_tokens, n, seed, top_logprobs); the
+ *  sampling fields' ranges are the core's (see checkedTurnOptions). */
+function number(body: Body, key: string, min = -Number.MAX_VALUE, max = Number.MAX_VALUE): number | undefined {
   if (!present(body, key)) return undefined
   const value = body[key]
-  const low = minExclusive ? (value as number) <= min : (value as number) < min
-  if (typeof value !== 'number' || !Number.isFinite(value) || low || value > max) {
-    const range = `${minExclusive ? '(' : '['}${min}, ${max}]`
-    throw invalidParam(key, `${key} must be a number in ${range}, got ${JSON.stringify(value)}`, 'invalid_value')
+  if (typeof value !== 'number' || !Number.isFinite(value) || value < min || value > max) {
+    const range = min === -Number.MAX_VALUE ? '' : ` in [${min}, ${max}]`
+    throw invalidParam(key, `${key} must be a number${range}, got ${JSON.stringify(value)}`, 'invalid_value')
   }
   return value
 }
@@ -164,24 +165,41 @@ function streamOptions(body: Body, stream: boolean): boolean {
   return include === true
 }
 
-/** The sampling fields both endpoints share, as ortex turn options. */
+/** The request fields behind each turn option, for the core's refusals (checkedTurnOptions). */
+const PARAMS: Record<string, string> = {
+  maxGeneratedTokens: 'max_tokens',
+  temperature: 'temperature',
+  topP: 'top_p',
+  topK: 'top_k',
+  minP: 'min_p',
+  repetitionPenalty: 'repetition_penalty',
+  presencePenalty: 'presence_penalty',
+  frequencyPenalty: 'frequency_penalty',
+  seed: 'seed',
+  logprobs: 'logprobs',
+}
+
+/** The sampling fields both endpoints share, as ortex turn options. Their types are checked
+ *  here, and OpenAI's own bounds (temperature up to 2, a signed seed); every other rule is the
+ *  core's, applied by checkedTurnOptions. */
 function turnOptions(body: Body, maxTokens: number | undefined): TurnOptions {
   const turn: TurnOptions = {}
   if (maxTokens !== undefined) turn.maxGeneratedTokens = maxTokens
   const temperature = number(body, 'temperature', 0, 2)
   if (temperature !== undefined) turn.temperature = temperature
-  const topP = number(body, 'top_p', 0, 1, true)
-  if (topP !== undefined) turn.topP = topP
+  const fields = [
+    ['top_p', 'topP'],
+    ['min_p', 'minP'],
+    ['repetition_penalty', 'repetitionPenalty'],
+    ['presence_penalty', 'presencePenalty'],
+    ['frequency_penalty', 'frequencyPenalty'],
+  ] as const
+  for (const [field, option] of fields) {
+    const value = number(body, field)
+    if (value !== undefined) turn[option] = value
+  }
   const topK = integer(body, 'top_k', 0, 2 ** 31 - 1)
   if (topK !== undefined) turn.topK = topK
-  const minP = number(body, 'min_p', 0, 1)
-  if (minP !== undefined) turn.minP = minP
-  const repetition = number(body, 'repetition_penalty', 0, 100, true)
-  if (repetition !== undefined) turn.repetitionPenalty = repetition
-  const presence = number(body, 'presence_penalty', -2, 2)
-  if (presence !== undefined) turn.presencePenalty = presence
-  const frequency = number(body, 'frequency_penalty', -2, 2)
-  if (frequency !== undefined) turn.frequencyPenalty = frequency
   const seed = integer(body, 'seed', -(2 ** 53 - 1), 2 ** 53 - 1)
   // OpenAI's seeds are signed; ortex's are unsigned integers below 2^53: a negative one maps to
   // 2^53 + seed, so distinct seeds stay distinct.
@@ -189,6 +207,22 @@ function turnOptions(body: Body, maxTokens: number | undefined): TurnOptions {
   const stops = stop(body)
   if (stops !== undefined) turn.stop = stops
   return turn
+}
+
+/** A job's turn options checked by the core as a turn's begin checks them (`check`: the engine's
+ *  validateTurnOptions), a refusal answered as OpenAI's 400 naming the request field. */
+export function checkedTurnOptions(job: CompletionJob, check: (options: TurnOptions) => void): void {
+  try {
+    check(job.turn)
+  } catch (error) {
+    const { code, message } = error as { code?: unknown; message: string }
+    if (code !== 'INVALID_ARGUMENT') throw error
+    // The core names the option first ("topP must be in (0, 1], got 0"): name the field instead.
+    const option = /^\w+/.exec(message)?.[0] ?? ''
+    const param = PARAMS[option]
+    if (param === undefined) throw new ApiError(400, message, 'invalid_request_error', null, 'invalid_value')
+    throw invalidParam(param, param + message.slice(option.length), 'invalid_value')
+  }
 }
 
 function common(body: Body): { model: string; stream: boolean; includeUsage: boolean } {

@@ -28,6 +28,8 @@
 //! ```
 
 pub mod append;
+pub mod bindings;
+pub mod config;
 pub mod fence;
 pub mod lease;
 pub mod manager;
@@ -37,6 +39,8 @@ pub use append::{
     AppendCounters, AppendMetadata, AppendPlan, AppendRequest, AppendReservation, AppendResult, CompletedAppendCache,
     TurnKey, DEFAULT_COMPLETED_APPEND_LIMIT,
 };
+pub use bindings::{RequestBindings, RequestResource, MAX_REQUESTS_PER_SESSION};
+pub use config::{ConfigMap, SessionConfigs, MAX_CONFIG_ENTRIES};
 pub use fence::{fence_mismatch, require_current, require_same_epoch, validate_fence, Fence, FenceKey};
 pub use lease::{
     Lease, LeaseActivity, LeaseConfig, LeaseGeneration, DEFAULT_DISCONNECT_GRACE_MS, DEFAULT_IDLE_TTL_MS,
@@ -46,6 +50,4 @@ pub use manager::{
     ExpiryReason, SessionExpiry, SessionManager, CLOSED_ID_RECORD_LIMIT, MAX_CLOSE_REASON_CHARS, MAX_SESSION_ID_CHARS,
     REQUEST_CLEANUP_REASON,
 };
-pub use state::{
-    CancelOutcome, ConfigMap, RequestResource, Session, SessionState, MAX_CONFIG_ENTRIES, MAX_REQUESTS_PER_SESSION,
-};
+pub use state::{CancelOutcome, Session, SessionState};

@@ -11,23 +11,12 @@
 //! Every mutating method either applies completely or returns an error and changes nothing, so a
 //! refused command can be retried or reported without repairing the session first.
 
-use std::collections::BTreeMap;
-
 use super::append::{AppendCounters, AppendPlan, AppendRequest, AppendReservation, AppendResult, CompletedAppendCache};
+use super::bindings::{RequestBindings, RequestResource};
+use super::config::{ConfigMap, SessionConfigs};
 use super::fence::{fence_mismatch, require_current, require_same_epoch, validate_fence, Fence};
 use super::lease::{validate_operation_id, Lease, LeaseActivity, LeaseGeneration};
 use crate::error::{ErrorCode, OrtexError, Result};
-
-/// A session or runtime configuration: string keys to serialized values. Ordered, so that the same
-/// configuration always serializes and iterates the same way.
-pub type ConfigMap = BTreeMap<String, String>;
-
-/// The most engine requests one session may hold bound at once. A session normally holds one or
-/// two; the bound turns a leak into a visible, retryable refusal.
-pub const MAX_REQUESTS_PER_SESSION: usize = 64;
-
-/// The most entries a session or runtime configuration may hold.
-pub const MAX_CONFIG_ENTRIES: usize = 256;
 
 /// The session's externally visible state (api.md's `session.state`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -47,17 +36,6 @@ impl SessionState {
             SessionState::Closed => "closed",
         }
     }
-}
-
-/// An engine request bound to the session under a fence (vllm-omni's `DuplexRequestResource`,
-/// without the stage id: ortex has one stage). A cancel of that exact fence hands it back for
-/// release; close hands back all of them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RequestResource {
-    pub request_id: u32,
-    pub fence: Fence,
-    /// False while only reserved, true once the request was submitted to the engine.
-    pub submitted: bool,
 }
 
 /// What a cancel did.
@@ -88,10 +66,8 @@ pub struct Session {
     phase: ClosePhase,
     counters: AppendCounters,
     completed_appends: CompletedAppendCache,
-    session_config: ConfigMap,
-    runtime_config: ConfigMap,
-    config_generation: u64,
-    resources: BTreeMap<u32, RequestResource>,
+    configs: SessionConfigs,
+    bindings: RequestBindings,
 }
 
 impl Session {
@@ -110,10 +86,8 @@ impl Session {
             phase: ClosePhase::Open,
             counters: AppendCounters::default(),
             completed_appends: CompletedAppendCache::new(completed_append_limit)?,
-            session_config: ConfigMap::new(),
-            runtime_config: ConfigMap::new(),
-            config_generation: 0,
-            resources: BTreeMap::new(),
+            configs: SessionConfigs::default(),
+            bindings: RequestBindings::default(),
         })
     }
 
@@ -163,31 +137,26 @@ impl Session {
     }
 
     pub fn config_generation(&self) -> u64 {
-        self.config_generation
+        self.configs.generation()
     }
 
     pub fn session_config(&self) -> &ConfigMap {
-        &self.session_config
+        self.configs.session()
     }
 
     pub fn runtime_config(&self) -> &ConfigMap {
-        &self.runtime_config
+        self.configs.runtime()
     }
 
     /// The bound requests in request id order.
     pub fn resources(&self) -> impl Iterator<Item = &RequestResource> {
-        self.resources.values()
+        self.bindings.iter()
     }
 
     /// Request ids bound under exactly `fence` (all when `None`) with the given submitted flag
     /// (either when `None`), in ascending order.
     pub fn request_ids(&self, fence: Option<&Fence>, submitted: Option<bool>) -> Vec<u32> {
-        self.resources
-            .values()
-            .filter(|resource| fence.is_none_or(|fence| resource.fence == *fence))
-            .filter(|resource| submitted.is_none_or(|submitted| resource.submitted == submitted))
-            .map(|resource| resource.request_id)
-            .collect()
+        self.bindings.request_ids(fence, submitted)
     }
 
     // ---- fences ------------------------------------------------------------------------------
@@ -249,26 +218,7 @@ impl Session {
         runtime_config: Option<ConfigMap>,
     ) -> Result<u64> {
         self.require_accepting()?;
-        if session_config.is_none() && runtime_config.is_none() {
-            return Ok(self.config_generation);
-        }
-        for config in [&session_config, &runtime_config].into_iter().flatten() {
-            if config.len() > MAX_CONFIG_ENTRIES {
-                return Err(OrtexError::invalid(format!("a config may hold at most {MAX_CONFIG_ENTRIES} entries")));
-            }
-        }
-        let generation = self
-            .config_generation
-            .checked_add(1)
-            .ok_or_else(|| OrtexError::invalid("config generation is exhausted"))?;
-        if let Some(config) = session_config {
-            self.session_config = config;
-        }
-        if let Some(config) = runtime_config {
-            self.runtime_config = config;
-        }
-        self.config_generation = generation;
-        Ok(generation)
+        self.configs.replace(session_config, runtime_config)
     }
 
     // ---- engine request bindings ---------------------------------------------------------------
@@ -278,38 +228,20 @@ impl Session {
     pub fn reserve_request(&mut self, request_id: u32, fence: &Fence) -> Result<()> {
         self.require_accepting()?;
         require_current(&self.fence, fence)?;
-        if request_id == 0 {
-            return Err(OrtexError::invalid("request id 0 names no request"));
-        }
-        if let Some(existing) = self.resources.get(&request_id) {
-            if existing.fence.epoch != fence.epoch {
-                return Err(OrtexError::invalid(format!("request {request_id} is already bound in another epoch")));
-            }
-            return Ok(());
-        }
-        if self.resources.len() >= MAX_REQUESTS_PER_SESSION {
-            return Err(OrtexError::new(ErrorCode::CapacityExhausted, "too many requests bound to the session"));
-        }
-        let resource = RequestResource { request_id, fence: fence.clone(), submitted: false };
-        self.resources.insert(request_id, resource);
-        Ok(())
+        self.bindings.reserve(request_id, fence)
     }
 
     /// Records that `request_id` was submitted to the engine under the current `fence`.
     pub fn bind_request(&mut self, request_id: u32, fence: &Fence) -> Result<()> {
         self.reserve_request(request_id, fence)?;
-        let resource = self.resources.get_mut(&request_id).expect("reserved just above");
-        resource.fence = fence.clone();
-        resource.submitted = true;
+        self.bindings.mark_submitted(request_id, fence);
         Ok(())
     }
 
     /// Forgets the given requests once the engine has released them. Unknown ids are ignored, so
     /// a release retried after a partial failure is safe.
     pub fn release_request_ids(&mut self, request_ids: &[u32]) {
-        for request_id in request_ids {
-            self.resources.remove(request_id);
-        }
+        self.bindings.release(request_ids);
     }
 
     /// Forgets and returns the requests bound under exactly `fence`.
@@ -484,8 +416,7 @@ impl Session {
             ClosePhase::Open => Err(OrtexError::invalid(format!("session {:?} has not begun closing", self.id()))),
             ClosePhase::Closed => Err(self.closed_error()),
             ClosePhase::Closing => {
-                let request_ids = self.request_ids(None, None);
-                self.resources.clear();
+                let request_ids = self.bindings.release_all();
                 self.completed_appends.clear();
                 self.transition_to_closed();
                 Ok(request_ids)
@@ -501,7 +432,7 @@ impl Session {
 
     fn transition_to_closed(&mut self) {
         assert_eq!(self.phase, ClosePhase::Closing, "only a closing session becomes closed");
-        assert!(self.resources.is_empty(), "a closed session holds no request");
+        assert!(self.bindings.is_empty(), "a closed session holds no request");
         self.phase = ClosePhase::Closed;
     }
 
@@ -524,23 +455,18 @@ impl Session {
         self.counters.check_invariants(&self.fence);
         self.completed_appends.check_invariants(&self.fence, &self.counters);
         assert_eq!(self.phase != ClosePhase::Open, self.lease.is_terminal(), "close and lease end together");
-        assert!(self.resources.len() <= MAX_REQUESTS_PER_SESSION, "bindings are bounded");
         if self.phase == ClosePhase::Closed {
-            assert!(self.resources.is_empty(), "a closed session holds no request");
+            assert!(self.bindings.is_empty(), "a closed session holds no request");
         }
-        for (request_id, resource) in &self.resources {
-            assert_eq!(*request_id, resource.request_id, "bindings are keyed by their request id");
-            assert_ne!(*request_id, 0, "request id 0 names no request");
-            assert!(resource.fence.same_identity(&self.fence), "bindings belong to this session");
-            assert!(resource.fence.key() <= self.fence.key(), "bindings are never ahead of the session");
-        }
-        assert!(self.session_config.len() <= MAX_CONFIG_ENTRIES && self.runtime_config.len() <= MAX_CONFIG_ENTRIES);
+        self.bindings.check_invariants(&self.fence);
+        self.configs.check_invariants();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::session::bindings::MAX_REQUESTS_PER_SESSION;
     use crate::session::lease::LeaseConfig;
 
     fn session() -> Session {

@@ -4,14 +4,18 @@
 
 use std::path::{Path, PathBuf};
 
-use ortex_core::{ErrorCode, OrtexError, Result};
-use serde_json::{Map, Value};
+use ortex_core::Result;
+use serde_json::Value;
+
+mod fields;
+mod reader;
+
+use fields::check_fields;
+pub use fields::MODEL_TYPES;
+use reader::{load_error, Reader};
 
 pub const CONFIG_FILE: &str = "genai_config.json";
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
-
-/// Largest vocabulary, context, head or layer count accepted (keeps every product in range).
-const MAX_DIM: u64 = 1 << 24;
 
 /// Tensor names of the decoder, as genai_config.json gives them (`%d` = layer index in the KV
 /// templates).
@@ -65,65 +69,6 @@ pub struct SlidingWindow {
     pub window_size: u32,
     /// The windowed layers; empty: every layer.
     pub layers: Vec<u32>,
-}
-
-fn load_error(file: &Path, reason: impl std::fmt::Display) -> OrtexError {
-    OrtexError::new(ErrorCode::ModelLoad, format!("{}: {reason}", file.display()))
-}
-
-/// Reads a field path such as `model.decoder.head_size` from the parsed document.
-struct Reader<'a> {
-    file: &'a Path,
-    root: &'a Value,
-}
-
-impl<'a> Reader<'a> {
-    fn get(&self, path: &str) -> Option<&'a Value> {
-        let mut at = self.root;
-        for key in path.split('.') {
-            at = at.as_object()?.get(key)?;
-        }
-        Some(at).filter(|v| !v.is_null())
-    }
-
-    fn required(&self, path: &str) -> Result<&'a Value> {
-        self.get(path).ok_or_else(|| load_error(self.file, format!("{path} is missing")))
-    }
-
-    fn object(&self, path: &str) -> Result<&'a Map<String, Value>> {
-        self.required(path)?.as_object().ok_or_else(|| load_error(self.file, format!("{path} must be an object")))
-    }
-
-    fn count(&self, path: &str, value: &Value, min: u64) -> Result<u32> {
-        match value.as_u64() {
-            Some(n) if n >= min && n <= MAX_DIM => Ok(n as u32),
-            Some(n) if n < min => Err(load_error(self.file, format!("{path} must be at least {min}, got {n}"))),
-            Some(n) => Err(load_error(self.file, format!("{path} must be at most {MAX_DIM}, got {n}"))),
-            None => Err(load_error(self.file, format!("{path} must be a non-negative integer, got {value}"))),
-        }
-    }
-
-    /// A required integer `>= min`.
-    fn int(&self, path: &str, min: u64) -> Result<u32> {
-        self.count(path, self.required(path)?, min)
-    }
-
-    /// An optional string, `default` when absent.
-    fn name(&self, path: &str, default: Option<&str>) -> Result<Option<String>> {
-        match self.get(path) {
-            None => Ok(default.map(str::to_string)),
-            Some(Value::String(s)) if !s.is_empty() => Ok(Some(s.clone())),
-            Some(other) => Err(load_error(self.file, format!("{path} must be a non-empty string, got {other}"))),
-        }
-    }
-
-    fn layer_template(&self, path: &str, default: &str) -> Result<String> {
-        let template = self.name(path, Some(default))?.expect("defaulted");
-        if !template.contains("%d") {
-            return Err(load_error(self.file, format!("{path} must contain %d (the layer index), got {template:?}")));
-        }
-        Ok(template)
-    }
 }
 
 impl ModelConfig {
@@ -196,148 +141,6 @@ impl ModelConfig {
         let window = self.sliding_window.as_ref()?;
         (window.layers.is_empty() || window.layers.contains(&(layer as u32))).then_some(window.window_size)
     }
-}
-
-/// What ortex does with one field of genai_config.json (docs/model-format.md lists them all).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Field {
-    /// Read and implemented.
-    Read,
-    /// An object whose own fields are checked against the table.
-    Object,
-    /// Accepted and not used: it does not change what the model computes (onnxruntime-genai's
-    /// session, scheduler and search settings; ortex has its own).
-    Harmless,
-    /// Would change what the model computes, and ortex does not implement it: `Engine.load` fails
-    /// naming the field and this reason.
-    Refused(&'static str),
-}
-
-/// Every field ortex knows, by its dotted path. A field not listed fails the load as not
-/// understood (it may change what the model computes). Keep docs/model-format.md in step.
-const FIELDS: &[(&str, Field)] = &[
-    ("model", Field::Object),
-    ("search", Field::Object),
-    ("engine", Field::Harmless),
-    ("speculative", Field::Refused("speculative decoding with a draft model is not implemented")),
-    ("model.type", Field::Read),
-    ("model.vocab_size", Field::Read),
-    ("model.context_length", Field::Read),
-    ("model.bos_token_id", Field::Read),
-    ("model.eos_token_id", Field::Read),
-    ("model.pad_token_id", Field::Read),
-    ("model.bot_token_id", Field::Harmless),
-    ("model.eot_token_id", Field::Harmless),
-    ("model.bor_token_id", Field::Harmless),
-    ("model.eor_token_id", Field::Harmless),
-    ("model.sep_token_id", Field::Harmless),
-    ("model.decoder", Field::Object),
-    ("model.encoder", Field::Refused("encoder-decoder models are not implemented (ortex runs one decoder)")),
-    ("model.decoder_start_token_id", Field::Refused("encoder-decoder models are not implemented")),
-    ("model.vision", Field::Refused("vision parts are not implemented")),
-    ("model.speech", Field::Refused("speech parts are not implemented")),
-    ("model.embedding", Field::Refused("a separate embedding session is not implemented")),
-    ("model.image_token_id", Field::Refused("image inputs are not implemented")),
-    ("model.video_token_id", Field::Refused("video inputs are not implemented")),
-    ("model.vision_start_token_id", Field::Refused("vision inputs are not implemented")),
-    ("model.audio_token_id", Field::Refused("audio inputs are not implemented")),
-    ("model.decoder.filename", Field::Read),
-    ("model.decoder.head_size", Field::Read),
-    ("model.decoder.hidden_size", Field::Read),
-    ("model.decoder.num_attention_heads", Field::Read),
-    ("model.decoder.num_key_value_heads", Field::Read),
-    ("model.decoder.num_hidden_layers", Field::Read),
-    ("model.decoder.inputs", Field::Object),
-    ("model.decoder.outputs", Field::Object),
-    ("model.decoder.session_options", Field::Harmless),
-    ("model.decoder.run_options", Field::Harmless),
-    ("model.decoder.sliding_window", Field::Object),
-    ("model.decoder.pipeline", Field::Refused("a pipeline of several decoder sessions is not implemented")),
-    (
-        "model.decoder.layer_types",
-        Field::Refused("per-layer types (convolution or recurrent layers) are not implemented"),
-    ),
-    ("model.decoder.conv_cache_size", Field::Refused("convolution layers are not implemented")),
-    ("model.decoder.state_groups", Field::Refused("recurrent or paged state groups are not implemented")),
-    ("model.decoder.state_update_capacity", Field::Refused("recurrent state updates are not implemented")),
-    ("model.decoder.adapter_filename", Field::Refused("LoRA adapters are not implemented")),
-    ("model.decoder.shared_initializers", Field::Refused("initializers shared between sessions are not implemented")),
-    ("model.decoder.inputs.input_ids", Field::Read),
-    ("model.decoder.inputs.attention_mask", Field::Read),
-    ("model.decoder.inputs.position_ids", Field::Read),
-    ("model.decoder.inputs.past_key_names", Field::Read),
-    ("model.decoder.inputs.past_value_names", Field::Read),
-    ("model.decoder.outputs.logits", Field::Read),
-    ("model.decoder.outputs.present_key_names", Field::Read),
-    ("model.decoder.outputs.present_value_names", Field::Read),
-    ("model.decoder.sliding_window.window_size", Field::Read),
-    ("model.decoder.sliding_window.layers", Field::Read),
-    ("model.decoder.sliding_window.slide_key_value_cache", Field::Read),
-    ("model.decoder.sliding_window.slide_inputs", Field::Read),
-    ("model.decoder.sliding_window.cache_slack", Field::Harmless),
-    ("model.decoder.sliding_window.pad_value", Field::Harmless),
-    ("model.decoder.sliding_window.alignment", Field::Harmless),
-    ("search.diversity_penalty", Field::Harmless),
-    ("search.do_sample", Field::Harmless),
-    ("search.early_stopping", Field::Harmless),
-    ("search.length_penalty", Field::Harmless),
-    ("search.max_length", Field::Harmless),
-    ("search.min_length", Field::Harmless),
-    ("search.no_repeat_ngram_size", Field::Harmless),
-    ("search.num_beams", Field::Harmless),
-    ("search.num_return_sequences", Field::Harmless),
-    ("search.past_present_share_buffer", Field::Harmless),
-    ("search.repetition_penalty", Field::Harmless),
-    ("search.temperature", Field::Harmless),
-    ("search.top_k", Field::Harmless),
-    ("search.top_p", Field::Harmless),
-    ("search.random_seed", Field::Harmless),
-    ("search.chunk_size", Field::Harmless),
-];
-
-/// `model.type` values ortex has been checked with (bench/model_coverage.py, against
-/// onnxruntime-genai and transformers): the graph computes everything for these, so none needs
-/// anything done outside it.
-pub const MODEL_TYPES: &[&str] =
-    &["llama", "mistral", "qwen2", "qwen3", "phi3", "phi", "gemma", "gemma2", "granite", "olmo", "smollm3", "nemotron"];
-
-fn field(path: &str) -> Option<Field> {
-    FIELDS.iter().find(|(p, _)| *p == path).map(|&(_, f)| f)
-}
-
-/// Every field of the object at `prefix` (and of the objects below it) must be in [`FIELDS`] and
-/// not refused.
-fn check_fields(r: &Reader<'_>, prefix: &str, object: &Value) -> Result<()> {
-    let Some(fields) = object.as_object() else {
-        return Err(load_error(r.file, format!("{prefix} must be an object")));
-    };
-    for (key, value) in fields {
-        let path = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
-        match field(&path) {
-            Some(Field::Read | Field::Harmless) => {}
-            Some(Field::Object) => check_fields(r, &path, value)?,
-            Some(Field::Refused(reason)) => {
-                return Err(load_error(
-                    r.file,
-                    format!("{path}: {reason}; ortex refuses the model rather than run it wrong"),
-                ))
-            }
-            None => {
-                return Err(load_error(
-                    r.file,
-                    format!(
-                        "{path} is not a field ortex understands (it may change what the model computes); \
-                         docs/model-format.md lists the fields ortex reads"
-                    ),
-                ))
-            }
-        }
-    }
-    let custom_ops = "model.decoder.session_options.custom_ops_library";
-    if prefix.is_empty() && r.get(custom_ops).is_some() {
-        return Err(load_error(r.file, format!("{custom_ops}: custom operator libraries are not implemented")));
-    }
-    Ok(())
 }
 
 /// The sizes of the model.
@@ -541,6 +344,7 @@ fn read_eos(r: &Reader<'_>, vocab_size: u32) -> Result<Vec<i32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ortex_core::ErrorCode;
     use serde_json::json;
 
     /// A fresh folder under the system temp dir, removed on drop.

@@ -1,0 +1,88 @@
+// How long a chat turn takes to start: from the call to a Turn in hand (engine.chat returns it;
+// engine.chatAsync's promise settles with it), on the simulated model, native and WebAssembly, for
+// a short conversation and a long one. Beside them, in the same run, the same turn begun the way
+// engine.chat began it before issue 29 item 3 (render, tokenize, begin: three crossings), spelled
+// with public calls: generate(tokenize(applyChatTemplate(messages))). Medians of microseconds per
+// start; the turns' generation (one token each) is awaited outside the timing.
+//
+//   npm run build && node bench/chat-turn-start.mjs [--dist DIR] [--rounds 5]
+//
+// --dist: the built facade to measure (default: this checkout's dist/), e.g. another checkout's, to
+// compare commits. Prints a table and writes bench/out/chat-turn-start.json.
+import { mkdirSync, writeFileSync } from 'node:fs'
+import path from 'node:path'
+import { parseArgs } from 'node:util'
+import { pathToFileURL } from 'node:url'
+
+const { values } = parseArgs({ options: { dist: { type: 'string' }, rounds: { type: 'string', default: '5' } } })
+const dist = path.resolve(values.dist ?? path.join(import.meta.dirname, '../dist'))
+const rounds = Number(values.rounds)
+
+const CONVERSATIONS = {
+  short: { turns: 400, messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'What is a river delta?' }] },
+  long: {
+    turns: 40,
+    messages: Array.from({ length: 200 }, (_, i) => ({ role: i % 2 === 0 ? 'user' : 'assistant', content: `message ${i} `.repeat(20) })),
+  },
+}
+const OPTIONS = { maxGeneratedTokens: 1 }
+
+const WAYS = {
+  'three calls (before)': (engine, messages) => engine.generate(engine.tokenize(engine.applyChatTemplate(messages)), OPTIONS),
+  chat: (engine, messages) => engine.chat(messages, OPTIONS),
+  chatAsync: (engine, messages) => engine.chatAsync(messages, OPTIONS),
+}
+
+function median(values) {
+  const sorted = [...values].sort((a, b) => a - b)
+  return sorted[Math.floor(sorted.length / 2)]
+}
+
+/** Microseconds per start, median over `turns` starts. */
+async function measure(engine, way, { turns, messages }) {
+  const samples = []
+  for (let i = 0; i < turns; i++) {
+    const started = performance.now()
+    const turn = await WAYS[way](engine, messages)
+    samples.push((performance.now() - started) * 1000)
+    await turn.done
+  }
+  return median(samples)
+}
+
+async function backend(entry) {
+  const { Engine } = await import(pathToFileURL(path.join(dist, entry)).href)
+  const engine = Engine.simulated({ seed: 1, maxLength: 1 << 16 })
+  const rows = {}
+  try {
+    for (const [name, conversation] of Object.entries(CONVERSATIONS)) {
+      for (const way of Object.keys(WAYS)) rows[`${name}, ${way}`] = []
+      for (let round = 0; round < rounds; round++) {
+        // Ways alternate inside each round, so a slower stretch of the machine hits them alike.
+        for (const way of Object.keys(WAYS)) rows[`${name}, ${way}`].push(await measure(engine, way, conversation))
+      }
+    }
+  } finally {
+    await engine.close()
+  }
+  return Object.fromEntries(Object.entries(rows).map(([key, samples]) => [key, median(samples)]))
+}
+
+const report = { dist, rounds, results: {} }
+for (const [name, entry] of [['native', 'index.mjs'], ['wasm', 'wasm.mjs']]) {
+  try {
+    report.results[name] = await backend(entry)
+  } catch (error) {
+    console.log(`${name}: not measured (${error.message.split('\n')[0]})`)
+  }
+}
+console.log('| backend | conversation, way | start (µs, median) | against three calls |')
+console.log('|---|---|---:|---:|')
+for (const [name, rows] of Object.entries(report.results)) {
+  for (const [key, us] of Object.entries(rows)) {
+    const base = rows[`${key.split(',')[0]}, three calls (before)`]
+    console.log(`| ${name} | ${key} | ${us.toFixed(1)} | ${(us / base).toFixed(2)}x |`)
+  }
+}
+mkdirSync(path.join(import.meta.dirname, 'out'), { recursive: true })
+writeFileSync(path.join(import.meta.dirname, 'out/chat-turn-start.json'), JSON.stringify(report, null, 2))

@@ -159,6 +159,23 @@ describe('the tool-call family of real templates (native, the tiny ONNX model)',
     }
   })
 
+  it('a hermes template (Qwen 3) gets valid calls in <tool_call> tags, required and auto', async () => {
+    const engine = await Engine.load(folderWith('qwen3'), { intraOpThreads: 1 })
+    try {
+      for (let seed = 0; seed < 4; seed++) {
+        const required = await engine.chat(ASK, { tools: TOOLS, toolChoice: 'required', temperature: 1, seed, maxGeneratedTokens: 400 }).done
+        expect(required.text, required.text).toMatch(/^<tool_call>\n\{/)
+        expect(required.toolCalls!.length).toBeGreaterThan(0)
+        expectValidCalls(required.toolCalls!, TOOLS)
+        const auto = await engine.chat(ASK, { tools: TOOLS, temperature: 1, seed, maxGeneratedTokens: 400 }).done
+        expectValidCalls(auto.toolCalls!, TOOLS)
+        if (auto.toolCalls!.length > 0) expect(auto.text).toContain('</tool_call>')
+      }
+    } finally {
+      await engine.close()
+    }
+  })
+
   const EXPECTED: Record<string, ToolFamily> = {
     qwen3: 'hermes',
     llama3: 'generic', // Llama 3.0's template has no tools

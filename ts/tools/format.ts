@@ -178,13 +178,14 @@ function genericSchema(plan: ToolPlan, functions: ToolFunction[], response: Cons
   return { anyOf: [callsObject, responseObject] }
 }
 
-/** hermes: calls in tags; `auto` lets the model write text, lazily up to its first `<tool_call>`,
- *  from where the call must be one of the functions. */
+/** hermes: calls in tags. `auto` lets the model write text: either to its end (a lexeme that stops
+ *  only at EOS) or up to its first `<tool_call>` (one that stops there), from where the call must
+ *  be one of the functions; llguidance's Earley parser follows both until the text tells. */
 function hermesGrammar(plan: ToolPlan, functions: ToolFunction[]): string {
   const more = plan.parallel ? ' ("\\n" call)*' : ''
   const rules = `call: "<tool_call>" body\nbody: "\\n" fn "\\n</tool_call>"\nfn: %json ${JSON.stringify(anyCall(functions, 'arguments'))}\n`
   if (plan.mode.kind !== 'auto') return `start: call${more}\n${rules}`
-  return `start: prose | prose body${more}\nprose[stop="<tool_call>"]: /(.|\\n)*/\n${rules}`
+  return `start: reply | before_call body${more}\nreply[stop=""]: /(.|\\n)*/\nbefore_call[stop="<tool_call>"]: /(.|\\n)*/\n${rules}`
 }
 
 function mistralGrammar(plan: ToolPlan, functions: ToolFunction[], callsToken: number | null): string {

@@ -17,6 +17,7 @@ export type {
   ChatTemplateOptions,
   CreateChatOptions,
   EngineConfig,
+  Constraint,
   EngineOptions,
   EngineStats,
   EventErrorCode,

@@ -113,12 +113,25 @@ export interface TurnOptions {
   /** Addition: record each generated token's log-probability and this many of the most likely
    *  alternatives (0..20): chunks carry `logprob`, the result `logprobs`. Absent: none (free). */
   logprobs?: number
+  /** Addition: what the output must match (structured output), compiled with llguidance when
+   *  the turn begins (a malformed or unsupported one throws INVALID_ARGUMENT naming what). Each
+   *  step samples only tokens the grammar allows; the turn finishes 'eos' once it is complete.
+   *  Not with ignoreEos. See docs/api.md, "Constraints". */
+  constraint?: Constraint
   /** Strings that end the turn with finishReason 'stop' (matched by the facade in the streamed
    *  text; the text is cut before the stop string). */
   stop?: string[]
   /** Aborting cancels the turn. */
   signal?: AbortSignal
 }
+
+/** `TurnOptions.constraint`: any JSON object, a JSON Schema, a regular expression the whole
+ *  output matches, or a Lark grammar in llguidance's dialect. */
+export type Constraint =
+  | { type: 'json' }
+  | { type: 'json_schema'; schema: Record<string, unknown> | boolean }
+  | { type: 'regex'; pattern: string }
+  | { type: 'lark'; grammar: string }
 
 export type GenerateOptions = TurnOptions & RequestOptions
 

@@ -13,6 +13,7 @@
 
 import { OrtexError, invalidArgument } from './errors'
 import {
+  type ConstraintInput,
   type FaultsInput,
   LIMITS,
   type ModelOptionsInput,
@@ -317,6 +318,7 @@ const CORE_TURN_KEYS = [
   'stopTokenIds',
   'eosTokenIds',
   'logprobs',
+  'constraint',
 ] as const
 
 export const TURN_KEYS = [...CORE_TURN_KEYS, 'stop', 'signal'] as const
@@ -466,6 +468,53 @@ function stopTokenIds(name: string, value: unknown): number[][] {
   return items(value, (sequence, i) => Array.from(tokens(`${name}[${i}]`, sequence)))
 }
 
+/** `constraint`'s shape, with a JSON Schema copied through JSON (a snapshot, and plain JSON for
+ *  the core, which compiles it and says what is wrong inside it). */
+function constraint(name: string, value: unknown): ConstraintInput {
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) {
+    throw invalidArgument(`${name} must be an object with a type, got ${describe(value)}`)
+  }
+  const given = value as Record<string, unknown>
+  const fields = (type: string, field: string | null): void => {
+    const extra = Object.keys(given).find((key) => key !== 'type' && key !== field)
+    if (extra !== undefined) throw invalidArgument(`${name}.${extra} is not an option of a '${type}' constraint`)
+  }
+  const text = (field: string): string => {
+    const v = given[field]
+    if (typeof v !== 'string') throw invalidArgument(`${name}.${field} must be a string, got ${describe(v)}`)
+    return v
+  }
+  switch (given.type) {
+    case 'json':
+      fields('json', null)
+      return { type: 'json' }
+    case 'json_schema': {
+      fields('json_schema', 'schema')
+      const schema = given.schema
+      if (typeof schema !== 'boolean' && (typeof schema !== 'object' || schema === null || Array.isArray(schema))) {
+        throw invalidArgument(`${name}.schema must be a JSON Schema (an object or a boolean), got ${describe(schema)}`)
+      }
+      let copy: Record<string, unknown> | boolean
+      try {
+        copy = JSON.parse(JSON.stringify(schema)) as Record<string, unknown> | boolean
+      } catch (error) {
+        throw invalidArgument(`${name}.schema is not JSON: ${(error as Error).message}`)
+      }
+      return { type: 'json_schema', schema: copy }
+    }
+    case 'regex':
+      fields('regex', 'pattern')
+      return { type: 'regex', pattern: text('pattern') }
+    case 'lark':
+      fields('lark', 'grammar')
+      return { type: 'lark', grammar: text('grammar') }
+    default:
+      throw invalidArgument(
+        `${name}.type must be 'json', 'json_schema', 'regex' or 'lark', got ${describe(given.type)}`,
+      )
+  }
+}
+
 function stopStrings(name: string, value: unknown): string[] | null {
   if (!Array.isArray(value)) throw invalidArgument(`${name} must be an array of strings, got ${describe(value)}`)
   if (value.length > MAX_STOP_ENTRIES) throw invalidArgument(`${name} holds at most ${MAX_STOP_ENTRIES} strings`)
@@ -527,6 +576,9 @@ function turnOption(checked: CheckedTurnOptions, key: string, arg: string, value
       if (!Array.isArray(value)) throw invalidArgument(`${arg} must be an array of token ids, got ${describe(value)}`)
       if (value.length > MAX_STOP_ENTRIES) throw invalidArgument(`${arg} holds at most ${MAX_STOP_ENTRIES} ids`)
       core.eosTokenIds = Array.from(tokens(arg, value))
+      break
+    case 'constraint':
+      core.constraint = constraint(arg, value)
       break
     case 'stop':
       checked.stop = stopStrings(arg, value)

@@ -47,10 +47,16 @@ intraOpSpinning?: boolean, };
 export type RequestOptionsInput = { maxSessionTokens?: number, };
 
 /**
+ * `TurnOptions.constraint`: what the turn's output must match, by `type`.
+ */
+
+export type ConstraintInput = { "type": "json", } | { "type": "json_schema", schema: Record<string, unknown> | boolean, } | { "type": "regex", pattern: string, } | { "type": "lark", grammar: string, };
+
+/**
  * `TurnOptions` as the core takes them: the facade keeps `stop` strings and `signal` itself.
  */
 
-export type TurnOptionsInput = { maxGeneratedTokens?: number, temperature?: number, topK?: number, topP?: number, minP?: number, repetitionPenalty?: number, presencePenalty?: number, frequencyPenalty?: number, seed?: number, ignoreEos?: boolean, stopTokenIds?: Array<Array<number>>, eosTokenIds?: Array<number>, logprobs?: number, };
+export type TurnOptionsInput = { maxGeneratedTokens?: number, temperature?: number, topK?: number, topP?: number, minP?: number, repetitionPenalty?: number, presencePenalty?: number, frequencyPenalty?: number, seed?: number, ignoreEos?: boolean, stopTokenIds?: Array<Array<number>>, eosTokenIds?: Array<number>, logprobs?: number, constraint?: ConstraintInput, };
 
 /**
  * The session manager's options. Absent fields take the core's defaults (limits.rs); an
@@ -254,7 +260,8 @@ export const EVENT_ERROR_CODES = [
   "retryable-execution",
   "request-unserviceable",
   "engine-contract-failure",
-  "engine-execution-failure"
+  "engine-execution-failure",
+  "constraint-failed"
 ] as const
 
 /** Every OrtexError code. */

@@ -6,6 +6,7 @@
 //! arrive as `f64` and are converted exactly (an integer in [0, 2^53)) or refused. 32-bit counts
 //! arrive as `u32`, which serde refuses when the number is negative, fractional or too large.
 
+use ortex_core::constraint::Constraint;
 use ortex_core::options::{BatchingMode, EngineOptions, RequestOptions, SimFaults, SimOptions, TurnOptions};
 use ortex_core::session::{ConfigMap, Fence};
 use ortex_core::{OrtexError, Result};
@@ -193,6 +194,36 @@ pub struct TurnOptionsInput {
     pub stop_token_ids: Option<Vec<Vec<i32>>>,
     pub eos_token_ids: Option<Vec<i32>>,
     pub logprobs: Option<u32>,
+    pub constraint: Option<ConstraintInput>,
+}
+
+/// `TurnOptions.constraint`: what the turn's output must match, by `type`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+#[cfg_attr(feature = "typescript", derive(TS))]
+pub enum ConstraintInput {
+    /// Any JSON object.
+    Json {},
+    /// A JSON Schema (an object, or a boolean schema).
+    JsonSchema {
+        #[cfg_attr(feature = "typescript", ts(type = "Record<string, unknown> | boolean"))]
+        schema: serde_json::Value,
+    },
+    /// A regular expression the whole output matches.
+    Regex { pattern: String },
+    /// A Lark grammar (llguidance's dialect).
+    Lark { grammar: String },
+}
+
+impl From<ConstraintInput> for Constraint {
+    fn from(input: ConstraintInput) -> Constraint {
+        match input {
+            ConstraintInput::Json {} => Constraint::Json,
+            ConstraintInput::JsonSchema { schema } => Constraint::JsonSchema(schema),
+            ConstraintInput::Regex { pattern } => Constraint::Regex(pattern),
+            ConstraintInput::Lark { grammar } => Constraint::Lark(grammar),
+        }
+    }
 }
 
 impl TryFrom<TurnOptionsInput> for TurnOptions {
@@ -213,6 +244,7 @@ impl TryFrom<TurnOptionsInput> for TurnOptions {
             stop_token_ids: input.stop_token_ids,
             eos_token_ids: input.eos_token_ids,
             logprobs: input.logprobs,
+            constraint: input.constraint.map(Constraint::from),
         })
     }
 }

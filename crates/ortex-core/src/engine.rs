@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use crate::constraint::Constraints;
 use crate::draws::Draws;
 use crate::error::{ErrorCode, OrtexError, Result};
 use crate::events::{flags, Event, EventErrorCode, FinishReason, RetainedEvents, StopMatch, EVENT_STRIDE_WORDS};
@@ -63,13 +64,32 @@ pub struct Transaction {
 
 impl Transaction {
     /// Runs the model, then samples its rows (draws.rs). The only part of a `run` that may happen
-    /// off the owner thread.
+    /// off the owner thread. Constrained rows' masks are computed before the model runs.
     pub fn execute(&mut self) {
-        let result = self.executor.execute(&self.plan, &mut self.output);
-        if result.is_ok() && self.output.matches(self.plan.sampled_rows()) {
-            self.draws.sample(&self.output);
+        self.execute_with(|model, masks| {
+            masks();
+            model();
+        });
+    }
+
+    /// `execute`, with the model run and the constrained rows' masks handed to `run_both`, which
+    /// may run them at once on two threads (the native binding does; the core has no threads).
+    /// A step without a constrained row runs the model alone and never calls `run_both`.
+    pub fn execute_with(&mut self, run_both: impl FnOnce(&mut (dyn FnMut() + Send), &mut (dyn FnMut() + Send))) {
+        let Transaction { plan, output, draws, executor, result } = self;
+        let mut model_result = None;
+        if draws.has_constraints() {
+            let mut model = || model_result = Some(executor.execute(plan, output));
+            let mut masks = || draws.compute_masks();
+            run_both(&mut model, &mut masks);
+        } else {
+            model_result = Some(executor.execute(plan, output));
         }
-        self.result = Some(result);
+        let model_result = model_result.expect("run_both runs the model");
+        if model_result.is_ok() && output.matches(plan.sampled_rows()) {
+            draws.sample(output);
+        }
+        *result = Some(model_result);
     }
 
     /// Records a failure that happened outside the executor's own error path (a binding caught a
@@ -102,6 +122,8 @@ pub struct Engine {
     retained: RetainedEvents,
     executor: Option<Box<dyn Executor>>,
     codec: Arc<dyn TextCodec>,
+    /// Compiles turns' constraints (its token environment is built on first use).
+    constraints: Constraints,
     spare: Option<(StepPlan, StepOutput, Box<Draws>)>,
     /// Events of the transaction being committed, before they reach the buffer or the queue.
     staged: Vec<Event>,
@@ -138,6 +160,7 @@ impl Engine {
             retained: RetainedEvents::with_capacity(retained_bound),
             executor: Some(executor),
             codec: Arc::from(codec),
+            constraints: Constraints::default(),
             spare: Some(Default::default()),
             staged: Vec::new(),
             num_abandoned: 0,
@@ -211,6 +234,16 @@ impl Engine {
             ));
         }
         self.check_input(id, tokens)?;
+        let constraint = match &options.constraint {
+            None => None,
+            Some(constraint) => Some(Box::new(self.constraints.compile(
+                constraint,
+                self.codec.as_ref(),
+                self.config.vocab_size,
+                &self.config.eos_token_ids,
+                &resolved.eos_token_ids,
+            )?)),
+        };
         let engine_seed = self.seed;
         let request = self.requests.get_mut(&id).expect("checked");
         let turn_number = request.last_turn_id + 1;
@@ -221,7 +254,7 @@ impl Engine {
         }
         request.tokens.extend_from_slice(tokens);
         request.logprobs.clear();
-        Ok(request.transition_to_queued(resolved, tokens.len() as u32, Rng::new(rng_seed)))
+        Ok(request.transition_to_queued(resolved, tokens.len() as u32, Rng::new(rng_seed), constraint))
     }
 
     /// Adds context without starting a turn; the scheduler prefills it like a prompt.
@@ -470,6 +503,7 @@ impl Engine {
             }
             Ok(()) => {
                 self.kv.rollback(in_flight.reservation);
+                self.return_constraints(&plan, &mut draws);
                 self.fail_engine(
                     EventErrorCode::EngineContractFailure,
                     "executor output does not match the plan".into(),
@@ -477,6 +511,7 @@ impl Engine {
             }
             Err(error) => {
                 self.kv.rollback(in_flight.reservation);
+                self.return_constraints(&plan, &mut draws);
                 self.stage_execution_error(error);
             }
         }
@@ -794,14 +829,30 @@ impl Engine {
         }
     }
 
-    /// What each sampled row's draw needs, from its turn as planned (draws.rs).
-    fn take_draws(&self, plan: &StepPlan, draws: &mut Draws) {
+    /// What each sampled row's draw needs, from its turn as planned (draws.rs); its constraint
+    /// moves to the draw until the commit.
+    fn take_draws(&mut self, plan: &StepPlan, draws: &mut Draws) {
         draws.clear();
         for row in plan.rows.iter().filter(|row| row.sample) {
-            let request = self.requests.at(row.request_position as usize);
-            let TurnSlot::Running(turn) = &request.turn else { unreachable!("a sampled row has a running turn") };
+            let request = self.requests.at_mut(row.request_position as usize);
+            let TurnSlot::Running(turn) = &mut request.turn else { unreachable!("a sampled row has a running turn") };
             let history = sampling::History { context: &request.tokens, generated: turn.generated_tokens as usize };
-            draws.push(turn.options.sampling, &turn.rng, history, turn.options.logprobs);
+            draws.push(turn.options.sampling, &turn.rng, history, turn.options.logprobs, turn.constraint.take());
+        }
+    }
+
+    /// A step that did not commit (rolled back) hands each constraint back to its turn unchanged:
+    /// nothing was sampled, so no matcher moved.
+    fn return_constraints(&mut self, plan: &StepPlan, draws: &mut Draws) {
+        if !draws.has_constraints() {
+            return;
+        }
+        for (index, row) in plan.rows.iter().filter(|row| row.sample).enumerate() {
+            let constraint = draws.row_mut(index).constraint.take();
+            let request = self.requests.at_mut(row.request_position as usize);
+            if let Some(turn) = request.running_turn_mut().filter(|turn| turn.id == row.turn) {
+                turn.constraint = constraint;
+            }
         }
     }
 
@@ -827,6 +878,14 @@ impl Engine {
             }
             let TurnSlot::Running(turn) = &mut request.turn else { unreachable!("checked above") };
             turn.rng = draw.rng.clone();
+            turn.constraint = draw.constraint.take();
+            if turn.constraint.as_ref().is_some_and(|c| c.failure.is_some()) {
+                let (_, usage) = request.transition_to_turn_complete(FinishReason::Failed);
+                let mut event = Event::request(row.request, planned_turn, 0, EventErrorCode::ConstraintFailed);
+                event.finish(FinishReason::Failed, usage);
+                self.staged.push(event);
+                continue;
+            }
             let token = draw.token as i32;
             if let Some(entry) = draw.logprobs.take() {
                 request.logprobs.push(entry);
@@ -835,7 +894,7 @@ impl Engine {
             request.tokens.push(token);
             self.stats.generated_tokens += 1;
             let mut event = Event::token(row.request, planned_turn, token);
-            if let Some(reason) = request.finish_reason_after(token, &self.config.eos_token_ids) {
+            if let Some(reason) = finish_reason(request, token, &self.config.eos_token_ids) {
                 let (_, usage) = request.transition_to_turn_complete(reason);
                 event.finish(reason, usage);
             }
@@ -865,4 +924,14 @@ impl Engine {
         self.reclaim_abandoned_if_unhealthy();
         self.drop_stale_staged();
     }
+}
+
+/// Why the turn ends after `token` was appended: a completed constraint ends it 'eos' (its
+/// output is whole, whatever limit the same token reached); otherwise the request's own order.
+fn finish_reason(request: &Request, token: i32, eos_token_ids: &[i32]) -> Option<FinishReason> {
+    let complete = request.running_turn()?.constraint.as_ref().is_some_and(|c| c.complete);
+    if complete {
+        return Some(FinishReason::Eos);
+    }
+    request.finish_reason_after(token, eos_token_ids)
 }

@@ -141,11 +141,13 @@ pub enum EventErrorCode {
     RequestUnserviceable = 4,
     EngineContractFailure = 5,
     EngineExecutionFailure = 6,
+    /// A turn's constraint failed mid-turn (a grammar limit of llguidance's); the turn fails.
+    ConstraintFailed = 7,
 }
 
 impl EventErrorCode {
     /// Every code, indexed by its value (the event's error word).
-    pub const ALL: [EventErrorCode; 7] = [
+    pub const ALL: [EventErrorCode; 8] = [
         EventErrorCode::None,
         EventErrorCode::CapacityDeferred,
         EventErrorCode::ExecutionCapacityExceeded,
@@ -153,6 +155,7 @@ impl EventErrorCode {
         EventErrorCode::RequestUnserviceable,
         EventErrorCode::EngineContractFailure,
         EventErrorCode::EngineExecutionFailure,
+        EventErrorCode::ConstraintFailed,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -164,6 +167,7 @@ impl EventErrorCode {
             EventErrorCode::RequestUnserviceable => "request-unserviceable",
             EventErrorCode::EngineContractFailure => "engine-contract-failure",
             EventErrorCode::EngineExecutionFailure => "engine-execution-failure",
+            EventErrorCode::ConstraintFailed => "constraint-failed",
         }
     }
 }

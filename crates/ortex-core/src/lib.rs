@@ -13,6 +13,7 @@
 //! step, commit or roll it back, free, truncate), the [`scheduler`] owns its waiting order and
 //! starvation counts, [`events`] owns the retained events, and [`session`] the duplex rules.
 
+pub mod constraint;
 pub mod draws;
 pub mod engine;
 pub mod error;

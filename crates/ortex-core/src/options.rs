@@ -3,6 +3,7 @@
 //! so a caller changing its object later changes nothing. The bindings deserialize JavaScript's
 //! objects into their own mirrors of these (crates/ortex-boundary), so the core carries no serde.
 
+use crate::constraint::Constraint;
 use crate::error::{OrtexError, Result};
 use crate::executor::ModelInfo;
 
@@ -110,6 +111,8 @@ pub struct TurnOptions {
     pub eos_token_ids: Option<Vec<i32>>,
     /// Log-probabilities of each generated token and of this many alternatives (0..=20).
     pub logprobs: Option<u32>,
+    /// What the output must match (constraint.rs); compiled when the turn begins.
+    pub constraint: Option<Constraint>,
 }
 
 /// The resolved configuration an engine runs with.
@@ -234,6 +237,11 @@ impl TurnOptions {
                 "logprobs asks for at most {} alternatives, got {top}",
                 crate::sampling::MAX_TOP_LOGPROBS
             )));
+        }
+        if self.constraint.is_some() && self.ignore_eos == Some(true) {
+            return Err(OrtexError::invalid(
+                "ignoreEos cannot be combined with a constraint: a constrained turn ends when its grammar does",
+            ));
         }
         Ok(ResolvedTurnOptions {
             max_generated_tokens,

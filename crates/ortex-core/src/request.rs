@@ -20,6 +20,7 @@
 //!     └─────────────────────── close ────────────────────────────▶┘   (by the engine only)
 //! ```
 
+use crate::constraint::TurnConstraint;
 use crate::events::{FinishReason, StopMatch, Usage};
 use crate::ids::{RequestId, TurnId};
 use crate::kv::KvHandle;
@@ -75,6 +76,9 @@ pub struct Turn {
     /// Held by its consumer (Engine::hold_turn): the scheduler plans no row for it until it is
     /// released. It lives on the turn, so that it ends with it (finish, cancel, close).
     pub held: bool,
+    /// The turn's constraint, where its grammar is; None also while its row's draw carries it
+    /// (draws.rs), from plan to commit.
+    pub constraint: Option<Box<TurnConstraint>>,
 }
 
 impl Turn {
@@ -205,7 +209,13 @@ impl Request {
     }
 
     /// Starts a turn over input already appended to `tokens`.
-    pub fn transition_to_queued(&mut self, options: ResolvedTurnOptions, prompt_tokens: u32, rng: Rng) -> TurnId {
+    pub fn transition_to_queued(
+        &mut self,
+        options: ResolvedTurnOptions,
+        prompt_tokens: u32,
+        rng: Rng,
+        constraint: Option<Box<TurnConstraint>>,
+    ) -> TurnId {
         assert!(
             !self.is_closed() && self.running_turn().is_none(),
             "request {} begins a turn while one runs",
@@ -223,6 +233,7 @@ impl Request {
             generated_tokens: 0,
             rng,
             held: false,
+            constraint,
         };
         self.turn = TurnSlot::Running(turn);
         id

@@ -29,6 +29,13 @@ pub trait TextCodec: Send + Sync {
         debug_assert!(literals.is_empty() || !self.control_strings().is_empty());
         self.tokenize(text)
     }
+
+    /// Every token's bytes, by id, for compiling constraints (constraint.rs): a control token's
+    /// start with the byte 0xFF (llguidance's marker, never valid UTF-8), so that grammar text
+    /// never matches it. A codec that cannot tell refuses, and so do constraints on its model.
+    fn token_bytes(&self) -> Result<Vec<Vec<u8>>> {
+        Err(OrtexError::invalid("this model's tokenizer gives no token bytes, so it takes no constraint"))
+    }
 }
 
 /// What a closed engine keeps instead of its codec (a real model's tokenizer is megabytes): the
@@ -93,6 +100,24 @@ impl TextCodec for SimText {
             }
         }
         Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// Pad, bos and eos are control tokens; bytes are themselves; words their syllables.
+    fn token_bytes(&self) -> Result<Vec<Vec<u8>>> {
+        let mut words = Vec::with_capacity(self.vocab_size as usize);
+        for id in 0..self.vocab_size {
+            let mut word = Vec::new();
+            if id < SIM_BYTE_OFFSET {
+                word.push(0xFF);
+                word.extend_from_slice(["<pad>", "<bos>", "<eos>"][id as usize].as_bytes());
+            } else if id < SIM_FIRST_WORD {
+                word.push((id - SIM_BYTE_OFFSET) as u8);
+            } else {
+                self.push_word(id, &mut word);
+            }
+            words.push(word);
+        }
+        Ok(words)
     }
 }
 

@@ -189,10 +189,20 @@ impl CoreEngine {
     }
 }
 
-/// Off the JS thread: the model step, and nothing else. A panic fails the transaction (the
-/// commit rolls the step back and publishes a fatal Failed event) instead of unwinding.
+/// Off the JS thread: the model step and its draws. A step with constrained rows computes their
+/// masks on a second thread while the model runs. A panic (on either thread) fails the
+/// transaction (the commit rolls the step back and publishes a fatal Failed event) instead of
+/// unwinding.
 fn execute(transaction: &mut Transaction) {
-    if let Err(payload) = catch_unwind(AssertUnwindSafe(|| transaction.execute())) {
+    let overlapped = || {
+        transaction.execute_with(|model, masks| {
+            std::thread::scope(|scope| {
+                scope.spawn(masks);
+                model();
+            })
+        })
+    };
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(overlapped)) {
         transaction.fail(format!("panic in the executor: {}", ops::panic_message(payload.as_ref())));
     }
 }

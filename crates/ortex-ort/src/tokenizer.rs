@@ -19,6 +19,8 @@ pub struct TokenizerCodec {
     /// The model's vocabulary (genai_config.json); ids at or past the tokenizer's own size but
     /// below this decode to nothing (builders pad the embedding past the tokenizer).
     vocab_size: u32,
+    /// The tokenizer.json the codec was read from: constraints read its token bytes from it.
+    file: std::path::PathBuf,
 }
 
 impl TokenizerCodec {
@@ -46,7 +48,7 @@ impl TokenizerCodec {
             .map(|(id, token)| (id, token.content))
             .collect();
         controls.sort();
-        Ok(TokenizerCodec { tokenizer, plain: OnceLock::new(), controls, vocab_size })
+        Ok(TokenizerCodec { tokenizer, plain: OnceLock::new(), controls, vocab_size, file: file.to_path_buf() })
     }
 
     fn encode(tokenizer: &Tokenizer, text: &str) -> Result<tokenizers::Encoding> {
@@ -80,6 +82,15 @@ fn tokenize_error(error: tokenizers::Error) -> OrtexError {
 }
 
 impl TextCodec for TokenizerCodec {
+    /// Read again from the file (once per engine, at its first constrained turn): the tokenizer
+    /// crate keeps no per-token bytes, and a byte-level vocabulary's strings need llguidance's
+    /// mapping back to bytes.
+    fn token_bytes(&self) -> Result<Vec<Vec<u8>>> {
+        let json = std::fs::read_to_string(&self.file)
+            .map_err(|e| OrtexError::invalid(format!("{}: cannot read the tokenizer: {e}", self.file.display())))?;
+        ortex_core::constraint::token_bytes_from_tokenizer_json(&json)
+    }
+
     /// Encodes without adding special tokens (no BOS/EOS): the caller's text is the context.
     fn tokenize(&self, text: &str) -> Result<Vec<i32>> {
         let encoding = Self::encode(&self.tokenizer, text)?;

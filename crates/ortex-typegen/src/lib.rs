@@ -98,6 +98,7 @@ pub fn render() -> String {
         declaration::<ExecutionProviderInput>(),
         declaration::<ModelOptionsInput>(),
         declaration::<RequestOptionsInput>(),
+        declaration::<ConstraintInput>(),
         declaration::<TurnOptionsInput>(),
         declaration::<SessionsOptionsInput>(),
         declaration::<ChatFilesInput>(),

@@ -12,14 +12,7 @@
 // The family is told by rendering a probe conversation through the template (what it writes for
 // a tool, not what its source looks like), once per engine.
 
-import type { ChatMessage, ToolCall } from '../types'
-
-/** TurnOptions.constraint's shape. */
-export type Constraint =
-  | { type: 'json' }
-  | { type: 'json_schema'; schema: unknown }
-  | { type: 'regex'; pattern: string }
-  | { type: 'lark'; grammar: string }
+import type { ChatMessage, Constraint, ToolCall } from '../types'
 
 export type ToolFamily = 'hermes' | 'llama3' | 'mistral' | 'generic'
 

@@ -3,8 +3,8 @@
 
 import type { ChatHost } from '../chat'
 import { invalidArgument } from '../errors'
-import type { ChatMessage, ChatTemplateOptions } from '../types'
-import { type Constraint, type ToolFamily, type ToolPlan, detectFamily, promptMessages, templateTools, toolConstraint } from './format'
+import type { ChatMessage, ChatTemplateOptions, Constraint } from '../types'
+import { type ToolFamily, type ToolPlan, detectFamily, promptMessages, templateTools, toolConstraint } from './format'
 
 const families = new WeakMap<object, ToolFamily>()
 

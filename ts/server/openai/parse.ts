@@ -303,7 +303,7 @@ export function parseChatRequest(value: unknown): CompletionJob {
   const logprobs = chatLogprobs(body)
   const turn = withLogprobs(turnOptions(body, maxTokens), logprobs)
   const constraint = responseFormat(body)
-  if (constraint !== undefined) Object.assign(turn, { constraint })
+  if (constraint !== undefined) turn.constraint = constraint
   return { kind: 'chat', ...common(body), messages: messages(body), prompt: null, turn, logprobs, tools: chatTools(body) }
 }
 

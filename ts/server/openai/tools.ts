@@ -3,8 +3,7 @@
 // `tool_calls`, a `tool` message's result), checked as OpenAI checks them and turned into the
 // engine's chat options (ToolOptions, TurnOptions.constraint).
 
-import type { ChatMessage, FunctionTool, ToolChoice } from '../../types'
-import type { Constraint } from '../../tools/format'
+import type { ChatMessage, Constraint, FunctionTool, ToolChoice } from '../../types'
 import { invalidParam } from './errors'
 
 type Body = Record<string, unknown>

@@ -140,6 +140,12 @@ describe.each(BACKENDS)('tools and response_format over the OpenAI API (%s)', (b
       .create({ model: MODEL, messages: MESSAGES, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object', properties: 7 } as never } } })
       .catch((e: unknown) => e)
     expect(bad).toBeInstanceOf(OpenAI.BadRequestError)
+    expect((bad as InstanceType<typeof OpenAI.BadRequestError>).param).toBe('response_format')
+    expect((bad as Error).message).toContain('properties must be an object')
+    const badTool = await client.chat.completions
+      .create({ model: MODEL, messages: MESSAGES, tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: 7 } as never } }] })
+      .catch((e: unknown) => e)
+    expect((badTool as InstanceType<typeof OpenAI.BadRequestError>).param).toBe('tools')
     const noId = await client.chat.completions.create({ model: MODEL, messages: [...MESSAGES, { role: 'tool', content: 'x' } as never] }).catch((e: unknown) => e)
     expect(noId).toBeInstanceOf(OpenAI.BadRequestError)
     expect((noId as InstanceType<typeof OpenAI.BadRequestError>).param).toBe('messages[1].tool_call_id')

@@ -303,15 +303,17 @@ function startError(context: CompletionContext, job: CompletionJob, error: unkno
         `${tokens} tokens, which leaves no room to generate. Please reduce the length of the ${promptParam(job)}.`
       return new ApiError(400, message, 'invalid_request_error', promptParam(job), 'context_length_exceeded')
     }
-    const param = optionParam(error.message)
+    const param = optionParam(error.message, job)
     if (param !== null) return new ApiError(400, error.message, 'invalid_request_error', param, 'invalid_argument')
   }
   return apiErrorOf(error)
 }
 
-/** The request field behind a refused chat option (the engine names its own options). */
-function optionParam(message: string): string | null {
+/** The request field behind a refused chat option (the engine names its own options; a
+ *  constraint the core cannot compile is the tools' own when the request has tools). */
+function optionParam(message: string, job: CompletionJob): string | null {
   if (message.startsWith('options.constraint cannot be combined with tools')) return 'response_format'
+  if (message.startsWith('constraint')) return job.tools !== null ? 'tools' : 'response_format'
   for (const [option, param] of [
     ['options.toolChoice', 'tool_choice'],
     ['options.parallelToolCalls', 'parallel_tool_calls'],

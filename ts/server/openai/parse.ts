@@ -177,6 +177,7 @@ const PARAMS: Record<string, string> = {
   frequencyPenalty: 'frequency_penalty',
   seed: 'seed',
   logprobs: 'logprobs',
+  constraint: 'response_format',
 }
 
 /** The sampling fields both endpoints share, as ortex turn options. Their types are checked

@@ -159,22 +159,29 @@ describe('the tool-call family of real templates (native, the tiny ONNX model)',
     }
   })
 
-  it('a hermes template (Qwen 3) gets valid calls in <tool_call> tags, required and auto', async () => {
-    const engine = await Engine.load(folderWith('qwen3'), { intraOpThreads: 1 })
-    try {
-      for (let seed = 0; seed < 4; seed++) {
-        const required = await engine.chat(ASK, { tools: TOOLS, toolChoice: 'required', temperature: 1, seed, maxGeneratedTokens: 400 }).done
-        expect(required.text, required.text).toMatch(/^<tool_call>\n\{/)
-        expect(required.toolCalls!.length).toBeGreaterThan(0)
-        expectValidCalls(required.toolCalls!, TOOLS)
-        const auto = await engine.chat(ASK, { tools: TOOLS, temperature: 1, seed, maxGeneratedTokens: 400 }).done
-        expectValidCalls(auto.toolCalls!, TOOLS)
-        if (auto.toolCalls!.length > 0) expect(auto.text).toContain('</tool_call>')
+  const OPENERS: [string, RegExp][] = [
+    ['qwen3', /^<tool_call>\n\{/],
+    ['llama3_2', /^\{"name"/],
+    ['mistral_nemo', /^\[TOOL_CALLS\]\[\{/],
+  ]
+  for (const [name, opener] of OPENERS) {
+    it(`${name}: required calls in the family's format always validate; auto's calls too`, async () => {
+      const engine = await Engine.load(folderWith(name), { intraOpThreads: 1 })
+      try {
+        for (let seed = 0; seed < 4; seed++) {
+          const required = await engine.chat(ASK, { tools: TOOLS, toolChoice: 'required', parallelToolCalls: false, temperature: 1, seed, maxGeneratedTokens: 400 }).done
+          expect(required.text, required.text).toMatch(opener)
+          expect(required.finishReason, JSON.stringify(required.text)).toBe('eos')
+          expect(required.toolCalls!.length).toBeGreaterThan(0)
+          expectValidCalls(required.toolCalls!, TOOLS)
+          const auto = await engine.chat(ASK, { tools: TOOLS, temperature: 1, seed, maxGeneratedTokens: 400 }).done
+          expectValidCalls(auto.toolCalls!, TOOLS)
+        }
+      } finally {
+        await engine.close()
       }
-    } finally {
-      await engine.close()
-    }
-  })
+    })
+  }
 
   const EXPECTED: Record<string, ToolFamily> = {
     qwen3: 'hermes',

@@ -134,6 +134,19 @@ function anyCall(functions: ToolFunction[], argumentsKey: string): Record<string
   return calls.length === 1 ? calls[0]! : { anyOf: calls }
 }
 
+/** `schema` written as templates print JSON (`tojson`, Python's json.dumps): no whitespace but
+ *  `", "` and `": "` (llguidance's x-guidance options). A model under a schema that allows any
+ *  whitespace can fill its turn with it (a small or random one does); this way the calls are
+ *  short, and read back through the template as the model wrote them. */
+function compact(schema: Record<string, unknown>): Record<string, unknown> {
+  return { 'x-guidance': { whitespace_flexible: false, item_separator: ', ', key_separator: ': ' }, ...schema }
+}
+
+/** A lark rule's inline JSON Schema. */
+function inlineJson(schema: Record<string, unknown>): string {
+  return `%json ${JSON.stringify(compact(schema))}`
+}
+
 /** The functions a turn may call: the named one, or all. */
 function callable(plan: ToolPlan): ToolFunction[] {
   const mode = plan.mode
@@ -149,13 +162,13 @@ export function toolConstraint(plan: ToolPlan, response: Constraint | undefined,
   const functions = callable(plan)
   switch (plan.family) {
     case 'generic':
-      return { type: 'json_schema', schema: genericSchema(plan, functions, response) }
+      return { type: 'json_schema', schema: compact(genericSchema(plan, functions, response)) }
     case 'hermes':
       return { type: 'lark', grammar: hermesGrammar(plan, functions) }
     case 'llama3':
       return plan.mode.kind === 'auto'
-        ? { type: 'lark', grammar: `start: TEXT | call\nTEXT: /[^{](.|\\n)*/\ncall: %json ${JSON.stringify(anyCall(functions, 'parameters'))}\n` }
-        : { type: 'json_schema', schema: anyCall(functions, 'parameters') }
+        ? { type: 'lark', grammar: `start: TEXT | call\nTEXT: /[^{](.|\\n)*/\ncall: ${inlineJson(anyCall(functions, 'parameters'))}\n` }
+        : { type: 'json_schema', schema: compact(anyCall(functions, 'parameters')) }
     case 'mistral':
       return { type: 'lark', grammar: mistralGrammar(plan, functions, tokenId('[TOOL_CALLS]')) }
   }
@@ -176,7 +189,7 @@ function genericSchema(plan: ToolPlan, functions: ToolFunction[], response: Cons
  *  be one of the functions; llguidance's Earley parser follows both until the text tells. */
 function hermesGrammar(plan: ToolPlan, functions: ToolFunction[]): string {
   const more = plan.parallel ? ' ("\\n" call)*' : ''
-  const rules = `call: "<tool_call>" body\nbody: "\\n" fn "\\n</tool_call>"\nfn: %json ${JSON.stringify(anyCall(functions, 'arguments'))}\n`
+  const rules = `call: "<tool_call>" body\nbody: "\\n" fn "\\n</tool_call>"\nfn: ${inlineJson(anyCall(functions, 'arguments'))}\n`
   if (plan.mode.kind !== 'auto') return `start: call${more}\n${rules}`
   return `start: reply | before_call body${more}\nreply[stop=""]: /(.|\\n)*/\nbefore_call[stop="<tool_call>"]: /(.|\\n)*/\n${rules}`
 }
@@ -185,7 +198,7 @@ function mistralGrammar(plan: ToolPlan, functions: ToolFunction[], callsToken: n
   const opener = callsToken === null ? '"[TOOL_CALLS]"' : `<[${callsToken}]>`
   const list: Record<string, unknown> = { type: 'array', items: anyCall(functions, 'arguments'), minItems: 1 }
   if (!plan.parallel) list.maxItems = 1
-  const calls = `calls: ${opener} %json ${JSON.stringify(list)}\n`
+  const calls = `calls: ${opener} ${inlineJson(list)}\n`
   if (plan.mode.kind !== 'auto') return `start: calls\n${calls}`
   return `start: TEXT | calls\nTEXT: /[^\\[](.|\\n)*/\n${calls}`
 }

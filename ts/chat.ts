@@ -25,6 +25,9 @@ import { JsonCopier, copyJson } from './json'
 import type { Request } from './request'
 import type { Turn } from './turn'
 import type { ChatMessage, ChatTemplateOptions, TurnResult } from './types'
+import type { ToolPlan } from './tools/format'
+import { attachToolPlan } from './tools/options'
+import { applyToolPlan } from './tools/plan'
 import * as v from './validate'
 
 /** Most messages one conversation or render may hold. */
@@ -219,6 +222,8 @@ export interface ChatInit {
   templateOptions: ChatTemplateOptions
   /** Starts the engine's driven loop (as generate does). */
   start(): void
+  /** Tool calling on every send (createChat's tools); null: none. */
+  tools: ToolPlan | null
 }
 
 /** What the last turn left resident, to tell what the next render adds. */
@@ -237,6 +242,7 @@ export class Chat {
   private readonly prompts: PromptCodec
   private readonly options: ChatTemplateOptions
   private readonly start: () => void
+  private readonly tools: ToolPlan | null
   private readonly history: ChatMessage[] = []
   private pending: Turn | null = null
   private last: LastTurn | null = null
@@ -248,6 +254,7 @@ export class Chat {
     this.request = init.request
     this.options = init.templateOptions
     this.start = init.start
+    this.tools = init.tools
     if (init.system !== null) this.history.push({ role: 'system', content: init.system })
   }
 
@@ -267,7 +274,9 @@ export class Chat {
     const present = v.options('options', options, v.TURN_KEYS)
     const messages = [...this.history, message]
     if (messages.length > MAX_CHAT_MESSAGES) throw invalidArgument(`a chat holds at most ${MAX_CHAT_MESSAGES} messages`)
-    const text = this.prompts.render(messages, { ...this.options, addGenerationPrompt: true })
+    const renderOptions = { ...this.options, addGenerationPrompt: true }
+    const prompt = this.tools === null ? messages : applyToolPlan(this.tools, this.host, messages, renderOptions, present)
+    const text = this.prompts.render(prompt, renderOptions)
     const { keep, tokens } = this.plan(text)
     present.set('eosTokenIds', withEndTokens(this.host, present.get('eosTokenIds')))
     // Bad options throw before the context changes.
@@ -279,6 +288,7 @@ export class Chat {
       this.last = null
     }
     const turn = this.request.beginTurn(tokens, Object.fromEntries(present))
+    if (this.tools !== null) attachToolPlan(turn, this.tools)
     this.history.push(message)
     this.pending = turn
     void turn.done.then((result) => this.finished(text, result))
@@ -293,7 +303,9 @@ export class Chat {
 
   private finished(promptText: string, result: TurnResult): void {
     this.pending = null
-    this.history.push({ role: 'assistant', content: result.text })
+    const calls = result.toolCalls ?? []
+    // The calls go into the history as OpenAI's messages have them; the template renders them.
+    this.history.push(calls.length === 0 ? { role: 'assistant', content: result.content ?? result.text } : { role: 'assistant', content: result.content ?? '', tool_calls: calls })
     this.last = { promptText, result }
   }
 

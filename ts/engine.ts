@@ -38,6 +38,9 @@ import type {
   SimulatedOptions,
   TurnOptions,
 } from './types'
+import type { ToolPlan } from './tools/format'
+import { TOOL_KEYS, attachToolPlan, takeToolPlan } from './tools/options'
+import { applyToolPlan, toolFamily } from './tools/plan'
 import * as v from './validate'
 
 export type { EngineEndReason } from './link'
@@ -62,6 +65,8 @@ interface ChatArguments {
   parseSpecialTokens: boolean
   /** The request's and the turn's options. */
   present: Map<string, unknown>
+  /** Tool calling (tools/); null: none. */
+  tools: ToolPlan | null
 }
 
 const CANCELLED_BY_CLOSE = { reason: 'cancelled', errorCode: 'none', usage: null, stop: null } as const
@@ -283,7 +288,7 @@ export class Engine implements EventOwner {
     return this.beginChat(this.chatArguments(messages, options))
   }
 
-  private beginChat({ template, input, parseSpecialTokens, present }: ChatArguments): Turn {
+  private beginChat({ template, input, parseSpecialTokens, present, tools }: ChatArguments): Turn {
     const { request, checked } = this.ownedRequest(present)
     let turn: Turn
     try {
@@ -293,6 +298,7 @@ export class Engine implements EventOwner {
       request.close()
       throw chat.toChatError(error)
     }
+    if (tools !== null) attachToolPlan(turn, tools)
     this.driver.start()
     return turn
   }
@@ -305,7 +311,7 @@ export class Engine implements EventOwner {
     const args = this.chatArguments(messages, options)
     const core = this.core as Partial<NativeCoreEngine>
     if (core.beginChatTurnAsync === undefined) return this.beginChat(args)
-    const { template, input, parseSpecialTokens, present } = args
+    const { template, input, parseSpecialTokens, present, tools } = args
     const json = chat.renderInputJson(input)
     const { request, checked } = this.ownedRequest(present)
     let turn: Turn
@@ -315,6 +321,7 @@ export class Engine implements EventOwner {
       request.close()
       throw this.convertError(error)
     }
+    if (tools !== null) attachToolPlan(turn, tools)
     this.driver.start()
     return turn
   }
@@ -331,19 +338,22 @@ export class Engine implements EventOwner {
   private chatArguments(messages: ChatMessage[], options: ChatOptions | undefined): ChatArguments {
     const json = new JsonCopier()
     const checked = chat.checkMessages('messages', messages, json)
-    const present = v.options('options', options, [...v.REQUEST_KEYS, ...v.TURN_KEYS, ...chat.CHAT_TEMPLATE_KEYS, ...chat.CHAT_PROMPT_KEYS])
+    const present = v.options('options', options, [...v.REQUEST_KEYS, ...v.TURN_KEYS, ...chat.CHAT_TEMPLATE_KEYS, ...chat.CHAT_PROMPT_KEYS, ...TOOL_KEYS])
     if (present.has('addGenerationPrompt')) throw v.invalidArgumentFor('options.addGenerationPrompt', 'is not a chat option')
     const templateOptions = chat.templateOptions('options', chat.takeTemplateKeys(present), json)
     const { parseSpecialTokens } = chat.takePromptOptions('options', present)
     this.checkUsable()
     const template = this.loadChatTemplate()
-    return { template, input: chat.renderInput(checked, { ...templateOptions, addGenerationPrompt: true }), parseSpecialTokens, present }
+    const host = this.chatHost()
+    const tools = takeToolPlan('options', present, templateOptions.tools, () => toolFamily(host, (messages, options) => chat.render(host, messages, options)))
+    const prompt = tools === null ? checked : applyToolPlan(tools, host, checked, templateOptions, present)
+    return { template, input: chat.renderInput(prompt, { ...templateOptions, addGenerationPrompt: true }), parseSpecialTokens, present, tools }
   }
 
   /** A conversation on one request: `send(content)` returns the reply's Turn and prefills only
    *  what the new message adds. */
   createChat(options?: CreateChatOptions): chat.Chat {
-    const present = v.options('options', options, ['system', ...v.REQUEST_KEYS, ...chat.CHAT_TEMPLATE_KEYS, ...chat.CHAT_PROMPT_KEYS])
+    const present = v.options('options', options, ['system', ...v.REQUEST_KEYS, ...chat.CHAT_TEMPLATE_KEYS, ...chat.CHAT_PROMPT_KEYS, ...TOOL_KEYS])
     if (present.has('addGenerationPrompt')) throw v.invalidArgumentFor('options.addGenerationPrompt', 'is not a chat option')
     const system = present.has('system') ? v.string('options.system', present.get('system')) : null
     present.delete('system')
@@ -352,9 +362,10 @@ export class Engine implements EventOwner {
     const host = this.chatHost()
     // Fail now, not at the first send, on a folder without a template.
     host.template()
+    const tools = takeToolPlan('options', present, templateOptions.tools, () => toolFamily(host, (messages, options) => chat.render(host, messages, options)))
     const request = this.createRequest(Object.fromEntries(present))
     const prompts = chat.promptCodec(host, parseSpecialTokens)
-    return new chat.Chat({ host, prompts, request, system, templateOptions, start: () => this.driver.start() })
+    return new chat.Chat({ host, prompts, request, system, templateOptions, tools, start: () => this.driver.start() })
   }
 
   /**

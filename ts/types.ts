@@ -168,11 +168,38 @@ export interface ChatPromptOptions {
   parseSpecialTokens?: boolean
 }
 
+/** A function the model may call, in OpenAI's shape: `parameters` is the JSON Schema its
+ *  arguments validate against (default: any object). */
+export interface FunctionTool {
+  type: 'function'
+  function: { name: string; description?: string; parameters?: Record<string, unknown>; strict?: boolean }
+}
+
+/** Whether and which tools a chat turn calls: `auto` (the model decides; the default with
+ *  tools), `required` (at least one call), a named function (exactly that one), or `none`. */
+export type ToolChoice = 'none' | 'auto' | 'required' | { type: 'function'; function: { name: string } }
+
+/** A call the model made: `arguments` is JSON text that validates against the function's
+ *  parameters whenever the call was constrained (required, named, or auto once a call starts). */
+export interface ToolCall {
+  id: string
+  type: 'function'
+  function: { name: string; arguments: string }
+}
+
+/** Tool calling on a chat (with `tools`, each a FunctionTool). */
+export interface ToolOptions {
+  /** Default 'auto' when `tools` are given. */
+  toolChoice?: ToolChoice
+  /** Several calls in one turn; default true. */
+  parallelToolCalls?: boolean
+}
+
 /** engine.chat: a one-shot chat turn on its own request. */
-export type ChatOptions = GenerateOptions & Omit<ChatTemplateOptions, 'addGenerationPrompt'> & ChatPromptOptions
+export type ChatOptions = GenerateOptions & Omit<ChatTemplateOptions, 'addGenerationPrompt'> & ChatPromptOptions & ToolOptions
 
 /** engine.createChat: a conversation on one request. */
-export interface CreateChatOptions extends RequestOptions, Omit<ChatTemplateOptions, 'addGenerationPrompt'>, ChatPromptOptions {
+export interface CreateChatOptions extends RequestOptions, Omit<ChatTemplateOptions, 'addGenerationPrompt'>, ChatPromptOptions, ToolOptions {
   /** The system message the conversation starts with. */
   system?: string
 }
@@ -299,4 +326,9 @@ export interface TurnResult {
   stop: StopMatch | null
   /** With `logprobs`: one entry per token of `tokens` (addition). */
   logprobs?: TokenLogprob[]
+  /** A chat turn with tools: the calls the model made (empty when it answered in text). */
+  toolCalls?: ToolCall[]
+  /** A chat turn with tools: the text for the user, without the calls' markup (null when the
+   *  turn was only calls); `text` stays what the model wrote. */
+  content?: string | null
 }

@@ -261,8 +261,12 @@ describe('the OpenAI-compatible API on the simulated model', () => {
   it('refuses what it does not support in OpenAI error shape, through the client too', async () => {
     for (const [extra, param] of [
       [{ n: 2 }, 'n'],
-      [{ tools: [{ type: 'function', function: { name: 'f', parameters: {} } }] }, 'tools'],
-      [{ response_format: { type: 'json_object' } }, 'response_format'],
+      [{ functions: [{ name: 'f', parameters: {} }] }, 'functions'],
+      [{ tools: [{ type: 'function', function: { name: 'not a name' } }] }, 'tools[0].function.name'],
+      [{ tools: [{ type: 'function', function: { name: 'f' } }], tool_choice: { type: 'function', function: { name: 'g' } } }, 'tool_choice'],
+      [{ tool_choice: 'required' }, 'tool_choice'],
+      [{ response_format: { type: 'xml' } }, 'response_format.type'],
+      [{ response_format: { type: 'json_schema', json_schema: { schema: {} } } }, 'response_format.json_schema.name'],
       [{ top_logprobs: 2 }, 'top_logprobs'],
       [{ logprobs: true, top_logprobs: 21 }, 'top_logprobs'],
       [{ logit_bias: { '5': 1 } }, 'logit_bias'],

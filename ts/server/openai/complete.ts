@@ -10,6 +10,8 @@ import type { ServerResponse } from 'node:http'
 
 import type { Engine } from '../../engine'
 import { OrtexError } from '../../errors'
+import { toolCallParser, toolPlanOf } from '../../tools/options'
+import type { ToolCallDelta } from '../../tools/parse'
 import type { Turn } from '../../turn'
 import type { FinishReason, TokenLogprob, TurnResult } from '../../types'
 import { type FlowLimits, StallTimer } from '../flow'
@@ -17,7 +19,7 @@ import type { CompletionTracker } from '../metrics'
 import { ApiError } from './errors'
 import type { CompletionJob } from './parse'
 
-export type OpenAiFinishReason = 'stop' | 'length'
+export type OpenAiFinishReason = 'stop' | 'length' | 'tool_calls'
 
 export interface CompletionContext {
   engine: Engine
@@ -38,8 +40,9 @@ interface Usage {
   prompt_tokens_details: { cached_tokens: number }
 }
 
-export function finishReasonOf(reason: FinishReason): OpenAiFinishReason {
-  return reason === 'max-generated-tokens' || reason === 'max-session-tokens' ? 'length' : 'stop'
+export function finishReasonOf(reason: FinishReason, calledTools = false): OpenAiFinishReason {
+  if (reason === 'max-generated-tokens' || reason === 'max-session-tokens') return 'length'
+  return calledTools ? 'tool_calls' : 'stop'
 }
 
 function usageOf(result: TurnResult): Usage {
@@ -88,7 +91,7 @@ async function startTurn(context: CompletionContext, job: CompletionJob): Promis
     if (turn.maxGeneratedTokens === undefined && context.defaultMaxTokens !== undefined) {
       turn.maxGeneratedTokens = context.defaultMaxTokens
     }
-    return engine.chatAsync(job.messages!, turn)
+    return engine.chatAsync(job.messages!, job.tools === null ? turn : { ...turn, ...job.tools })
   }
   return engine.generate(job.prompt!, job.turn)
 }
@@ -215,12 +218,20 @@ function choiceDelta(
   role: boolean,
   finish: OpenAiFinishReason | null,
   logprobs: object | null = null,
+  calls: ToolCallDelta[] = [],
 ): object {
   if (job.kind === 'completion') return { index: 0, text: text ?? '', logprobs, finish_reason: finish }
-  const delta: Record<string, string> = {}
+  const delta: Record<string, unknown> = {}
   if (role) delta.role = 'assistant'
   if (text !== null) delta.content = text
+  if (calls.length > 0) delta.tool_calls = calls.map(toolCallDelta)
   return { index: 0, delta, logprobs, finish_reason: finish }
+}
+
+/** A call's streamed change as OpenAI sends it: the first with its id, type and name. */
+function toolCallDelta(d: ToolCallDelta): object {
+  if (d.id === undefined) return { index: d.index, function: { arguments: d.arguments } }
+  return { index: d.index, id: d.id, type: 'function', function: { name: d.name, arguments: d.arguments } }
 }
 
 /** Runs the job; resolves with the status code sent once the response has ended. */
@@ -278,8 +289,26 @@ function startError(context: CompletionContext, job: CompletionJob, error: unkno
         `${tokens} tokens, which leaves no room to generate. Please reduce the length of the ${promptParam(job)}.`
       return new ApiError(400, message, 'invalid_request_error', promptParam(job), 'context_length_exceeded')
     }
+    const param = optionParam(error.message, job)
+    if (param !== null) return new ApiError(400, error.message, 'invalid_request_error', param, 'invalid_argument')
   }
   return apiErrorOf(error)
+}
+
+/** The request field behind a refused chat option (the engine names its own options; a
+ *  constraint the core cannot compile is the tools' own when the request has tools). */
+function optionParam(message: string, job: CompletionJob): string | null {
+  if (message.startsWith('options.constraint cannot be combined with tools')) return 'response_format'
+  if (message.startsWith('constraint')) return job.tools !== null ? 'tools' : 'response_format'
+  for (const [option, param] of [
+    ['options.toolChoice', 'tool_choice'],
+    ['options.parallelToolCalls', 'parallel_tool_calls'],
+    ['options.tools', 'tools'],
+    ['options.constraint', 'response_format'],
+  ] as const) {
+    if (message.startsWith(option)) return param
+  }
+  return null
 }
 
 /** A failed turn as the API reports it. `request-unserviceable` (the context can never fit the
@@ -302,12 +331,12 @@ async function answerTurn(context: CompletionContext, job: CompletionJob, turn: 
   if (sink.gone) return 499
   if (result.finishReason === 'failed') throw turnFailed(context, job, result)
   const shape = shapeOf(context, job, false)
-  const finish = finishReasonOf(result.finishReason)
+  const calls = result.toolCalls ?? []
+  const finish = finishReasonOf(result.finishReason, calls.length > 0)
   const logprobs = new LogprobWriter(job).shape(result.logprobs ?? [])
-  const choice =
-    job.kind === 'chat'
-      ? { index: 0, message: { role: 'assistant', content: result.text, refusal: null }, logprobs, finish_reason: finish }
-      : { index: 0, text: result.text, logprobs, finish_reason: finish }
+  const message: Record<string, unknown> = { role: 'assistant', content: result.content === undefined ? result.text : result.content, refusal: null }
+  if (calls.length > 0) message.tool_calls = calls
+  const choice = job.kind === 'chat' ? { index: 0, message, logprobs, finish_reason: finish } : { index: 0, text: result.text, logprobs, finish_reason: finish }
   sink.json(200, { ...shape, choices: [choice], usage: usageOf(result) })
   return 200
 }
@@ -352,10 +381,22 @@ async function streamTurn(context: CompletionContext, job: CompletionJob, turn: 
   // log-probability with the next chunk that has text.
   let pending: TokenLogprob[] = []
   let sent = ''
+  // A turn with tools streams what its text parses into: content, and each call's deltas.
+  const plan = toolPlanOf(turn)
+  const parser = plan === null ? null : toolCallParser(plan)
+  const sendParsed = async (content: string, calls: ToolCallDelta[]): Promise<void> => {
+    if (content.length === 0 && calls.length === 0) return
+    await sink.write(event([choiceDelta(job, content.length > 0 ? content : null, false, null, logprobs.shape(pending), calls)]))
+    pending = []
+  }
   const send = async (text: string): Promise<void> => {
+    sent += text
+    if (parser !== null) {
+      const piece = parser.push(text)
+      return sendParsed(piece.content, piece.calls)
+    }
     await sink.write(event([choiceDelta(job, text, false, null, logprobs.shape(pending))]))
     pending = []
-    sent += text
   }
   for (; next.done !== true; next = await chunks.next()) {
     if (sink.gone) break
@@ -372,11 +413,16 @@ async function streamTurn(context: CompletionContext, job: CompletionJob, turn: 
   const result = await turn.done
   // Text the turn's end released after its chunk was read (a held-back partial stop string).
   if (result.text.length > sent.length && result.text.startsWith(sent)) await send(result.text.slice(sent.length))
+  if (parser !== null) {
+    const last = parser.finish()
+    await sendParsed(last.content, last.calls)
+  }
+  const called = parser !== null && parser.result().toolCalls.length > 0
   if (result.finishReason === 'failed') {
     await sink.write(`data: ${JSON.stringify(turnFailed(context, job, result).body())}\n\n`)
   } else {
     const rest = pending.length > 0 ? logprobs.shape(pending) : null
-    await sink.write(event([choiceDelta(job, job.kind === 'chat' ? null : '', false, finishReasonOf(result.finishReason), rest)]))
+    await sink.write(event([choiceDelta(job, job.kind === 'chat' ? null : '', false, finishReasonOf(result.finishReason, called), rest)]))
     if (job.includeUsage) await sink.write(event([], { usage: usageOf(result) }))
   }
   sink.end('data: [DONE]\n\n')

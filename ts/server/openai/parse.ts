@@ -3,6 +3,7 @@
 
 import type { ChatMessage, TurnOptions } from '../../types'
 import { ApiError, invalidParam, unsupportedParam } from './errors'
+import { type ChatTools, chatTools, messageKeys, responseFormat, toolMessageFields } from './tools'
 
 export type JobKind = 'chat' | 'completion'
 
@@ -19,6 +20,8 @@ export interface CompletionJob {
   /** Log-probabilities asked for: chat's `logprobs: true` (with `top_logprobs` alternatives), or
    *  completions' `logprobs: n`; null when not. */
   logprobs: { top: number } | null
+  /** kind 'chat': the tools the model may call; null when none. */
+  tools: ChatTools | null
 }
 
 /** OpenAI's limits on alternatives: 20 for chat, 5 for completions. */
@@ -49,23 +52,20 @@ const SAMPLING_FIELDS = [
 ]
 /** Fields OpenAI defines that this server refuses with a clear message instead of ignoring. */
 const CHAT_UNSUPPORTED: Record<string, string> = {
-  tools: 'tool calling is not supported',
-  tool_choice: 'tool calling is not supported',
-  parallel_tool_calls: 'tool calling is not supported',
-  functions: 'function calling is not supported',
-  function_call: 'function calling is not supported',
-  response_format: 'structured output (response_format) is not supported',
+  functions: 'the deprecated `functions` is not supported: use `tools`',
+  function_call: 'the deprecated `function_call` is not supported: use `tool_choice`',
   logit_bias: 'logit_bias is not supported',
 }
+const TOOL_FIELDS = ['tools', 'tool_choice', 'parallel_tool_calls', 'response_format']
 const COMPLETION_UNSUPPORTED: Record<string, string> = {
   logit_bias: 'logit_bias is not supported',
   echo: 'echo is not supported',
   suffix: 'suffix is not supported',
   best_of: 'best_of is not supported',
 }
-const CHAT_FIELDS = [...SAMPLING_FIELDS, 'messages', 'max_completion_tokens', 'logprobs', 'top_logprobs', ...Object.keys(CHAT_UNSUPPORTED)]
+const CHAT_FIELDS = [...SAMPLING_FIELDS, 'messages', 'max_completion_tokens', 'logprobs', 'top_logprobs', ...TOOL_FIELDS, ...Object.keys(CHAT_UNSUPPORTED)]
 const COMPLETION_FIELDS = [...SAMPLING_FIELDS, 'prompt', 'logprobs', ...Object.keys(COMPLETION_UNSUPPORTED)]
-const ROLES = new Set(['system', 'developer', 'user', 'assistant'])
+const ROLES = new Set(['system', 'developer', 'user', 'assistant', 'tool'])
 
 type Body = Record<string, unknown>
 
@@ -177,6 +177,7 @@ const PARAMS: Record<string, string> = {
   frequencyPenalty: 'frequency_penalty',
   seed: 'seed',
   logprobs: 'logprobs',
+  constraint: 'response_format',
 }
 
 /** The sampling fields both endpoints share, as ortex turn options. Their types are checked
@@ -257,19 +258,23 @@ function messages(body: Body): ChatMessage[] {
     if (typeof message !== 'object' || message === null || Array.isArray(message)) {
       throw invalidParam(param, `${param} must be an object`, 'invalid_type')
     }
-    for (const key of Object.keys(m)) {
-      if (key !== 'role' && key !== 'content' && key !== 'name') {
-        throw unsupportedParam(`${param}.${key}`, `${param}.${key} is not supported (only role, content and name)`)
-      }
-    }
     if (typeof m.role !== 'string' || !ROLES.has(m.role)) {
       throw invalidParam(`${param}.role`, `${param}.role must be one of ${[...ROLES].join(', ')}, got ${JSON.stringify(m.role)}`)
     }
+    const keys = messageKeys(m.role)
+    for (const key of Object.keys(m)) {
+      if (!keys.includes(key)) {
+        throw unsupportedParam(`${param}.${key}`, `${param}.${key} is not supported (a ${m.role} message has ${keys.join(', ')})`)
+      }
+    }
+    // An assistant message that only calls tools has no content.
+    const callsOnly = m.role === 'assistant' && (m.content === null || m.content === undefined) && Array.isArray(m.tool_calls)
     const out: ChatMessage = {
       // Templates know `system`; OpenAI's newer `developer` role means the same.
       role: m.role === 'developer' ? 'system' : m.role,
-      content: messageContent(`${param}.content`, m.content),
+      content: callsOnly ? '' : messageContent(`${param}.content`, m.content),
     }
+    toolMessageFields(param, m, out)
     if (m.name !== undefined) {
       if (typeof m.name !== 'string') throw invalidParam(`${param}.name`, `${param}.name must be a string`, 'invalid_type')
       out.name = m.name
@@ -298,7 +303,9 @@ export function parseChatRequest(value: unknown): CompletionJob {
   const maxTokens = integer(body, 'max_completion_tokens', 1, 2 ** 31 - 1) ?? legacyMaxTokens
   const logprobs = chatLogprobs(body)
   const turn = withLogprobs(turnOptions(body, maxTokens), logprobs)
-  return { kind: 'chat', ...common(body), messages: messages(body), prompt: null, turn, logprobs }
+  const constraint = responseFormat(body)
+  if (constraint !== undefined) turn.constraint = constraint
+  return { kind: 'chat', ...common(body), messages: messages(body), prompt: null, turn, logprobs, tools: chatTools(body) }
 }
 
 /** OpenAI's default for /v1/completions. */
@@ -330,5 +337,5 @@ export function parseCompletionRequest(value: unknown): CompletionJob {
   const top = integer(body, 'logprobs', 0, MAX_COMPLETION_LOGPROBS)
   const logprobs = top === undefined ? null : { top }
   const turn = withLogprobs(turnOptions(body, maxTokens), logprobs)
-  return { kind: 'completion', ...common(body), messages: null, prompt: prompt(body), turn, logprobs }
+  return { kind: 'completion', ...common(body), messages: null, prompt: prompt(body), turn, logprobs, tools: null }
 }

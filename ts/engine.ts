@@ -630,22 +630,25 @@ export class Engine implements EventOwner {
 
   /** Runs `buffer` after the runs already queued, or at once when there are none (the driven
    *  loop's case: while driven, run() is refused, so nothing else queues). */
-  private enqueueRun(buffer: EventBuffer): Promise<number> {
+  private enqueueRun(buffer: EventBuffer, onThisThread = false): Promise<number> {
     // A queued run starts however the one before it ended.
-    const next = () => this.runNow(buffer)
+    const next = () => this.runNow(buffer, onThisThread)
     const ahead = this.runsQueued++
     const run = ahead === 0 ? next() : this.runTail.then(next, next)
     this.runTail = run
     return run
   }
 
-  /** One run of the queue; leaves it (runsQueued) before its promise settles. */
-  private async runNow(buffer: EventBuffer): Promise<number> {
+  /** One run of the queue; leaves it (runsQueued) before its promise settles. `onThisThread`:
+   *  executed here, as runSync does. */
+  private async runNow(buffer: EventBuffer, onThisThread: boolean): Promise<number> {
     try {
       this.checkUsable()
       let written: number
       try {
-        written = await this.backendImpl.run(this.core, buffer._words, buffer.capacity)
+        written = onThisThread
+          ? this.core.runSync(buffer._words, buffer.capacity)
+          : await this.backendImpl.run(this.core, buffer._words, buffer.capacity)
       } catch (error) {
         throw this.convertError(error)
       }
@@ -707,10 +710,15 @@ export class Engine implements EventOwner {
     return converted
   }
 
+  /** The driven loop's run. A model's transaction executes off the JS thread (native: the
+   *  engine's step thread). The simulated model's is microseconds of work (its costs are virtual),
+   *  less than the trip to the libuv pool and back that run() makes on native (about 40 us a
+   *  run, half the time of a 64-turn step): the loop executes it on the JS thread, as WebAssembly
+   *  always does. */
   private driveOnce(): Promise<boolean> {
     this.driverBuffer ??= EventBuffer._create(this, DRIVER_BUFFER_CAPACITY)
     const buffer = this.driverBuffer
-    return this.enqueueRun(buffer).then(() => this.lastRunProgressed(buffer))
+    return this.enqueueRun(buffer, this.modelDir === null).then(() => this.lastRunProgressed(buffer))
   }
 
   /** A run with only CapacityBlocked events (or none) may still have prefilled a prompt chunk;

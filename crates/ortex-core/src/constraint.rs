@@ -57,9 +57,7 @@ impl Constraint {
             Constraint::Json => TopLevelGrammar::from_json_schema(serde_json::json!({ "type": "object" })),
             Constraint::JsonSchema(schema) => {
                 if !schema.is_object() && !schema.is_boolean() {
-                    return Err(OrtexError::invalid(
-                        "constraint.schema must be a JSON Schema: an object or a boolean",
-                    ));
+                    return Err(OrtexError::invalid("constraint.schema must be a JSON Schema: an object or a boolean"));
                 }
                 TopLevelGrammar::from_json_schema(schema.clone())
             }
@@ -111,9 +109,10 @@ impl Constraints {
                 shared
             }
         };
-        let parser = shared.factory.create_parser(grammar).map_err(|e| {
-            OrtexError::invalid(format!("constraint ({}) cannot be compiled: {e}", constraint.kind()))
-        })?;
+        let parser = shared
+            .factory
+            .create_parser(grammar)
+            .map_err(|e| OrtexError::invalid(format!("constraint ({}) cannot be compiled: {e}", constraint.kind())))?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(error) = matcher.get_error() {
             return Err(OrtexError::invalid(format!("constraint ({}) cannot be compiled: {error}", constraint.kind())));
@@ -143,8 +142,8 @@ impl Shared {
             }
         }
         let model_end_tokens: Vec<u32> = model_end_tokens.iter().map(|&t| t as u32).collect();
-        let trie = TokTrie::from(&TokRxInfo::new(vocab_size, first_end as u32), &words)
-            .with_eos_tokens(&model_end_tokens);
+        let trie =
+            TokTrie::from(&TokRxInfo::new(vocab_size, first_end as u32), &words).with_eos_tokens(&model_end_tokens);
         let closing = CLOSING_TEXT.iter().filter_map(|text| trie.token_id(text)).collect();
         let mut blank = trie.alloc_token_set();
         for (id, word) in words.iter().enumerate() {
@@ -189,6 +188,11 @@ pub struct TokenMask {
 impl TokenMask {
     pub fn allows(&self, token: u32) -> bool {
         (token as usize) < self.allowed.len() && self.allowed.is_allowed(token)
+    }
+
+    /// How many tokens the row may take: 1 is a token the grammar forces.
+    pub fn allowed_count(&self) -> usize {
+        self.allowed.as_slice().iter().map(|word| word.count_ones() as usize).sum()
     }
 
     /// Sets every disallowed score of a dense row (indexed by token id) to -inf.
@@ -310,8 +314,8 @@ impl TurnConstraint {
 /// with a metaspace), special added tokens marked as control tokens: what a real model's
 /// `TextCodec::token_bytes` gives.
 pub fn token_bytes_from_tokenizer_json(json: &str) -> Result<Vec<Vec<u8>>> {
-    let value: serde_json::Value = serde_json::from_str(json)
-        .map_err(|e| OrtexError::invalid(format!("the tokenizer file is not JSON: {e}")))?;
+    let value: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| OrtexError::invalid(format!("the tokenizer file is not JSON: {e}")))?;
     llguidance::token_bytes_from_tokenizer_json(&value).map_err(|e| {
         OrtexError::invalid(format!("this model's tokenizer gives no token bytes, so it takes no constraint: {e}"))
     })

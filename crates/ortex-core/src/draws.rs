@@ -152,9 +152,8 @@ impl Draws {
                 (Some(_), None) => continue,
             };
             let logits = output.row(index);
-            draw.token = forced.unwrap_or_else(|| {
-                sampling::sample(logits, &draw.params, history, &mut draw.rng, &mut self.scratch)
-            });
+            draw.token = forced
+                .unwrap_or_else(|| sampling::sample(logits, &draw.params, history, &mut draw.rng, &mut self.scratch));
             draw.step = draw.text.push(codec, draw.token as i32);
             draw.logprobs = draw.top_logprobs.map(|top| {
                 LogprobsText::new(codec, sampling::logprobs(logits, draw.token, top, &mut self.logprob_scratch))

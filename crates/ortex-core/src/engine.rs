@@ -10,7 +10,9 @@ use std::sync::Arc;
 use crate::constraint::Constraints;
 use crate::draws::Draws;
 use crate::error::{ErrorCode, OrtexError, Result};
-use crate::events::{flags, Event, EventErrorCode, FinishReason, RetainedEvents, RunOutput, StopMatch, EVENT_STRIDE_WORDS};
+use crate::events::{
+    flags, Event, EventErrorCode, FinishReason, RetainedEvents, RunOutput, StopMatch, EVENT_STRIDE_WORDS,
+};
 use crate::executor::{ExecError, Executor, KvGeometry, StepOutput, StepPlan};
 use crate::ids::{RequestId, TurnId};
 use crate::kv::{KvManager, PagedKv, StepReservation};
@@ -836,7 +838,14 @@ impl Engine {
             let request = self.requests.at_mut(row.request_position as usize);
             let TurnSlot::Running(turn) = &mut request.turn else { unreachable!("a sampled row has a running turn") };
             let history = sampling::History { context: &request.tokens, generated: turn.generated_tokens as usize };
-            draws.push(turn.options.sampling, &turn.rng, history, turn.options.logprobs, &turn.text, turn.constraint.take());
+            draws.push(
+                turn.options.sampling,
+                &turn.rng,
+                history,
+                turn.options.logprobs,
+                &turn.text,
+                turn.constraint.take(),
+            );
         }
     }
 
@@ -894,7 +903,9 @@ impl Engine {
             let mut event = Event::token(row.request, planned_turn, token);
             event.logprobs = draw.logprobs.take().map(Box::new);
             let mut step = std::mem::take(&mut draw.step);
-            if let Some(reason) = turn_ending(request, token, &mut step, &self.config.eos_token_ids, self.codec.as_ref()) {
+            if let Some(reason) =
+                turn_ending(request, token, &mut step, &self.config.eos_token_ids, self.codec.as_ref())
+            {
                 let (_, usage) = request.transition_to_turn_complete(reason);
                 event.finish(reason, usage);
             }

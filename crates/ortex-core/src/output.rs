@@ -421,7 +421,8 @@ mod tests {
             let first = ends
                 .filter_map(|end| {
                     let seen = &text[..end];
-                    let found = stops.iter().enumerate().filter_map(|(i, s)| seen.find(s.as_str()).map(|at| (at, i as u32)));
+                    let found =
+                        stops.iter().enumerate().filter_map(|(i, s)| seen.find(s.as_str()).map(|at| (at, i as u32)));
                     found.min()
                 })
                 .next();

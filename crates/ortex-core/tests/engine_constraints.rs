@@ -55,13 +55,15 @@ fn json_regex_and_lark_turns_end_valid() {
         let (text, finish) = turn(&mut e, r#"{"temperature":1,"constraint":{"type":"json"}}"#);
         assert_eq!(finish, "eos");
         assert!(serde_json::from_str::<serde_json::Value>(&text).unwrap().is_object(), "{text}");
-        let (text, finish) = turn(&mut e, r#"{"temperature":1,"constraint":{"type":"regex","pattern":"[a-c]+-[0-9]{2}"}}"#);
+        let (text, finish) =
+            turn(&mut e, r#"{"temperature":1,"constraint":{"type":"regex","pattern":"[a-c]+-[0-9]{2}"}}"#);
         assert_eq!(finish, "eos");
         let (head, digits) = text.split_once('-').unwrap_or_else(|| panic!("{text:?}"));
         assert!(!head.is_empty() && head.bytes().all(|b| (b'a'..=b'c').contains(&b)), "{text:?}");
         assert!(digits.len() == 2 && digits.bytes().all(|b| b.is_ascii_digit()), "{text:?}");
         let lark = r#"start: \"yes\" | \"no\" | \"maybe \" NUMBER\nNUMBER: /[1-9][0-9]?/"#;
-        let (text, finish) = turn(&mut e, &format!(r#"{{"temperature":1,"constraint":{{"type":"lark","grammar":"{lark}"}}}}"#));
+        let (text, finish) =
+            turn(&mut e, &format!(r#"{{"temperature":1,"constraint":{{"type":"lark","grammar":"{lark}"}}}}"#));
         assert_eq!(finish, "eos");
         assert!(text == "yes" || text == "no" || text.starts_with("maybe "), "{text:?}");
     }
@@ -77,8 +79,7 @@ fn the_same_seed_gives_the_same_constrained_text() {
 #[test]
 fn a_constrained_turn_at_its_token_limit_finishes_max_generated_tokens() {
     let mut e = engine(1);
-    let (text, finish) =
-        turn(&mut e, r#"{"maxGeneratedTokens":3,"constraint":{"type":"regex","pattern":"a{10}"}}"#);
+    let (text, finish) = turn(&mut e, r#"{"maxGeneratedTokens":3,"constraint":{"type":"regex","pattern":"a{10}"}}"#);
     assert_eq!((text.as_str(), finish.as_str()), ("aaa", "max-generated-tokens"));
 }
 

@@ -2,8 +2,10 @@
 // engine.chatAsync's promise settles with it), on the simulated model, native and WebAssembly, for
 // a short conversation and a long one. Beside them, in the same run, the same turn begun the way
 // engine.chat began it before issue 29 item 3 (render, tokenize, begin: three crossings), spelled
-// with public calls: generate(tokenize(applyChatTemplate(messages))). Medians of microseconds per
-// start; the turns' generation (one token each) is awaited outside the timing.
+// with public calls: generate(tokenize(applyChatTemplate(messages))). And a conversation's send
+// (engine.createChat) seeded with the same messages, each send timed from the call to its Turn.
+// Medians of microseconds per start; the turns' generation (one token each) is awaited outside the
+// timing.
 //
 //   npm run build && node bench/chat-turn-start.mjs [--dist DIR] [--rounds 5]
 //
@@ -31,6 +33,7 @@ const WAYS = {
   'three calls (before)': (engine, messages) => engine.generate(engine.tokenize(engine.applyChatTemplate(messages)), OPTIONS),
   chat: (engine, messages) => engine.chat(messages, OPTIONS),
   chatAsync: (engine, messages) => engine.chatAsync(messages, OPTIONS),
+  send: null, // measureSends
 }
 
 function median(values) {
@@ -38,8 +41,38 @@ function median(values) {
   return sorted[Math.floor(sorted.length / 2)]
 }
 
+/** Sends on one conversation before a fresh one is seeded: its history grows by two messages a
+ *  send, and the rows compare sends on about the history the other ways render. */
+const SENDS_PER_CONVERSATION = 20
+
+/** A conversation holding `messages` (each sent, its one-token reply awaited: untimed). */
+async function seededConversation(engine, messages) {
+  const conversation = engine.createChat()
+  for (const message of messages) await conversation.send(message, OPTIONS).done
+  return conversation
+}
+
+/** Microseconds per send on a conversation seeded with `messages`, median over `turns` sends. */
+async function measureSends(engine, { turns, messages }) {
+  const samples = []
+  let conversation = null
+  for (let i = 0; i < turns; i++) {
+    if (i % SENDS_PER_CONVERSATION === 0) {
+      conversation?.close()
+      conversation = await seededConversation(engine, messages)
+    }
+    const started = performance.now()
+    const turn = conversation.send(`question ${i}`, OPTIONS)
+    samples.push((performance.now() - started) * 1000)
+    await turn.done
+  }
+  conversation?.close()
+  return median(samples)
+}
+
 /** Microseconds per start, median over `turns` starts. */
 async function measure(engine, way, { turns, messages }) {
+  if (way === 'send') return measureSends(engine, { turns, messages })
   const samples = []
   for (let i = 0; i < turns; i++) {
     const started = performance.now()

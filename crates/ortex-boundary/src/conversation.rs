@@ -53,18 +53,18 @@ impl Conversation {
         Conversation::default()
     }
 
-    /// Renders `input` and plans what to append; reads the engine, changes nothing.
+    /// Plans what to append for `text` (`Chat::prompt_text` of the whole conversation); reads the
+    /// engine, changes nothing.
     pub fn plan(
         &self,
         engine: &Engine,
         chat: &Chat,
         request_id: u32,
-        input: ChatRenderInput,
+        text: String,
         parse_special_tokens: bool,
     ) -> Result<ConversationPlan> {
         let codec = engine.text_codec()?;
         let codec = codec.as_ref();
-        let text = chat.prompt_text(input, parse_special_tokens)?;
         let end_tokens = chat.end_tokens(codec)?;
         let tokenize = |text: &str| tokenize_prompt(codec, text, parse_special_tokens);
         let id = RequestId(request_id);
@@ -166,8 +166,8 @@ fn common_prefix(context: &[i32], prompt: Vec<i32>) -> (u32, Vec<i32>) {
     (keep as u32, prompt[keep..].to_vec())
 }
 
-/// A conversation's send in one call: plan, then begin (a binding that catches a renderer's
-/// panic apart from the engine's calls the two itself).
+/// A conversation's send in one call: render, plan, begin (a binding that renders outside the
+/// engine's lock, or catches a renderer's panic apart from the engine's, calls the three itself).
 pub fn begin_conversation_turn_impl(
     engine: &mut Engine,
     chat: &Chat,
@@ -177,7 +177,8 @@ pub fn begin_conversation_turn_impl(
     parse_special_tokens: bool,
     options: TurnOptionsInput,
 ) -> Result<ChatTurnView> {
-    let plan = conversation.plan(engine, chat, request_id, input, parse_special_tokens)?;
+    let text = chat.prompt_text(input, parse_special_tokens)?;
+    let plan = conversation.plan(engine, chat, request_id, text, parse_special_tokens)?;
     conversation.begin(engine, request_id, plan, options)
 }
 
@@ -248,7 +249,7 @@ mod tests {
         let reply_text = turn_text(codec.as_ref(), &context[reply.generated_start as usize..]);
         messages.as_array_mut().unwrap().push(json!({"role": "assistant", "content": reply_text}));
         messages.as_array_mut().unwrap().push(json!({"role": "user", "content": "More"}));
-        let plan = conversation.plan(&engine, &chat, request, input(&messages), false).unwrap();
+        let plan = conversation.plan(&engine, &chat, request, chat.prompt_text(input(&messages), false).unwrap(), false).unwrap();
         // The previous prompt and reply are resident as they are: nothing is cut.
         assert_eq!(plan.keep, context.len() as u32);
         // What the plan appends: the render's text after the first prompt and its reply.
@@ -280,7 +281,7 @@ mod tests {
                 .unwrap_err();
         assert_eq!(error.code, ErrorCode::InvalidArgument);
         assert_eq!(engine.request_tokens(RequestId(request)).unwrap(), &before[..]);
-        let plan = conversation.plan(&engine, &chat, request, input(&rewritten), false).unwrap();
+        let plan = conversation.plan(&engine, &chat, request, chat.prompt_text(input(&rewritten), false).unwrap(), false).unwrap();
         let full = engine.tokenize(&chat.prompt_text(input(&rewritten), false).unwrap()).unwrap();
         assert!(plan.keep < before.len() as u32);
         assert_eq!(&before[..plan.keep as usize], &full[..plan.keep as usize]);

@@ -7,17 +7,20 @@
 // Medians of microseconds per start; the turns' generation (one token each) is awaited outside the
 // timing.
 //
-//   npm run build && node bench/chat-turn-start.mjs [--dist DIR] [--rounds 5]
+//   npm run build && node bench/chat-turn-start.mjs [--dist DIR] [--against DIR] [--rounds 5]
 //
 // --dist: the built facade to measure (default: this checkout's dist/), e.g. another checkout's, to
-// compare commits. Prints a table and writes bench/out/chat-turn-start.json.
+// compare commits. --against: another built facade (with its own native/ and wasm-pkg/ beside
+// it) whose sends are measured in the same process, alternating with --dist's, as the row
+// "send (against)". Prints a table and writes bench/out/chat-turn-start.json.
 import { mkdirSync, writeFileSync } from 'node:fs'
 import path from 'node:path'
 import { parseArgs } from 'node:util'
 import { pathToFileURL } from 'node:url'
 
-const { values } = parseArgs({ options: { dist: { type: 'string' }, rounds: { type: 'string', default: '5' } } })
+const { values } = parseArgs({ options: { dist: { type: 'string' }, against: { type: 'string' }, rounds: { type: 'string', default: '5' } } })
 const dist = path.resolve(values.dist ?? path.join(import.meta.dirname, '../dist'))
+const against = values.against === undefined ? null : path.resolve(values.against)
 const rounds = Number(values.rounds)
 
 const CONVERSATIONS = {
@@ -83,25 +86,33 @@ async function measure(engine, way, { turns, messages }) {
   return median(samples)
 }
 
+async function simulated(facade, entry) {
+  const { Engine } = await import(pathToFileURL(path.join(facade, entry)).href)
+  return Engine.simulated({ seed: 1, maxLength: 1 << 16 })
+}
+
 async function backend(entry) {
-  const { Engine } = await import(pathToFileURL(path.join(dist, entry)).href)
-  const engine = Engine.simulated({ seed: 1, maxLength: 1 << 16 })
+  const engine = await simulated(dist, entry)
+  const other = against === null ? null : await simulated(against, entry)
   const rows = {}
   try {
     for (const [name, conversation] of Object.entries(CONVERSATIONS)) {
       for (const way of Object.keys(WAYS)) rows[`${name}, ${way}`] = []
+      if (other !== null) rows[`${name}, send (against)`] = []
       for (let round = 0; round < rounds; round++) {
         // Ways alternate inside each round, so a slower stretch of the machine hits them alike.
         for (const way of Object.keys(WAYS)) rows[`${name}, ${way}`].push(await measure(engine, way, conversation))
+        if (other !== null) rows[`${name}, send (against)`].push(await measure(other, 'send', conversation))
       }
     }
   } finally {
     await engine.close()
+    await other?.close()
   }
   return Object.fromEntries(Object.entries(rows).map(([key, samples]) => [key, median(samples)]))
 }
 
-const report = { dist, rounds, results: {} }
+const report = { dist, against, rounds, results: {} }
 for (const [name, entry] of [['native', 'index.mjs'], ['wasm', 'wasm.mjs']]) {
   try {
     report.results[name] = await backend(entry)

@@ -234,6 +234,24 @@ describe.each(BACKENDS)('chat on the simulated model (%s)', (backend) => {
     conversation.close()
   })
 
+  it("a context the caller moved since the reply (a prefill on the chat's request) is compared by tokens", async () => {
+    const engine = make()
+    const conversation = engine.createChat()
+    await conversation.send('one', { maxGeneratedTokens: 5 }).done
+    const resident = Array.from(conversation.request.tokens())
+    conversation.request.prefill(' an aside')
+    const second = await conversation.send('two', { maxGeneratedTokens: 3 }).done
+    const full = Array.from(engine.tokenize(engine.applyChatTemplate(conversation.messages.slice(0, 3) as never)))
+    const context = Array.from(conversation.request.tokens())
+    // The prefilled tokens are cut (with what of the reply its text does not tokenize back to):
+    // the context is the render's tokens, and the turn read those past the common prefix.
+    expect(context.slice(0, context.length - second.usage.generatedTokens)).toEqual(full)
+    let common = 0
+    while (resident[common] === full[common]) common++
+    expect(second.usage.promptTokens).toBe(full.length - common)
+    conversation.close()
+  })
+
   it('a reply that ended on the model EOS drops it: the template writes its own end', async () => {
     const engine = make({ eosProbability: 0.5 })
     const conversation = engine.createChat()

@@ -249,7 +249,9 @@ mod tests {
         let reply_text = turn_text(codec.as_ref(), &context[reply.generated_start as usize..]);
         messages.as_array_mut().unwrap().push(json!({"role": "assistant", "content": reply_text}));
         messages.as_array_mut().unwrap().push(json!({"role": "user", "content": "More"}));
-        let plan = conversation.plan(&engine, &chat, request, chat.prompt_text(input(&messages), false).unwrap(), false).unwrap();
+        let plan = conversation
+            .plan(&engine, &chat, request, chat.prompt_text(input(&messages), false).unwrap(), false)
+            .unwrap();
         // The previous prompt and reply are resident as they are: nothing is cut.
         assert_eq!(plan.keep, context.len() as u32);
         // What the plan appends: the render's text after the first prompt and its reply.
@@ -281,7 +283,9 @@ mod tests {
                 .unwrap_err();
         assert_eq!(error.code, ErrorCode::InvalidArgument);
         assert_eq!(engine.request_tokens(RequestId(request)).unwrap(), &before[..]);
-        let plan = conversation.plan(&engine, &chat, request, chat.prompt_text(input(&rewritten), false).unwrap(), false).unwrap();
+        let plan = conversation
+            .plan(&engine, &chat, request, chat.prompt_text(input(&rewritten), false).unwrap(), false)
+            .unwrap();
         let full = engine.tokenize(&chat.prompt_text(input(&rewritten), false).unwrap()).unwrap();
         assert!(plan.keep < before.len() as u32);
         assert_eq!(&before[..plan.keep as usize], &full[..plan.keep as usize]);

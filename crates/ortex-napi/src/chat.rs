@@ -190,7 +190,8 @@ impl CoreEngine {
         options: Unknown<'_>,
     ) -> napi::Result<ChatTurn, String> {
         let options = input("turn options", options).map_err(coded)?;
-        let text = guarded(|| chat.chat.prompt_text(input("chat template input", render_input)?, parse_special_tokens))?;
+        let text =
+            guarded(|| chat.chat.prompt_text(input("chat template input", render_input)?, parse_special_tokens))?;
         let mut conversation = lock(&conversation.conversation);
         let mut engine = lock(&self.engine);
         // Planning reads the engine and tokenizes: a panic there is the tokenizer's, as in `prompt`.

@@ -103,8 +103,8 @@ class WasmInstance {
 
   private guardResult(value: unknown): unknown {
     if (typeof value !== 'object' || value === null) return value
-    const { CoreEngine, CoreSessions, CoreChat } = this.binding as unknown as Record<string, abstract new () => unknown>
-    const isOwn = value instanceof CoreEngine! || value instanceof CoreSessions! || value instanceof CoreChat!
+    const { CoreEngine, CoreSessions, CoreChat, CoreConversation } = this.binding as unknown as Record<string, abstract new () => unknown>
+    const isOwn = value instanceof CoreEngine! || value instanceof CoreSessions! || value instanceof CoreChat! || value instanceof CoreConversation!
     return isOwn ? this.guard(value) : value
   }
 

@@ -55,6 +55,21 @@ export interface CoreEngine {
    *  tokenizes it, the template's single-token end strings join `options.eosTokenIds`, and the
    *  turn begins. Throws with the CHAT_* codes as render does, and as beginTurn. */
   beginChatTurn(requestId: number, chat: CoreChat, renderInput: ChatRenderInput, parseSpecialTokens: boolean, options: TurnOptionsInput): ChatTurnView
+  /** A conversation's memory of its last send (crates/ortex-boundary's Conversation). */
+  createConversation(): CoreConversation
+  /** A conversation's send in one call: `chat` renders `renderInput` (the whole conversation) as
+   *  beginChatTurn does; what is not resident yet on the request is appended, after cutting the
+   *  context where the render no longer matches it (crates/ortex-boundary/src/conversation.rs).
+   *  Bad options throw before the context changes; otherwise the codes of beginChatTurn and
+   *  truncate. */
+  beginConversationTurn(
+    requestId: number,
+    conversation: CoreConversation,
+    chat: CoreChat,
+    renderInput: ChatRenderInput,
+    parseSpecialTokens: boolean,
+    options: TurnOptionsInput,
+  ): ChatTurnView
   prefill(requestId: number, tokens: Int32Array): void
   cancelTurn(requestId: number, turnId: number): boolean
   /** Holds the running turn `turnId`: the scheduler plans nothing for it until `releaseTurn`
@@ -162,6 +177,9 @@ export interface CoreChat {
   stopStrings(): string[]
   hasTemplate(): boolean
 }
+
+/** Opaque: what a conversation's last send left resident, held by its Chat. */
+export type CoreConversation = object
 
 export interface CoreChatFactory {
   /** CHAT_CONFIG_INVALID, CHAT_TEMPLATE_INVALID. */

@@ -2,29 +2,30 @@
 // on both backends), one-shot chat turns, and conversations that keep one Request for their whole
 // life and prefill only what each new turn adds.
 //
-//   send(content) ──render(messages + user, generation prompt)──▶ text
-//        │  the text starts with what is resident (previous prompt + the reply)?
-//        ├─ yes: append tokenize(the rest); a reply that ended on its end-of-turn token keeps it
-//        └─ no (the template rewrote history): keep the longest common token prefix, truncate the
-//           request there, append the remainder
+// A conversation's send is one core call (CoreEngine.beginConversationTurn,
+// crates/ortex-boundary/src/conversation.rs): it renders the whole conversation, appends what is
+// not resident yet (the text after the previous prompt and its reply; where the render no longer
+// extends them, the tokens after the longest common prefix, the context cut there) and begins the
+// turn. What it compares with lives in Rust: the last prompt's text in the Chat's
+// CoreConversation, the reply in the core. The history of messages stays here.
 //
 // The template's end-of-turn strings that are one token of the vocabulary (`<|im_end|>`,
 // `<|eot_id|>`) end a turn with finishReason 'eos' (TurnOptions.eosTokenIds).
 //
 // Prompts are rendered *marked* (crates/ortex-boundary/src/prompt_text.rs): the control strings in
 // message text are escaped before the render and tokenize as plain text after it, so only what
-// the template writes becomes control tokens. The comparisons below work on the marked text.
+// the template writes becomes control tokens.
 
 import { readFileSync } from 'node:fs'
 import path from 'node:path'
 
-import type { CoreChat } from './binding'
+import type { CoreChat, CoreConversation } from './binding'
 import { OrtexError, invalidArgument, isErrorCode } from './errors'
-import type { ChatFilesInput, ChatRenderInput, TurnOptionsInput } from './generated/boundary'
+import type { ChatFilesInput, ChatRenderInput, ChatTurnView, TurnOptionsInput } from './generated/boundary'
 import { JsonCopier, copyJson } from './json'
 import type { Request } from './request'
 import type { Turn } from './turn'
-import type { ChatMessage, ChatTemplateOptions, TurnResult } from './types'
+import type { ChatMessage, ChatTemplateOptions, TurnOptions, TurnResult } from './types'
 import type { ToolPlan } from './tools/format'
 import { attachToolPlan } from './tools/options'
 import { applyToolPlan } from './tools/plan'
@@ -124,33 +125,21 @@ export function takeTemplateKeys(present: Map<string, unknown>): Map<string, unk
   return taken
 }
 
-/** What the engine gives chat: its template, its text codec and its end-of-turn token ids. */
+/** What the engine gives chat: its template, its text codec and its conversations. */
 export interface ChatHost {
   template(): CoreChat
   /** Text whose control strings all become control tokens. */
   tokenize(text: string): Int32Array
-  /** A prompt from template().renderMarked: only what the template wrote becomes control tokens. */
-  tokenizeMarked(marked: string): Int32Array
-  /** Throws where beginTurn would refuse these options (the core's rules), beginning nothing. */
-  validateTurnOptions(options: TurnOptionsInput): void
-  /** The single-token end-of-turn strings, by token id. */
-  endTokens(): ReadonlyMap<number, string>
-}
-
-/** How one chat's prompts become tokens: marked (the default), or as plain text for trusted
- *  callers (ChatPromptOptions.parseSpecialTokens). */
-export interface PromptCodec {
-  render(messages: ChatMessage[], options: ChatTemplateOptions): string
-  tokenize(text: string): Int32Array
-}
-
-export function promptCodec(host: ChatHost, parseSpecialTokens: boolean): PromptCodec {
-  const marked = !parseSpecialTokens
-  const tokenize = marked ? (text: string) => host.tokenizeMarked(text) : (text: string) => host.tokenize(text)
-  return {
-    render: (messages, options) => renderOnThread(host, messages, options, marked),
-    tokenize,
-  }
+  /** A conversation's memory of its last send, on this engine's core. */
+  createConversation(): CoreConversation
+  /** A conversation's send in the core (CoreEngine.beginConversationTurn with the template). */
+  beginConversationTurn(
+    requestId: number,
+    conversation: CoreConversation,
+    input: ChatRenderInput,
+    parseSpecialTokens: boolean,
+    options: TurnOptionsInput,
+  ): ChatTurnView
 }
 
 /** ChatPromptOptions from the keys present; they are taken out of `present`. */
@@ -208,15 +197,10 @@ export function toChatError(error: unknown): OrtexError {
   return new OrtexError(isErrorCode(code) ? code : 'CHAT_TEMPLATE_FAILED', message, { cause: error })
 }
 
-/** The turn options' eosTokenIds plus the template's end-of-turn tokens. */
-export function withEndTokens(host: ChatHost, eosTokenIds: unknown): number[] {
-  const own = eosTokenIds === undefined ? [] : Array.from(v.tokens('options.eosTokenIds', eosTokenIds))
-  return [...new Set([...own, ...host.endTokens().keys()])]
-}
-
 export interface ChatInit {
   host: ChatHost
-  prompts: PromptCodec
+  /** Prompts as plain text (ChatPromptOptions.parseSpecialTokens); false: marked. */
+  parseSpecialTokens: boolean
   request: Request
   system: string | null
   templateOptions: ChatTemplateOptions
@@ -226,12 +210,6 @@ export interface ChatInit {
   tools: ToolPlan | null
 }
 
-/** What the last turn left resident, to tell what the next render adds. */
-interface LastTurn {
-  promptText: string
-  result: TurnResult
-}
-
 /**
  * A conversation on one Request: each `send` renders the whole conversation, but prefills only
  * what is not resident yet, so turn N costs its new tokens (usage.promptTokens shows it).
@@ -239,18 +217,19 @@ interface LastTurn {
 export class Chat {
   readonly request: Request
   private readonly host: ChatHost
-  private readonly prompts: PromptCodec
+  private readonly parseSpecialTokens: boolean
+  private readonly conversation: CoreConversation
   private readonly options: ChatTemplateOptions
   private readonly start: () => void
   private readonly tools: ToolPlan | null
   private readonly history: ChatMessage[] = []
   private pending: Turn | null = null
-  private last: LastTurn | null = null
 
   /** @internal Made by engine.createChat. */
   constructor(init: ChatInit) {
     this.host = init.host
-    this.prompts = init.prompts
+    this.parseSpecialTokens = init.parseSpecialTokens
+    this.conversation = init.host.createConversation()
     this.request = init.request
     this.options = init.templateOptions
     this.start = init.start
@@ -265,7 +244,7 @@ export class Chat {
 
   /** A user message (or any message object) and the assistant's reply to it, as a Turn. Throws
    *  TURN_ACTIVE while the previous reply is still generating. */
-  send(content: string | ChatMessage, options?: import('./types').TurnOptions): Turn {
+  send(content: string | ChatMessage, options?: TurnOptions): Turn {
     const message = copyJson('content', typeof content === 'string' ? { role: 'user', content } : content)
     checkMessage('content', message)
     if (this.pending !== null) {
@@ -276,22 +255,18 @@ export class Chat {
     if (messages.length > MAX_CHAT_MESSAGES) throw invalidArgument(`a chat holds at most ${MAX_CHAT_MESSAGES} messages`)
     const renderOptions = { ...this.options, addGenerationPrompt: true }
     const prompt = this.tools === null ? messages : applyToolPlan(this.tools, this.host, messages, renderOptions, present)
-    const text = this.prompts.render(prompt, renderOptions)
-    const { keep, tokens } = this.plan(text)
-    present.set('eosTokenIds', withEndTokens(this.host, present.get('eosTokenIds')))
-    // Bad options throw before the context changes.
-    this.host.validateTurnOptions(v.turnOptions('options', new Map(present)).core)
-    if (keep < this.request.tokenCount) {
-      this.request.truncate(keep)
-      // Should beginTurn still fail (input past the session limit), the next send compares
-      // tokens: what is resident no longer ends with the last reply.
-      this.last = null
-    }
-    const turn = this.request.beginTurn(tokens, Object.fromEntries(present))
+    const checked = v.turnOptions('options', present)
+    const input = renderInput(prompt, renderOptions)
+    // One call renders, plans, truncates and begins; bad options throw before the context changes.
+    const turn = this.request._beginChat(
+      checked,
+      (id, core) => this.host.beginConversationTurn(id, this.conversation, input, this.parseSpecialTokens, core),
+      false,
+    )
     if (this.tools !== null) attachToolPlan(turn, this.tools)
     this.history.push(message)
     this.pending = turn
-    void turn.done.then((result) => this.finished(text, result))
+    void turn.done.then((result) => this.finished(result))
     this.start()
     return turn
   }
@@ -301,47 +276,10 @@ export class Chat {
     this.request.close()
   }
 
-  private finished(promptText: string, result: TurnResult): void {
+  private finished(result: TurnResult): void {
     this.pending = null
     const calls = result.toolCalls ?? []
     // The calls go into the history as OpenAI's messages have them; the template renders them.
     this.history.push(calls.length === 0 ? { role: 'assistant', content: result.content ?? result.text } : { role: 'assistant', content: result.content ?? '', tool_calls: calls })
-    this.last = { promptText, result }
-  }
-
-  /** How much of the resident context to keep and which tokens to append. */
-  private plan(text: string): { keep: number; tokens: Int32Array } {
-    const resident = this.request.tokenCount
-    const appended = this.last === null ? null : this.appendAfterReply(text, this.last, resident)
-    if (appended !== null) return appended
-    const full = this.prompts.tokenize(text)
-    const context = this.request.tokens()
-    let keep = 0
-    while (keep < context.length && keep < full.length - 1 && context[keep] === full[keep]) keep++
-    return { keep, tokens: full.subarray(keep) }
-  }
-
-  /** The usual case: the new render extends the previous prompt and reply as they are. */
-  private appendAfterReply(text: string, last: LastTurn, resident: number): { keep: number; tokens: Int32Array } | null {
-    const { result } = last
-    // A stop string cut the reply's text short of its tokens; a cancelled turn may hold back
-    // part of a character: both leave text and tokens apart, so the token comparison decides.
-    const textMatchesTokens = result.finishReason === 'eos' || result.finishReason === 'max-generated-tokens' ||
-      (result.finishReason === 'stop' && result.stop?.kind === 'token-ids')
-    const base = last.promptText + result.text
-    if (!textMatchesTokens || !text.startsWith(base)) return null
-    let rest = text.slice(base.length)
-    let keep = resident
-    const lastToken = result.tokens[result.tokens.length - 1]
-    if (result.finishReason === 'eos' && lastToken !== undefined) {
-      const endText = this.host.endTokens().get(lastToken)
-      // The reply's own end-of-turn token is what the template writes next: keep it. A model's
-      // EOS without that text (the simulated model's) goes, and the template's end follows.
-      if (endText !== undefined && rest.startsWith(endText)) rest = rest.slice(endText.length)
-      else keep -= 1
-    }
-    const tokens = rest.length > 0 ? this.prompts.tokenize(rest) : new Int32Array(0)
-    if (tokens.length === 0) return null
-    return { keep, tokens }
   }
 }

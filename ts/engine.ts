@@ -112,9 +112,9 @@ export class Engine implements EventOwner {
   private readonly backendImpl: Backend
   /** Addition: the model folder this engine loaded; null for the simulated model. */
   readonly modelDir: string | null
-  /** Made on the first chat call: the folder's template (or ChatML) and its end-of-turn tokens. */
+  /** Made on the first chat call: the folder's template (or ChatML); the core works out its
+   *  end-of-turn tokens. */
   private chatTemplate: CoreChat | null = null
-  private chatEndTokens: Map<number, string> | null = null
   private closed = false
   /** Set by an engine-level Failed event (or an internal error): the engine is unhealthy and
    *  this is the event's error code. */
@@ -364,8 +364,7 @@ export class Engine implements EventOwner {
     host.template()
     const tools = takeToolPlan('options', present, templateOptions.tools, () => toolFamily(host, (messages, options) => chat.render(host, messages, options)))
     const request = this.createRequest(Object.fromEntries(present))
-    const prompts = chat.promptCodec(host, parseSpecialTokens)
-    return new chat.Chat({ host, prompts, request, system, templateOptions, tools, start: () => this.driver.start() })
+    return new chat.Chat({ host, parseSpecialTokens, request, system, templateOptions, tools, start: () => this.driver.start() })
   }
 
   /**
@@ -445,9 +444,9 @@ export class Engine implements EventOwner {
     return {
       template: () => this.loadChatTemplate(),
       tokenize: (text) => this.call(() => this.core.tokenize(text)),
-      tokenizeMarked: (marked) => this.call(() => this.core.tokenizeMarked(marked)),
-      validateTurnOptions: (options) => this.call(() => this.core.validateTurnOptions(options)),
-      endTokens: () => this.loadChatEndTokens(),
+      createConversation: () => this.call(() => this.core.createConversation()),
+      beginConversationTurn: (requestId, conversation, input, parseSpecialTokens, options) =>
+        this.core.beginConversationTurn(requestId, conversation, this.loadChatTemplate(), input, parseSpecialTokens, options),
     }
   }
 
@@ -467,19 +466,6 @@ export class Engine implements EventOwner {
       }
     }
     return this.chatTemplate!
-  }
-
-  /** The template's end-of-turn strings that are one token: they end a chat turn with 'eos'. */
-  private loadChatEndTokens(): Map<number, string> {
-    if (this.chatEndTokens === null) {
-      const ends = new Map<number, string>()
-      for (const text of this.loadChatTemplate().stopStrings()) {
-        const ids = this.call(() => this.core.tokenize(text))
-        if (ids.length === 1 && !ends.has(ids[0]!)) ends.set(ids[0]!, text)
-      }
-      this.chatEndTokens = ends
-    }
-    return this.chatEndTokens
   }
 
   /** Calls the binding and converts what it throws into an OrtexError. */

@@ -139,11 +139,12 @@ export class Request {
     return this.begun({ turnId, promptTokens: tokens.length }, checked, owned)
   }
 
-  /** @internal A chat turn of engine.chat (owned): `begin` renders, tokenizes and begins it in
-   *  the core in one call (CoreEngine.beginChatTurn). */
-  _beginChat(checked: v.CheckedTurnOptions, begin: ChatTurnBegin<ChatTurnView>): Turn {
+  /** @internal A chat turn: `begin` renders, tokenizes and begins it in the core in one call
+   *  (CoreEngine.beginChatTurn for engine.chat, whose request is `owned`;
+   *  beginConversationTurn for a conversation's send). */
+  _beginChat(checked: v.CheckedTurnOptions, begin: ChatTurnBegin<ChatTurnView>, owned = true): Turn {
     this.checkBeginnable()
-    return this.begun(this.link.call(() => begin(this.id, checked.core)), checked, true)
+    return this.begun(this.link.call(() => begin(this.id, checked.core)), checked, owned)
   }
 
   /** @internal The same, with the render off the JS thread (engine.chatAsync); rejects with what

@@ -157,6 +157,101 @@ describe.each(BACKENDS)('chat on the simulated model (%s)', (backend) => {
     expect(engine.stats().activeRequests).toBe(0)
   })
 
+  /** What a send appended before its planning moved into the core (ts/chat.ts's plan and
+   *  appendAfterReply, issue 29 item 3), spelled with public calls: the test's oracle. The
+   *  simulated codec has no control strings, so a marked render is the plain one, and ChatML's
+   *  end string is many tokens (no end token to keep). */
+  function plannedBefore(
+    engine: ReturnType<typeof Engine.simulated>,
+    last: { promptText: string; result: { finishReason: string; text: string; stop: { kind: string } | null } } | null,
+    context: number[],
+    text: string,
+  ): { keep: number; tokens: number[] } {
+    const result = last?.result
+    const textMatchesTokens =
+      result !== undefined &&
+      (result.finishReason === 'eos' || result.finishReason === 'max-generated-tokens' || (result.finishReason === 'stop' && result.stop?.kind === 'token-ids'))
+    const base = last === null ? '' : last.promptText + last.result.text
+    if (textMatchesTokens && text.startsWith(base)) {
+      const rest = text.slice(base.length)
+      const keep = context.length - (result.finishReason === 'eos' ? 1 : 0)
+      const tokens = rest.length > 0 ? Array.from(engine.tokenize(rest)) : []
+      if (tokens.length > 0) return { keep, tokens }
+    }
+    const full = Array.from(engine.tokenize(text))
+    let keep = 0
+    while (keep < context.length && keep < full.length - 1 && context[keep] === full[keep]) keep++
+    return { keep, tokens: full.slice(keep) }
+  }
+
+  it('a conversation of several sends appends what it appended before, and replies as a fresh request would', async () => {
+    // Every way a reply ends, each followed by a send: eos (on the model's tokens, which the
+    // template does not write), max-generated-tokens and a stop token sequence take the text
+    // comparison; a stop string (which cuts the text short of the tokens) and a cancelled reply
+    // fall back to comparing tokens. Each ending is set up from a probe: what a fresh request
+    // generates on the very prompt the send appends.
+    const engine = make({ eosProbability: 0 })
+    const conversation = engine.createChat({ system: 'You are terse.' })
+    type Probe = { tokens: number[]; text: string }
+    const sends: [string, (probe: Probe) => Record<string, unknown>, 'cancel'?][] = [
+      ['Hi!', () => ({ maxGeneratedTokens: 8 })],
+      ['Tell me everything', (p) => ({ maxGeneratedTokens: 20, eosTokenIds: [p.tokens[2]] })],
+      ['Go on', () => ({ maxGeneratedTokens: 5 })],
+      ['Stop somewhere', (p) => ({ maxGeneratedTokens: 12, stop: [p.text.slice(4, 6)] })],
+      ['And then?', () => ({ maxGeneratedTokens: 6 })],
+      ['A long one', () => ({ maxGeneratedTokens: 200 }), 'cancel'],
+      ['After the cancel', () => ({ maxGeneratedTokens: 6 })],
+      ['Two more', (p) => ({ maxGeneratedTokens: 30, stopTokenIds: [[p.tokens[1], p.tokens[2]]] })],
+      ['Once more', (p) => ({ maxGeneratedTokens: 20, eosTokenIds: [p.tokens[1]] })],
+      ['Last', () => ({ maxGeneratedTokens: 4 })],
+    ]
+    const reasons = new Set<string>()
+    let last: Parameters<typeof plannedBefore>[1] = null
+    for (const [content, optionsFor, cancel] of sends) {
+      const context = Array.from(conversation.request.tokens())
+      const text = engine.applyChatTemplate([...conversation.messages, { role: 'user', content }] as never)
+      const expected = plannedBefore(engine, last, context, text)
+      const prompt = new Int32Array([...context.slice(0, expected.keep), ...expected.tokens])
+      const probe = await engine.generate(prompt, { maxGeneratedTokens: 8 }).done
+      const options = optionsFor({ tokens: Array.from(probe.tokens), text: probe.text })
+      const turn = conversation.send(content, options)
+      if (cancel !== undefined) {
+        let chunks = 0
+        for await (const _ of turn) if (++chunks === 3) turn.cancel()
+      }
+      const result = await turn.done
+      reasons.add(result.finishReason === 'stop' ? `stop ${result.stop!.kind}` : result.finishReason)
+      expect(result.usage.promptTokens, content).toBe(expected.tokens.length)
+      expect(Array.from(conversation.request.tokens()), content).toEqual([...prompt, ...result.tokens])
+      if (cancel === undefined) {
+        const reference = await engine.generate(prompt, options).done
+        expect(Array.from(result.tokens), content).toEqual(Array.from(reference.tokens))
+        expect(result.text, content).toBe(reference.text)
+      }
+      last = { promptText: text, result: { finishReason: result.finishReason, text: result.text, stop: result.stop } }
+    }
+    expect([...reasons].sort()).toEqual(['cancelled', 'eos', 'max-generated-tokens', 'stop string', 'stop token-ids'])
+    conversation.close()
+  })
+
+  it("a context the caller moved since the reply (a prefill on the chat's request) is compared by tokens", async () => {
+    const engine = make()
+    const conversation = engine.createChat()
+    await conversation.send('one', { maxGeneratedTokens: 5 }).done
+    const resident = Array.from(conversation.request.tokens())
+    conversation.request.prefill(' an aside')
+    const second = await conversation.send('two', { maxGeneratedTokens: 3 }).done
+    const full = Array.from(engine.tokenize(engine.applyChatTemplate(conversation.messages.slice(0, 3) as never)))
+    const context = Array.from(conversation.request.tokens())
+    // The prefilled tokens are cut (with what of the reply its text does not tokenize back to):
+    // the context is the render's tokens, and the turn read those past the common prefix.
+    expect(context.slice(0, context.length - second.usage.generatedTokens)).toEqual(full)
+    let common = 0
+    while (resident[common] === full[common]) common++
+    expect(second.usage.promptTokens).toBe(full.length - common)
+    conversation.close()
+  })
+
   it('a reply that ended on the model EOS drops it: the template writes its own end', async () => {
     const engine = make({ eosProbability: 0.5 })
     const conversation = engine.createChat()

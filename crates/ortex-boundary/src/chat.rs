@@ -52,7 +52,14 @@ pub struct ChatRenderInput {
 pub struct Chat {
     config: ChatConfig,
     controls: ControlStrings,
-    end_token_ids: OnceLock<Vec<i32>>,
+    end_tokens: OnceLock<Vec<EndToken>>,
+}
+
+/// One of the template's end-of-turn strings that is one token of the codec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndToken {
+    pub id: i32,
+    pub text: String,
 }
 
 /// A chat turn's prompt, ready to begin: the conversation rendered with a generation prompt and
@@ -61,6 +68,16 @@ pub struct Chat {
 pub struct ChatPrompt {
     pub tokens: Vec<i32>,
     pub end_token_ids: Vec<i32>,
+}
+
+/// Tokenizes a prompt (or the end of one) from [`Chat::prompt_text`]: marked text as
+/// `tokenize_marked_with` reads it, unless `parse_special_tokens`.
+pub fn tokenize_prompt(codec: &dyn TextCodec, text: &str, parse_special_tokens: bool) -> Result<Vec<i32>> {
+    if parse_special_tokens {
+        codec.tokenize(text)
+    } else {
+        crate::tokenize_marked_with(codec, text)
+    }
 }
 
 pub fn chat_error(error: ChatError) -> OrtexError {
@@ -95,13 +112,13 @@ impl Chat {
     }
 
     fn new(config: ChatConfig) -> Chat {
-        Chat { config, controls: ControlStrings::none(), end_token_ids: OnceLock::new() }
+        Chat { config, controls: ControlStrings::none(), end_tokens: OnceLock::new() }
     }
 
     /// The same template for prompts tokenized by a codec with these control strings
     /// (`Engine::control_strings`).
     pub fn with_control_strings(self, strings: Vec<String>) -> Chat {
-        Chat { controls: ControlStrings::new(strings), end_token_ids: OnceLock::new(), ..self }
+        Chat { controls: ControlStrings::new(strings), end_tokens: OnceLock::new(), ..self }
     }
 
     /// A chat turn's prompt from `input` (rendered with a generation prompt: a turn answers).
@@ -110,33 +127,46 @@ impl Chat {
     pub fn prompt(
         &self,
         codec: &dyn TextCodec,
-        mut input: ChatRenderInput,
+        input: ChatRenderInput,
         parse_special_tokens: bool,
     ) -> Result<ChatPrompt> {
-        input.add_generation_prompt = Some(true);
-        let tokens = if parse_special_tokens {
-            codec.tokenize(&self.render(input)?)?
-        } else {
-            crate::tokenize_marked_with(codec, &self.render_marked(input)?)?
-        };
+        let text = self.prompt_text(input, parse_special_tokens)?;
+        let tokens = tokenize_prompt(codec, &text, parse_special_tokens)?;
         Ok(ChatPrompt { tokens, end_token_ids: self.end_token_ids(codec)? })
+    }
+
+    /// A chat turn's prompt as text, before tokenizing: rendered with a generation prompt, marked
+    /// unless `parse_special_tokens` ([`tokenize_prompt`] reads it).
+    pub fn prompt_text(&self, mut input: ChatRenderInput, parse_special_tokens: bool) -> Result<String> {
+        input.add_generation_prompt = Some(true);
+        if parse_special_tokens {
+            self.render(input)
+        } else {
+            self.render_marked(input)
+        }
     }
 
     /// The template's end-of-turn strings that are one token of `codec` (`<|im_end|>`,
     /// `<|eot_id|>`): a chat turn ends with 'eos' on them. Worked out once.
     pub fn end_token_ids(&self, codec: &dyn TextCodec) -> Result<Vec<i32>> {
-        if let Some(ids) = self.end_token_ids.get() {
-            return Ok(ids.clone());
+        Ok(self.end_tokens(codec)?.iter().map(|end| end.id).collect())
+    }
+
+    /// The same with their text: a conversation keeps a reply's end token where the template
+    /// writes its text next (conversation.rs). The first string of an id wins.
+    pub fn end_tokens(&self, codec: &dyn TextCodec) -> Result<&[EndToken]> {
+        if let Some(ends) = self.end_tokens.get() {
+            return Ok(ends);
         }
-        let mut ids = Vec::new();
+        let mut ends: Vec<EndToken> = Vec::new();
         for text in self.config.stop_strings() {
             if let [id] = codec.tokenize(text)?[..] {
-                if !ids.contains(&id) {
-                    ids.push(id);
+                if !ends.iter().any(|end| end.id == id) {
+                    ends.push(EndToken { id, text: text.clone() });
                 }
             }
         }
-        Ok(self.end_token_ids.get_or_init(|| ids).clone())
+        Ok(self.end_tokens.get_or_init(|| ends))
     }
 
     /// The prompt as the model reads it, with every string of the input marked (prompt_text.rs):

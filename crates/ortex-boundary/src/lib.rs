@@ -13,6 +13,7 @@
 //! generated from this crate (crates/ortex-typegen, ts/generated/boundary.ts): one definition.
 
 pub mod chat;
+pub mod conversation;
 pub mod inputs;
 pub mod limits;
 pub mod prompt_text;
@@ -25,6 +26,7 @@ use ortex_core::{Engine, OrtexError, RequestId, Result, TurnId};
 use serde::de::DeserializeOwned;
 
 pub use chat::{Chat, ChatFilesInput, ChatPrompt, ChatRenderInput};
+pub use conversation::{begin_conversation_turn_impl, Conversation, ConversationPlan};
 pub use inputs::*;
 pub use sessions::Sessions;
 pub use views::*;
@@ -83,17 +85,23 @@ pub fn begin_chat_turn_impl(
     engine: &mut Engine,
     request_id: u32,
     prompt: ChatPrompt,
-    mut options: TurnOptionsInput,
+    options: TurnOptionsInput,
 ) -> Result<ChatTurnView> {
+    let options = with_end_tokens(options, &prompt.end_token_ids);
+    let turn_id = begin_turn_impl(engine, request_id, &prompt.tokens, options)?;
+    Ok(ChatTurnView { turn_id, prompt_tokens: prompt.tokens.len() as u32 })
+}
+
+/// `options` with the template's end tokens joining its `eosTokenIds` (each once).
+pub fn with_end_tokens(mut options: TurnOptionsInput, end_token_ids: &[i32]) -> TurnOptionsInput {
     let mut eos_token_ids = options.eos_token_ids.take().unwrap_or_default();
-    for id in prompt.end_token_ids {
+    for &id in end_token_ids {
         if !eos_token_ids.contains(&id) {
             eos_token_ids.push(id);
         }
     }
     options.eos_token_ids = Some(eos_token_ids);
-    let turn_id = begin_turn_impl(engine, request_id, &prompt.tokens, options)?;
-    Ok(ChatTurnView { turn_id, prompt_tokens: prompt.tokens.len() as u32 })
+    options
 }
 
 /// A chat turn's prompt with the engine's codec, on the calling thread (a binding that can,

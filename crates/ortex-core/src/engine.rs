@@ -18,7 +18,7 @@ use crate::ids::{RequestId, TurnId};
 use crate::kv::{KvManager, PagedKv, StepReservation};
 use crate::options::{EngineConfig, EngineOptions, RequestOptions, SimOptions, TurnOptions};
 use crate::output::TextStep;
-use crate::request::{Lifecycle, Request, RequestState, TurnSlot};
+use crate::request::{FinishedTurn, Lifecycle, Request, RequestState, TurnSlot};
 use crate::request_table::RequestTable;
 use crate::rng::{hash2, Rng};
 use crate::sampling;
@@ -403,6 +403,13 @@ impl Engine {
     pub fn token_count(&self, id: RequestId) -> Result<u32> {
         self.check_known(id)?;
         Ok(self.requests.get(&id).map_or(0, |r| r.token_count()))
+    }
+
+    /// The request's last turn, once it has finished (None while one runs, before the first, and
+    /// for a closed request).
+    pub fn finished_turn(&self, id: RequestId) -> Result<Option<FinishedTurn>> {
+        self.check_known(id)?;
+        Ok(self.requests.get(&id).filter(|r| !r.is_closed()).and_then(|r| r.finished_turn().copied()))
     }
 
     /// The request's whole context (prompts, prefills and generated tokens).

@@ -38,4 +38,4 @@ pub use events::{Event, EventErrorCode, FinishReason, StopMatch, Usage, EVENT_ST
 pub use executor::{ExecError, Executor, KvGeometry, ModelInfo, StepOutput};
 pub use ids::{BlockId, RequestId, TurnId};
 pub use options::{BatchingMode, EngineConfig, EngineOptions, RequestOptions, SimFaults, SimOptions, TurnOptions};
-pub use request::RequestState;
+pub use request::{FinishedTurn, RequestState};

@@ -268,6 +268,19 @@ impl TurnText {
     }
 }
 
+/// The whole text a turn's generated `tokens` made, as its events carried it when no stop string
+/// cut it: what a conversation compares with its next render (crates/ortex-boundary's
+/// conversation.rs), made again from the tokens rather than kept beside every turn.
+pub fn turn_text(codec: &dyn TextCodec, tokens: &[i32]) -> String {
+    let mut detokenizer = Detokenizer::default();
+    let mut text = String::new();
+    for &token in tokens {
+        detokenizer.next(codec, token, &mut text);
+    }
+    detokenizer.flush(codec, &mut text);
+    text
+}
+
 /// A token's log-probabilities with the text of the token and of each alternative (each decoded
 /// alone, as OpenAI's `logprobs.content[].token` reports it).
 #[derive(Debug, Clone, PartialEq)]
@@ -314,6 +327,22 @@ mod tests {
         let last = text.finish(&codec);
         deltas.push(last.text);
         (deltas, last.stop)
+    }
+
+    #[test]
+    fn a_turns_text_made_again_from_its_tokens_is_what_its_events_carried() {
+        let codec = codec();
+        for text in ["aé✓b", "plain words", "é"] {
+            let tokens = codec.tokenize(text).unwrap();
+            for end in 0..=tokens.len() {
+                // Stop strings that never match hold text back but give it all at the finish.
+                for stops in [&[][..], &["zz", "✓bq"][..]] {
+                    let (deltas, stop) = stream(stops, &tokens[..end]);
+                    assert_eq!(stop, None);
+                    assert_eq!(turn_text(&codec, &tokens[..end]), deltas.concat(), "{text} up to {end}, {stops:?}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -94,6 +94,19 @@ impl Turn {
     }
 }
 
+/// What a finished turn leaves on its request: which turn it was, why it ended, and where its
+/// generated tokens are in the context (until a truncation or a later input moves past them). A
+/// conversation (crates/ortex-boundary/src/conversation.rs) reads it to tell whether the context
+/// still ends with the reply as the model wrote it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FinishedTurn {
+    pub id: TurnId,
+    pub reason: FinishReason,
+    /// `tokens[generated_start..generated_start + generated_tokens]`.
+    pub generated_start: u32,
+    pub generated_tokens: u32,
+}
+
 /// Where a request is in its life (see the module diagram).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lifecycle {
@@ -112,7 +125,7 @@ pub enum TurnSlot {
     /// No turn was ever begun.
     Never,
     Running(Turn),
-    Complete,
+    Complete(FinishedTurn),
 }
 
 #[derive(Debug, Clone)]
@@ -157,13 +170,21 @@ impl Request {
             TurnSlot::Never => RequestState::Created,
             TurnSlot::Running(t) if t.generated_tokens == 0 => RequestState::Queued,
             TurnSlot::Running(_) => RequestState::Active,
-            TurnSlot::Complete => RequestState::TurnComplete,
+            TurnSlot::Complete(_) => RequestState::TurnComplete,
         }
     }
 
     pub fn running_turn(&self) -> Option<&Turn> {
         match &self.turn {
             TurnSlot::Running(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// The last turn, once it has finished.
+    pub fn finished_turn(&self) -> Option<&FinishedTurn> {
+        match &self.turn {
+            TurnSlot::Complete(finished) => Some(finished),
             _ => None,
         }
     }
@@ -257,10 +278,21 @@ impl Request {
 
     /// Ends the running turn, returning its id and usage.
     pub fn transition_to_turn_complete(&mut self, reason: FinishReason) -> (TurnId, Usage) {
-        let TurnSlot::Running(turn) = std::mem::replace(&mut self.turn, TurnSlot::Complete) else {
+        let TurnSlot::Running(turn) = &self.turn else {
             panic!("request {} finishes ({}) with no running turn", self.id.0, reason.as_str());
         };
-        (turn.id, turn.usage())
+        let (id, usage) = (turn.id, turn.usage());
+        let generated_start = turn.prompt_start + turn.prompt_tokens;
+        assert_eq!(
+            generated_start + turn.generated_tokens,
+            self.token_count(),
+            "request {}: turn {} does not end its context",
+            self.id.0,
+            id.0
+        );
+        let finished = FinishedTurn { id, reason, generated_start, generated_tokens: turn.generated_tokens };
+        self.turn = TurnSlot::Complete(finished);
+        (id, usage)
     }
 
     /// The caller dropped its last handle; returns whether this call abandoned it.
@@ -276,7 +308,7 @@ impl Request {
         assert!(!self.is_closed(), "request {} closed twice", self.id.0);
         self.lifecycle = Lifecycle::Closed;
         if self.running_turn().is_some() {
-            self.turn = TurnSlot::Complete;
+            self.transition_to_turn_complete(FinishReason::Cancelled);
         }
         self.prefill_target = 0;
     }

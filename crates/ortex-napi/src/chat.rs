@@ -9,6 +9,10 @@
 //! costs a real tokenizer about 400 ms. It takes the input as JSON text, which V8 writes in one
 //! call, instead of an object converted field by field on the JS thread. The turn begins on the
 //! JS thread, where the engine lives, when the task resolves.
+//!
+//! A conversation's send is one call too, `CoreEngine.beginConversationTurn`, on a
+//! `CoreConversation` (ops::Conversation: what the last send left resident) that the facade's
+//! Chat holds: render outside the engine's lock, then plan, tokenize and begin under it.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -153,6 +157,48 @@ impl CoreEngine {
             parse_special_tokens,
             options: Some(options),
         }))
+    }
+}
+
+/// A conversation's memory of its last send (ops::Conversation); made by
+/// `CoreEngine.createConversation`, held by the facade's Chat, dropped with it.
+#[napi]
+pub struct CoreConversation {
+    conversation: Mutex<ops::Conversation>,
+}
+
+#[napi]
+impl CoreEngine {
+    #[napi]
+    pub fn create_conversation(&self) -> CoreConversation {
+        CoreConversation { conversation: Mutex::new(ops::Conversation::new()) }
+    }
+
+    /// A conversation's send (ops::Conversation): `chat` renders `renderInput` (the whole
+    /// conversation) with a generation prompt, marked unless `parseSpecialTokens`; what is not
+    /// resident yet on request `requestId` is appended, after cutting the context where the
+    /// render no longer matches it; the template's end tokens join `options.eosTokenIds`. Bad
+    /// options throw before the context changes.
+    #[napi(ts_return_type = "ChatTurnView")]
+    pub fn begin_conversation_turn(
+        &self,
+        request_id: u32,
+        conversation: &CoreConversation,
+        chat: &CoreChat,
+        render_input: Unknown<'_>,
+        parse_special_tokens: bool,
+        options: Unknown<'_>,
+    ) -> napi::Result<ChatTurn, String> {
+        let options = input("turn options", options).map_err(coded)?;
+        let text =
+            guarded(|| chat.chat.prompt_text(input("chat template input", render_input)?, parse_special_tokens))?;
+        let mut conversation = lock(&conversation.conversation);
+        let mut engine = lock(&self.engine);
+        // Planning reads the engine and tokenizes: a panic there is the tokenizer's, as in `prompt`.
+        let plan = guarded(|| conversation.plan(&engine, &chat.chat, request_id, text, parse_special_tokens))?;
+        engine_guarded(&mut engine, |engine| conversation.begin(engine, request_id, plan, options))
+            .map(ChatTurn::from)
+            .map_err(coded)
     }
 }
 

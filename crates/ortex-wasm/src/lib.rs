@@ -98,6 +98,40 @@ impl CoreEngine {
         Ok(view(&ops::begin_chat_turn_impl(&mut self.engine, request_id, prompt, options).map_err(coded)?))
     }
 
+    /// A conversation's memory of its last send (the native addon's `createConversation`).
+    #[wasm_bindgen(js_name = createConversation)]
+    pub fn create_conversation(&self) -> CoreConversation {
+        CoreConversation { conversation: ops::Conversation::new() }
+    }
+
+    /// A conversation's send in one call (the native addon's `beginConversationTurn`): render,
+    /// plan what is not resident yet, cut the context where the render no longer matches it,
+    /// begin. Returns a ChatTurnView.
+    #[wasm_bindgen(js_name = beginConversationTurn)]
+    pub fn begin_conversation_turn(
+        &mut self,
+        request_id: u32,
+        conversation: &mut CoreConversation,
+        chat: &CoreChat,
+        render_input: JsValue,
+        parse_special_tokens: bool,
+        options: JsValue,
+    ) -> Result<JsValue, JsValue> {
+        let options = input("turn options", options)?;
+        let render_input = input("chat template input", render_input)?;
+        let conversation = &mut conversation.conversation;
+        let begun = ops::begin_conversation_turn_impl(
+            &mut self.engine,
+            &chat.chat,
+            conversation,
+            request_id,
+            render_input,
+            parse_special_tokens,
+            options,
+        );
+        Ok(view(&begun.map_err(coded)?))
+    }
+
     /// Turn options checked as `beginTurn` checks them, beginning nothing.
     #[wasm_bindgen(js_name = validateTurnOptions)]
     pub fn validate_turn_options(&self, options: JsValue) -> Result<(), JsValue> {
@@ -358,6 +392,12 @@ impl CoreSessions {
     pub fn check_invariants(&self) {
         self.sessions.check_invariants();
     }
+}
+
+/// A conversation's memory of its last send (ops::Conversation), held by the facade's Chat.
+#[wasm_bindgen]
+pub struct CoreConversation {
+    conversation: ops::Conversation,
 }
 
 /// A model's chat template (ops::Chat), compiled once: the same calls as the native addon's.

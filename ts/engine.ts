@@ -19,9 +19,9 @@ import { JsonCopier } from './json'
 import type { ChatRenderInput, ConfigView, RequestOptionsInput, SessionsOptionsInput } from './generated/boundary'
 import type { DuplexHost, EngineEndReason } from './link'
 import { RequestRegistry } from './registry'
-import { Request, type RequestLink, type RequestRecord } from './request'
+import { Request, type RequestLink, type RequestRecord, type Turn } from './request'
 import { type RouterHost, anyProgress, dropEventsOfCollected, routeEvents } from './router'
-import type { Turn, TurnState } from './turn'
+import type { TurnState } from './turn-state'
 import type {
   BackendKind,
   ChatMessage,

@@ -6,8 +6,7 @@ export { EventBuffer, EventFlags } from './events'
 export type { EngineEvent } from './events'
 export { ERROR_CODES, OrtexError } from './errors'
 export type { ErrorCode } from './errors'
-export { Request } from './request'
-export { Turn } from './turn'
+export { Request, Turn } from './request'
 export { Chat } from './chat'
 export type {
   BackendKind,

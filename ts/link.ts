@@ -4,8 +4,8 @@
 //   TurnState ─TurnLink───▶ cancel / hold in the core (quietly), the turn registry
 //   duplex/ ──DuplexHost──▶ the session rules' factory, the engine's health and its end
 //
-// The Engine implements them (engine.ts); this file imports nothing of engine, request or turn,
-// so those modules form no import circle.
+// The Engine implements them (engine.ts); this file imports nothing of engine, request or
+// turn-state, so those modules form no import circle.
 
 import type { CoreEngine, CoreSessions } from './binding'
 import type { SessionsOptionsInput } from './generated/boundary'

@@ -8,7 +8,7 @@
 //   for the rest of each job.
 
 import type { Request, RequestRecord } from './request'
-import type { TurnState } from './turn'
+import type { TurnState } from './turn-state'
 
 /** What the registry asks its engine when a Request was collected. */
 export interface CollectedHandler {

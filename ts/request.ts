@@ -1,4 +1,7 @@
-// A Request: one sequence in the engine (its KV stays resident between turns) and its turns.
+// The public handles: a Request, one sequence in the engine (its KV stays resident between
+// turns), and a Turn, one generation on it (id, request, done, cancel(), text(), async iteration).
+// They point at each other, so they live in one module; a turn's state (TurnState, TurnCursor)
+// is turn-state.ts, which points at neither.
 //
 // The engine tracks requests only through WeakRefs (registry.ts); a Request the program drops
 // without close() is collected, and a FinalizationRegistry tells the core (abandonRequest), which
@@ -8,9 +11,9 @@
 
 import { OrtexError } from './errors'
 import { type ChatTurnView, REQUEST_STATES, type TurnOptionsInput } from './generated/boundary'
-import type { EngineLink } from './link'
-import { Turn, TurnState } from './turn'
-import type { RequestState, TurnOptions } from './types'
+import type { EngineLink, TurnLink } from './link'
+import { TurnCursor, TurnState } from './turn-state'
+import type { RequestState, TurnChunk, TurnOptions, TurnResult } from './types'
 import * as v from './validate'
 
 /** The FinalizationRegistry's held value: what the engine needs once the Request is gone. It
@@ -216,5 +219,78 @@ export class Request {
   private checkOpen(): void {
     this.link.checkOpen()
     if (this._record.closed) throw new OrtexError('REQUEST_CLOSED', `request ${this.id} is closed`)
+  }
+}
+
+/** One generation on a Request: a handle over its TurnState (turn-state.ts). */
+export class Turn implements AsyncIterable<TurnChunk> {
+  /** Request-local, starts at 1, grows by 1. */
+  readonly id: number
+  readonly request: Request
+  /** Never rejects: { finishReason, errorCode, usage, tokens, text, stop }. */
+  readonly done: Promise<TurnResult>
+  /** @internal */
+  readonly _state: TurnState
+  private readonly link: TurnLink
+
+  private constructor(request: Request, state: TurnState, link: TurnLink) {
+    this.id = state.turnId
+    this.request = request
+    this.done = state.done
+    this._state = state
+    this.link = link
+  }
+
+  /** @internal */
+  static _create(request: Request, state: TurnState, link: TurnLink): Turn {
+    return new Turn(request, state, link)
+  }
+
+  /** Cancels the turn if it is still queued or running; false otherwise. Never throws. */
+  cancel(): boolean {
+    return this._state.cancel()
+  }
+
+  /** The turn's whole text, once it finishes. Does not start the engine. */
+  text(): Promise<string> {
+    return this.done.then((result) => result.text)
+  }
+
+  /** @internal A cursor over this turn's chunks (the duplex delivery reads through one). */
+  _cursor(): TurnCursor {
+    return new TurnCursor(this._state)
+  }
+
+  /**
+   * Streams the turn's chunks from its first token. Iterating starts the engine's driven loop
+   * (`engine.start()`). Breaking out of the loop cancels the turn. Several iterators may run at
+   * once; each sees every chunk. Generation is paced by the reader: while every iterator is
+   * `STREAM_HOLD_EVENTS` (256) or more chunks behind, the turn generates nothing (it keeps its
+   * place and its KV) until one reads again.
+   */
+  [Symbol.asyncIterator](): AsyncIterator<TurnChunk> {
+    const cursor = new TurnCursor(this._state, true)
+    this.link.ensureStarted()
+    let closed = false
+    return {
+      next: async (): Promise<IteratorResult<TurnChunk>> => {
+        for (;;) {
+          if (closed) return { value: undefined, done: true }
+          const chunk = cursor.read()
+          if (chunk !== null) return { value: chunk, done: false }
+          if (cursor.ended) {
+            cursor.detach()
+            return { value: undefined, done: true }
+          }
+          await cursor.wait()
+        }
+      },
+      return: async (): Promise<IteratorResult<TurnChunk>> => {
+        closed = true
+        cursor.detach()
+        this._state.cancel()
+        return { value: undefined, done: true }
+      },
+    }
   }
 }

@@ -28,8 +28,8 @@
 
 import type { Engine } from '../engine'
 import { OrtexError } from '../errors'
-import type { Request } from '../request'
-import type { Turn, TurnCursor } from '../turn'
+import type { Request, Turn } from '../request'
+import type { TurnCursor } from '../turn-state'
 import type { EventErrorCode, FinishReason, TurnOptions, TurnResult, TurnUsage } from '../types'
 import type { SessionRules } from './core'
 import type { Fence, ResponseStatus, SessionEventQueue } from './events'

@@ -8,7 +8,7 @@
 //                                   session learns it from the socket's close)
 //
 // A streamed HTTP response stops pulling its turn's chunks while its client is above the bound,
-// and a turn whose iterator falls behind is held in the engine (turn.ts: generation is paced by
+// and a turn whose iterator falls behind is held in the engine (turn-state.ts: generation is paced by
 // the reader), so a stalled client costs a few hundred chunks of generation, not sendStallMs of
 // it; a client that never reads is still dropped after sendStallMs, which cancels its turn.
 

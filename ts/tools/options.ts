@@ -5,7 +5,7 @@
 import { randomBytes } from 'node:crypto'
 
 import { invalidArgument } from '../errors'
-import type { Turn } from '../turn'
+import type { Turn } from '../request'
 import type { TurnResult } from '../types'
 import * as v from '../validate'
 import { type ToolFamily, type ToolFunction, type ToolMode, type ToolPlan } from './format'

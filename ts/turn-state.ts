@@ -1,14 +1,15 @@
-// A Turn: one generation on a Request.
+// A turn's state in the facade: a view of the core's turn, and the cursors that read it.
 //
-// Three objects make a turn:
-// - TurnState (internal) is a view of the core's turn: it collects the tokens and text deltas its
-//   events carry, whoever runs the engine (the driven loop or the caller's run/runSync), and
-//   resolves `done` exactly once, never rejecting. The engine holds it by request id and routes
-//   events to it directly. The core makes the text (detokenizing, stop strings: output.rs); the
-//   text here is the concatenation of the deltas.
-// - TurnCursor (internal) reads a turn's chunks in order, each once: Turn's iterator and the
+// - TurnState is a view of the core's turn: it collects the tokens and text deltas its events
+//   carry, whoever runs the engine (the driven loop or the caller's run/runSync), and resolves
+//   `done` exactly once, never rejecting. The engine holds it by request id and routes events to
+//   it directly. The core makes the text (detokenizing, stop strings: output.rs); the text here is
+//   the concatenation of the deltas.
+// - TurnCursor reads a turn's chunks in order, each once: Turn's iterator (request.ts) and the
 //   duplex session's delivery both read through one.
-// - Turn (public) is the handle: id, request, done, cancel(), text(), async iteration.
+//
+// This module imports nothing of request.ts or engine.ts: the public handles (Request, Turn) and
+// the engine point at it, never the other way round.
 //
 // TurnState never points at its Turn or its Request (except a request the engine must keep alive:
 // a generate() request, or any request while the engine is driven). So a Request and Turn the
@@ -26,8 +27,6 @@
 // within half of that again. A turn nobody iterates (read through `done`) is never held.
 
 import type { TurnLink } from './link'
-// Type only: at run time this module imports nothing of request.ts (which imports this one).
-import type { Request } from './request'
 import type { EventErrorCode, FinishReason, StopMatch, TokenLogprob, TurnChunk, TurnResult, TurnUsage } from './types'
 
 /** @internal Undelivered chunks an iterated turn may have before it is held in the core. */
@@ -253,77 +252,5 @@ export class TurnCursor {
     if (this.position === 0 || this.position !== state.count) return ''
     const last = state.chunkText(this.position - 1)
     return last.startsWith(this.lastReadText) ? last.slice(this.lastReadText.length) : ''
-  }
-}
-
-export class Turn implements AsyncIterable<TurnChunk> {
-  /** Request-local, starts at 1, grows by 1. */
-  readonly id: number
-  readonly request: Request
-  /** Never rejects: { finishReason, errorCode, usage, tokens, text, stop }. */
-  readonly done: Promise<TurnResult>
-  /** @internal */
-  readonly _state: TurnState
-  private readonly link: TurnLink
-
-  private constructor(request: Request, state: TurnState, link: TurnLink) {
-    this.id = state.turnId
-    this.request = request
-    this.done = state.done
-    this._state = state
-    this.link = link
-  }
-
-  /** @internal */
-  static _create(request: Request, state: TurnState, link: TurnLink): Turn {
-    return new Turn(request, state, link)
-  }
-
-  /** Cancels the turn if it is still queued or running; false otherwise. Never throws. */
-  cancel(): boolean {
-    return this._state.cancel()
-  }
-
-  /** The turn's whole text, once it finishes. Does not start the engine. */
-  text(): Promise<string> {
-    return this.done.then((result) => result.text)
-  }
-
-  /** @internal A cursor over this turn's chunks (the duplex delivery reads through one). */
-  _cursor(): TurnCursor {
-    return new TurnCursor(this._state)
-  }
-
-  /**
-   * Streams the turn's chunks from its first token. Iterating starts the engine's driven loop
-   * (`engine.start()`). Breaking out of the loop cancels the turn. Several iterators may run at
-   * once; each sees every chunk. Generation is paced by the reader: while every iterator is
-   * `STREAM_HOLD_EVENTS` (256) or more chunks behind, the turn generates nothing (it keeps its
-   * place and its KV) until one reads again.
-   */
-  [Symbol.asyncIterator](): AsyncIterator<TurnChunk> {
-    const cursor = new TurnCursor(this._state, true)
-    this.link.ensureStarted()
-    let closed = false
-    return {
-      next: async (): Promise<IteratorResult<TurnChunk>> => {
-        for (;;) {
-          if (closed) return { value: undefined, done: true }
-          const chunk = cursor.read()
-          if (chunk !== null) return { value: chunk, done: false }
-          if (cursor.ended) {
-            cursor.detach()
-            return { value: undefined, done: true }
-          }
-          await cursor.wait()
-        }
-      },
-      return: async (): Promise<IteratorResult<TurnChunk>> => {
-        closed = true
-        cursor.detach()
-        this._state.cancel()
-        return { value: undefined, done: true }
-      },
-    }
   }
 }

@@ -1,8 +1,8 @@
-//! `CoreChat`: a model's chat template (ops::Chat), compiled once. Objects in, text out; a panic
+//! `CoreChat`: a model's chat template (boundary::Chat), compiled once. Objects in, text out; a panic
 //! inside the renderer becomes a CHAT_TEMPLATE_FAILED error, never an abort.
 //!
 //! A chat turn begins in one call, `CoreEngine.beginChatTurn`: render, tokenize, the template's end
-//! tokens and the turn's start (ops::Chat::prompt, ops::begin_chat_turn_impl). Its async form
+//! tokens and the turn's start (boundary::Chat::prompt, boundary::begin_chat_turn_impl). Its async form
 //! renders and tokenizes on the libuv thread pool: a render costs in proportion to the
 //! conversation (a megabyte of messages held the JS thread for over a second), and up to its
 //! budget (64 MiB of data, a million instructions) for a hostile template; a megabyte of text
@@ -11,7 +11,7 @@
 //! JS thread, where the engine lives, when the task resolves.
 //!
 //! A conversation's send is one call too, `CoreEngine.beginConversationTurn`, on a
-//! `CoreConversation` (ops::Conversation: what the last send left resident) that the facade's
+//! `CoreConversation` (boundary::Conversation: what the last send left resident) that the facade's
 //! Chat holds: render outside the engine's lock, then plan, tokenize and begin under it.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -21,7 +21,7 @@ use std::sync::Mutex;
 
 use napi::bindgen_prelude::{AsyncTask, Env, Task, Unknown};
 use napi_derive::napi;
-use ortex_boundary as ops;
+use ortex_boundary as boundary;
 use ortex_core::text::TextCodec;
 use ortex_core::{Engine, ErrorCode, OrtexError};
 
@@ -29,7 +29,7 @@ use crate::{coded, coded_js, guarded as engine_guarded, input, lock, CoreEngine}
 
 #[napi]
 pub struct CoreChat {
-    chat: Arc<ops::Chat>,
+    chat: Arc<boundary::Chat>,
 }
 
 fn guarded<T>(call: impl FnOnce() -> ortex_core::Result<T>) -> napi::Result<T, String> {
@@ -41,19 +41,19 @@ fn caught<T>(call: impl FnOnce() -> ortex_core::Result<T>) -> ortex_core::Result
     catch_unwind(AssertUnwindSafe(call)).unwrap_or_else(|payload| {
         Err(OrtexError::new(
             ErrorCode::ChatTemplateFailed,
-            format!("the chat template renderer panicked: {}", ops::panic_message(payload.as_ref())),
+            format!("the chat template renderer panicked: {}", boundary::panic_message(payload.as_ref())),
         ))
     })
 }
 
-/// A chat turn's prompt (ops::Chat::prompt), or CHAT_TEMPLATE_FAILED if rendering or tokenizing
+/// A chat turn's prompt (boundary::Chat::prompt), or CHAT_TEMPLATE_FAILED if rendering or tokenizing
 /// panicked.
 fn prompt(
-    chat: &ops::Chat,
+    chat: &boundary::Chat,
     codec: &dyn TextCodec,
-    render_input: impl FnOnce() -> ortex_core::Result<ops::ChatRenderInput>,
+    render_input: impl FnOnce() -> ortex_core::Result<boundary::ChatRenderInput>,
     parse_special_tokens: bool,
-) -> ortex_core::Result<ops::ChatPrompt> {
+) -> ortex_core::Result<boundary::ChatPrompt> {
     caught(|| chat.prompt(codec, render_input()?, parse_special_tokens))
 }
 
@@ -61,22 +61,22 @@ fn prompt(
 fn begin(
     engine: &Mutex<Engine>,
     request_id: u32,
-    prompt: ops::ChatPrompt,
-    options: ops::TurnOptionsInput,
+    prompt: boundary::ChatPrompt,
+    options: boundary::TurnOptionsInput,
 ) -> ortex_core::Result<ChatTurn> {
-    engine_guarded(&mut lock(engine), |engine| ops::begin_chat_turn_impl(engine, request_id, prompt, options))
+    engine_guarded(&mut lock(engine), |engine| boundary::begin_chat_turn_impl(engine, request_id, prompt, options))
         .map(ChatTurn::from)
 }
 
-/// ops::ChatTurnView as napi-rs converts it (an async task's value must name its type).
+/// boundary::ChatTurnView as napi-rs converts it (an async task's value must name its type).
 #[napi(object)]
 pub struct ChatTurn {
     pub turn_id: u32,
     pub prompt_tokens: u32,
 }
 
-impl From<ops::ChatTurnView> for ChatTurn {
-    fn from(view: ops::ChatTurnView) -> ChatTurn {
+impl From<boundary::ChatTurnView> for ChatTurn {
+    fn from(view: boundary::ChatTurnView) -> ChatTurn {
         ChatTurn { turn_id: view.turn_id, prompt_tokens: view.prompt_tokens }
     }
 }
@@ -85,23 +85,23 @@ impl From<ops::ChatTurnView> for ChatTurn {
 /// `CoreChat`'s compiled template; the turn begins when it resolves.
 pub struct ChatTurnTask {
     engine: Arc<Mutex<Engine>>,
-    chat: Arc<ops::Chat>,
+    chat: Arc<boundary::Chat>,
     codec: Arc<dyn TextCodec>,
     request_id: u32,
     input_json: String,
     parse_special_tokens: bool,
-    options: Option<ops::TurnOptionsInput>,
+    options: Option<boundary::TurnOptionsInput>,
 }
 
 impl Task for ChatTurnTask {
-    type Output = ortex_core::Result<ops::ChatPrompt>;
+    type Output = ortex_core::Result<boundary::ChatPrompt>;
     type JsValue = ChatTurn;
 
     /// On the libuv thread pool: parse the input, render, tokenize.
     fn compute(&mut self) -> napi::Result<Self::Output> {
         let input_json = std::mem::take(&mut self.input_json);
         let render_input =
-            || serde_json::from_str(&input_json).map_err(|error| ops::invalid_input("chat template input", error));
+            || serde_json::from_str(&input_json).map_err(|error| boundary::invalid_input("chat template input", error));
         Ok(prompt(&self.chat, self.codec.as_ref(), render_input, self.parse_special_tokens))
     }
 
@@ -160,21 +160,21 @@ impl CoreEngine {
     }
 }
 
-/// A conversation's memory of its last send (ops::Conversation); made by
+/// A conversation's memory of its last send (boundary::Conversation); made by
 /// `CoreEngine.createConversation`, held by the facade's Chat, dropped with it.
 #[napi]
 pub struct CoreConversation {
-    conversation: Mutex<ops::Conversation>,
+    conversation: Mutex<boundary::Conversation>,
 }
 
 #[napi]
 impl CoreEngine {
     #[napi]
     pub fn create_conversation(&self) -> CoreConversation {
-        CoreConversation { conversation: Mutex::new(ops::Conversation::new()) }
+        CoreConversation { conversation: Mutex::new(boundary::Conversation::new()) }
     }
 
-    /// A conversation's send (ops::Conversation): `chat` renders `renderInput` (the whole
+    /// A conversation's send (boundary::Conversation): `chat` renders `renderInput` (the whole
     /// conversation) with a generation prompt, marked unless `parseSpecialTokens`; what is not
     /// resident yet on request `requestId` is appended, after cutting the context where the
     /// render no longer matches it; the template's end tokens join `options.eosTokenIds`. Bad
@@ -208,14 +208,14 @@ impl CoreChat {
     /// `controls`: the control strings of the engine that tokenizes its prompts.
     #[napi(factory)]
     pub fn from_files(files: Unknown<'_>, controls: Vec<String>) -> napi::Result<Self, String> {
-        let chat = guarded(|| ops::Chat::from_files(&input("chat files", files)?))?;
+        let chat = guarded(|| boundary::Chat::from_files(&input("chat files", files)?))?;
         Ok(CoreChat { chat: Arc::new(chat.with_control_strings(controls)) })
     }
 
     /// The built-in ChatML template.
     #[napi(factory)]
     pub fn chatml(controls: Vec<String>) -> Self {
-        CoreChat { chat: Arc::new(ops::Chat::chatml().with_control_strings(controls)) }
+        CoreChat { chat: Arc::new(boundary::Chat::chatml().with_control_strings(controls)) }
     }
 
     /// Renders a conversation (ChatRenderInput) to the text the model reads.

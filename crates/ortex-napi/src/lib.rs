@@ -1,9 +1,9 @@
 //! ortex's Node-API addon: a thin napi-rs binding over ortex-core. The interface it exports is
 //! ts/binding.ts (`NativeBinding`); the TypeScript facade is its only caller.
 //!
-//! Shape: the logic of each method is a plain function in [`ops`] (crates/ortex-boundary, which the
+//! Shape: the logic of each method is a plain function in [`boundary`] (crates/ortex-boundary, which the
 //! WebAssembly binding calls too); the `#[napi]` wrappers below only convert (a JavaScript object
-//! into an `ops` input and an `ops` view back, through serde), run the call under [`guarded`] (a
+//! into a `boundary` input and a `boundary` view back, through serde), run the call under [`guarded`] (a
 //! panic becomes an ENGINE_UNHEALTHY error and marks the engine unhealthy: it never unwinds into
 //! Node) and turn an [`OrtexError`] into a JS `Error` whose `code` is the core's
 //! `ErrorCode::as_str()`.
@@ -30,21 +30,21 @@ use completions::Completions;
 use napi::bindgen_prelude::*;
 use napi::JsValue;
 use napi_derive::napi;
-use ortex_boundary as ops;
+use ortex_boundary as boundary;
 use ortex_core::{Engine, ErrorCode, OrtexError, RunStart, Transaction};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 use step_thread::{Job, StepThread};
 
-/// A JavaScript object as one of ops' typed inputs; a wrong shape is INVALID_ARGUMENT.
+/// A JavaScript object as one of boundary's typed inputs; a wrong shape is INVALID_ARGUMENT.
 ///
 /// The methods take their object arguments as `Unknown` and convert them here, not as `Value`
 /// parameters: napi-rs converts those before the method runs and throws its own status as the
 /// error's code (`InvalidArg` for a function, a BigInt, NaN, nesting past 128 levels or a cycle),
 /// a code the caller was never told about. Converted here, every such value is INVALID_ARGUMENT.
 fn input<T: DeserializeOwned>(what: &str, value: Unknown<'_>) -> ortex_core::Result<T> {
-    serde_json::from_value(json(what, value)?).map_err(|error| ops::invalid_input(what, error))
+    serde_json::from_value(json(what, value)?).map_err(|error| boundary::invalid_input(what, error))
 }
 
 /// A JavaScript value as JSON (napi-rs's conversion: bounded in depth and size).
@@ -55,7 +55,7 @@ fn json(what: &str, value: Unknown<'_>) -> ortex_core::Result<Value> {
         .map_err(|error| OrtexError::invalid(format!("{what} cannot be read as JSON: {}", error.reason)))
 }
 
-/// One of ops' views as a JavaScript object.
+/// One of boundary's views as a JavaScript object.
 fn view(value: impl Serialize) -> Value {
     serde_json::to_value(value).expect("views serialize: they hold only strings, numbers and lists")
 }
@@ -94,7 +94,7 @@ fn guarded<T>(engine: &mut Engine, call: impl FnOnce(&mut Engine) -> ortex_core:
     match catch_unwind(AssertUnwindSafe(|| call(&mut *engine))) {
         Ok(result) => result,
         Err(payload) => {
-            let message = ops::panic_message(payload.as_ref());
+            let message = boundary::panic_message(payload.as_ref());
             let _ = catch_unwind(AssertUnwindSafe(|| engine.mark_unhealthy(&message)));
             Err(unhealthy_after_panic(&message))
         }
@@ -203,7 +203,7 @@ fn execute(transaction: &mut Transaction) {
         })
     };
     if let Err(payload) = catch_unwind(AssertUnwindSafe(overlapped)) {
-        transaction.fail(format!("panic in the executor: {}", ops::panic_message(payload.as_ref())));
+        transaction.fail(format!("panic in the executor: {}", boundary::panic_message(payload.as_ref())));
     }
 }
 
@@ -231,8 +231,8 @@ impl CoreEngine {
     /// An engine over the deterministic simulated model; `options` is a SimOptions object.
     #[napi(factory)]
     pub fn simulated(options: Unknown<'_>) -> napi::Result<Self, String> {
-        let engine = catch_unwind(|| ops::simulated_impl(input("engine options", options)?))
-            .unwrap_or_else(|payload| Err(unhealthy_after_panic(&ops::panic_message(payload.as_ref()))))
+        let engine = catch_unwind(|| boundary::simulated_impl(input("engine options", options)?))
+            .unwrap_or_else(|payload| Err(unhealthy_after_panic(&boundary::panic_message(payload.as_ref()))))
             .map_err(coded)?;
         Ok(CoreEngine {
             engine: Arc::new(Mutex::new(engine)),
@@ -244,65 +244,65 @@ impl CoreEngine {
 
     #[napi(ts_return_type = "ConfigView")]
     pub fn config(&self) -> napi::Result<Value, String> {
-        self.call(|engine| Ok(view(ops::config_impl(engine))))
+        self.call(|engine| Ok(view(boundary::config_impl(engine))))
     }
 
     #[napi]
     pub fn create_request(&self, options: Unknown<'_>) -> napi::Result<u32, String> {
-        self.call(|engine| ops::create_request_impl(engine, input("request options", options)?))
+        self.call(|engine| boundary::create_request_impl(engine, input("request options", options)?))
     }
 
     #[napi]
     pub fn begin_turn(&self, request_id: u32, tokens: &[i32], options: Unknown<'_>) -> napi::Result<u32, String> {
-        self.call(|engine| ops::begin_turn_impl(engine, request_id, tokens, input("turn options", options)?))
+        self.call(|engine| boundary::begin_turn_impl(engine, request_id, tokens, input("turn options", options)?))
     }
 
     #[napi]
     pub fn validate_turn_options(&self, options: Unknown<'_>) -> napi::Result<(), String> {
-        self.call(|engine| ops::validate_turn_options_impl(engine, input("turn options", options)?))
+        self.call(|engine| boundary::validate_turn_options_impl(engine, input("turn options", options)?))
     }
 
     #[napi]
     pub fn prefill(&self, request_id: u32, tokens: &[i32]) -> napi::Result<(), String> {
-        self.call(|engine| ops::prefill_impl(engine, request_id, tokens))
+        self.call(|engine| boundary::prefill_impl(engine, request_id, tokens))
     }
 
     #[napi]
     pub fn cancel_turn(&self, request_id: u32, turn_id: u32) -> napi::Result<bool, String> {
-        self.call(|engine| ops::cancel_turn_impl(engine, request_id, turn_id))
+        self.call(|engine| boundary::cancel_turn_impl(engine, request_id, turn_id))
     }
 
     #[napi]
     pub fn hold_turn(&self, request_id: u32, turn_id: u32) -> napi::Result<bool, String> {
-        self.call(|engine| ops::hold_turn_impl(engine, request_id, turn_id))
+        self.call(|engine| boundary::hold_turn_impl(engine, request_id, turn_id))
     }
 
     #[napi]
     pub fn release_turn(&self, request_id: u32, turn_id: u32) -> napi::Result<bool, String> {
-        self.call(|engine| ops::release_turn_impl(engine, request_id, turn_id))
+        self.call(|engine| boundary::release_turn_impl(engine, request_id, turn_id))
     }
 
     #[napi]
     pub fn close_request(&self, request_id: u32) -> napi::Result<(), String> {
-        self.call(|engine| ops::close_request_impl(engine, request_id))
+        self.call(|engine| boundary::close_request_impl(engine, request_id))
     }
 
     #[napi]
     pub fn abandon_request(&self, request_id: u32) -> napi::Result<(), String> {
         self.call(|engine| {
-            ops::abandon_request_impl(engine, request_id);
+            boundary::abandon_request_impl(engine, request_id);
             Ok(())
         })
     }
 
     #[napi]
     pub fn request_state(&self, request_id: u32) -> napi::Result<u32, String> {
-        self.call(|engine| ops::request_state_impl(engine, request_id))
+        self.call(|engine| boundary::request_state_impl(engine, request_id))
     }
 
     #[napi]
     pub fn request_token_count(&self, request_id: u32) -> napi::Result<u32, String> {
-        self.call(|engine| ops::request_token_count_impl(engine, request_id))
+        self.call(|engine| boundary::request_token_count_impl(engine, request_id))
     }
 
     /// Drains retained events or executes one transaction on the JS thread.
@@ -310,7 +310,7 @@ impl CoreEngine {
     pub fn run_sync(&self, mut events: Int32ArraySlice<'_>, capacity: u32) -> napi::Result<u32, String> {
         // SAFETY: the JS thread is inside this call; nothing else touches the buffer now.
         let buffer = unsafe { events.as_mut() };
-        self.call(|engine| ops::run_sync_impl(engine, buffer, capacity))
+        self.call(|engine| boundary::run_sync_impl(engine, buffer, capacity))
     }
 
     /// Drains retained events at once (an already-settled promise), or executes one transaction
@@ -339,33 +339,33 @@ impl CoreEngine {
     /// string per run, however many events it wrote.
     #[napi]
     pub fn run_text(&self) -> napi::Result<String, String> {
-        self.call(|engine| Ok(ops::run_text_impl(engine).to_string()))
+        self.call(|engine| Ok(boundary::run_text_impl(engine).to_string()))
     }
 
     /// The log-probability numbers of the last run's events (their logprobs words point in).
     #[napi]
     pub fn run_logprobs(&self) -> napi::Result<Float64Array, String> {
-        self.call(|engine| Ok(Float64Array::new(ops::run_logprobs_impl(engine).to_vec())))
+        self.call(|engine| Ok(Float64Array::new(boundary::run_logprobs_impl(engine).to_vec())))
     }
 
     #[napi]
     pub fn has_pending_work(&self) -> napi::Result<bool, String> {
-        self.call(|engine| Ok(ops::has_pending_work_impl(engine)))
+        self.call(|engine| Ok(boundary::has_pending_work_impl(engine)))
     }
 
     #[napi(ts_return_type = "StatsView")]
     pub fn stats(&self) -> napi::Result<Value, String> {
-        self.call(|engine| Ok(view(ops::stats_impl(engine))))
+        self.call(|engine| Ok(view(boundary::stats_impl(engine))))
     }
 
     #[napi]
     pub fn tokenize(&self, text: String) -> napi::Result<Int32Array, String> {
-        self.call(|engine| ops::tokenize_impl(engine, &text)).map(Int32Array::new)
+        self.call(|engine| boundary::tokenize_impl(engine, &text)).map(Int32Array::new)
     }
 
     #[napi]
     pub fn tokenize_marked(&self, marked: String) -> napi::Result<Int32Array, String> {
-        self.call(|engine| ops::tokenize_marked_impl(engine, &marked)).map(Int32Array::new)
+        self.call(|engine| boundary::tokenize_marked_impl(engine, &marked)).map(Int32Array::new)
     }
 
     #[napi]
@@ -375,7 +375,7 @@ impl CoreEngine {
 
     #[napi]
     pub fn detokenize(&self, tokens: &[i32]) -> napi::Result<String, String> {
-        self.call(|engine| ops::detokenize_impl(engine, tokens))
+        self.call(|engine| boundary::detokenize_impl(engine, tokens))
     }
 
     /// Closes the engine and releases its model: the executor (KV storage, ONNX Runtime session
@@ -384,7 +384,7 @@ impl CoreEngine {
     #[napi]
     pub fn close(&self, env: Env) -> napi::Result<(), String> {
         let closed = self.call(|engine| {
-            ops::close_impl(engine);
+            boundary::close_impl(engine);
             Ok(())
         });
         if let Some(steps) = &self.steps {
@@ -398,7 +398,7 @@ impl CoreEngine {
     #[napi]
     pub fn check_invariants(&self) -> napi::Result<(), String> {
         self.call(|engine| {
-            ops::check_invariants_impl(engine);
+            boundary::check_invariants_impl(engine);
             Ok(())
         })
     }
@@ -406,20 +406,20 @@ impl CoreEngine {
     /// Drops the request's tokens past `tokenCount` between turns and frees the KV blocks past them.
     #[napi]
     pub fn truncate(&self, request_id: u32, token_count: u32) -> napi::Result<(), String> {
-        self.call(|engine| ops::truncate_impl(engine, request_id, token_count))
+        self.call(|engine| boundary::truncate_impl(engine, request_id, token_count))
     }
 
     /// `tokens[start..end]` of the request's context (clamped).
     #[napi]
     pub fn request_tokens(&self, request_id: u32, start: u32, end: u32) -> napi::Result<Int32Array, String> {
-        self.call(|engine| ops::request_tokens_impl(engine, request_id, start, end)).map(Int32Array::new)
+        self.call(|engine| boundary::request_tokens_impl(engine, request_id, start, end)).map(Int32Array::new)
     }
 
     /// A full-duplex session manager (the core's session rules) for this engine's sessions.
     #[napi]
     pub fn create_sessions(&self, options: Unknown<'_>) -> napi::Result<CoreSessions, String> {
-        let sessions = catch_unwind(|| ops::Sessions::new(input("session manager options", options)?))
-            .unwrap_or_else(|payload| Err(sessions_panic(&ops::panic_message(payload.as_ref()))))
+        let sessions = catch_unwind(|| boundary::Sessions::new(input("session manager options", options)?))
+            .unwrap_or_else(|payload| Err(sessions_panic(&boundary::panic_message(payload.as_ref()))))
             .map_err(coded)?;
         Ok(CoreSessions { sessions, broken: None })
     }
@@ -430,23 +430,26 @@ fn sessions_panic(message: &str) -> OrtexError {
 }
 
 /// ortex-core's full-duplex session rules (fences, leases, appends, cancel, two-phase close,
-/// expiry). Objects in and out; every method lives in `ops::Sessions`. A panic (a broken session
+/// expiry). Objects in and out; every method lives in `boundary::Sessions`. A panic (a broken session
 /// invariant) becomes an ENGINE_UNHEALTHY error, and every later call is refused the same way.
 #[napi]
 pub struct CoreSessions {
-    sessions: ops::Sessions,
+    sessions: boundary::Sessions,
     broken: Option<String>,
 }
 
 impl CoreSessions {
-    fn call<T>(&mut self, call: impl FnOnce(&mut ops::Sessions) -> ortex_core::Result<T>) -> napi::Result<T, String> {
+    fn call<T>(
+        &mut self,
+        call: impl FnOnce(&mut boundary::Sessions) -> ortex_core::Result<T>,
+    ) -> napi::Result<T, String> {
         if let Some(message) = &self.broken {
             return Err(coded(sessions_panic(message)));
         }
         match catch_unwind(AssertUnwindSafe(|| call(&mut self.sessions))) {
             Ok(result) => result.map_err(coded),
             Err(payload) => {
-                let message = ops::panic_message(payload.as_ref());
+                let message = boundary::panic_message(payload.as_ref());
                 self.broken = Some(message.clone());
                 Err(coded(sessions_panic(&message)))
             }
@@ -637,7 +640,7 @@ mod tests {
     use super::*;
 
     fn engine() -> Engine {
-        ops::simulated_impl(ops::SimOptionsInput { seed: Some(1.0), ..Default::default() }).unwrap()
+        boundary::simulated_impl(boundary::SimOptionsInput { seed: Some(1.0), ..Default::default() }).unwrap()
     }
 
     #[test]
@@ -654,8 +657,8 @@ mod tests {
     #[test]
     fn a_transaction_that_panicked_rolls_back_and_reports_a_fatal_event() {
         let mut engine = engine();
-        let request = ops::create_request_impl(&mut engine, Default::default()).unwrap();
-        ops::begin_turn_impl(&mut engine, request, &[5, 6, 7], Default::default()).unwrap();
+        let request = boundary::create_request_impl(&mut engine, Default::default()).unwrap();
+        boundary::begin_turn_impl(&mut engine, request, &[5, 6, 7], Default::default()).unwrap();
         let mut events = vec![0; ortex_core::EVENT_STRIDE_WORDS * 8];
         let RunStart::Execute(mut transaction) = engine.run_begin(&mut events, 8).unwrap() else {
             panic!("a queued turn plans a transaction");

@@ -18,7 +18,7 @@ use ortex_ort::{ExecutionProvider, ExecutorStats, LoadOptions};
 
 use crate::completions::Completions;
 use crate::step_thread::StepThread;
-use crate::{coded_js, ops, unhealthy_after_panic, CoreEngine, OffThread};
+use crate::{boundary, coded_js, unhealthy_after_panic, CoreEngine, OffThread};
 
 /// Builds the engine: `options` are the engine's plus how ONNX Runtime runs the model;
 /// `library` is the ONNX Runtime library to use when neither ORTEX_ORT_DYLIB nor ORT_DYLIB_PATH
@@ -63,7 +63,7 @@ impl Task for LoadTask {
         let loaded = catch_unwind(AssertUnwindSafe(|| {
             load_impl(&self.model_dir, self.options.clone(), self.library.as_deref())
         }))
-        .unwrap_or_else(|payload| Err(unhealthy_after_panic(&ops::panic_message(payload.as_ref()))));
+        .unwrap_or_else(|payload| Err(unhealthy_after_panic(&boundary::panic_message(payload.as_ref()))));
         Ok(loaded.and_then(|loaded| {
             let steps = StepThread::spawn().map_err(|e| {
                 OrtexError::new(ErrorCode::ModelLoad, format!("cannot start the engine's step thread: {e}"))

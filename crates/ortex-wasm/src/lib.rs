@@ -2,23 +2,23 @@
 //! model. The interface it exports is ts/binding.ts (`WasmBinding`); the TypeScript facade is
 //! its only caller.
 //!
-//! Same shape as the native addon: the logic of each method is a plain function in `ops`
+//! Same shape as the native addon: the logic of each method is a plain function in `boundary`
 //! (crates/ortex-boundary, which crates/ortex-napi calls too, so both backends behave and answer
-//! alike); the wrappers below only convert (a JavaScript object into an `ops` input and an `ops`
+//! alike); the wrappers below only convert (a JavaScript object into a `boundary` input and a `boundary`
 //! view back, through serde-wasm-bindgen), and turn an [`OrtexError`] into a JS `Error` whose
 //! `code` is the core's `ErrorCode::as_str()`. There is no asynchronous `run` (one thread), and a
 //! panic aborts (this build uses panic=abort), which traps as a `WebAssembly.RuntimeError`.
 
 use js_sys::{Int32Array, Reflect};
-use ortex_boundary as ops;
+use ortex_boundary as boundary;
 use ortex_core::{Engine, OrtexError, EVENT_STRIDE_WORDS};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use wasm_bindgen::prelude::*;
 
-/// A JavaScript object as one of ops' typed inputs; a wrong shape is INVALID_ARGUMENT.
+/// A JavaScript object as one of boundary's typed inputs; a wrong shape is INVALID_ARGUMENT.
 fn input<T: DeserializeOwned>(what: &str, value: JsValue) -> Result<T, JsValue> {
-    serde_wasm_bindgen::from_value(value).map_err(|error| coded(ops::invalid_input(what, error)))
+    serde_wasm_bindgen::from_value(value).map_err(|error| coded(boundary::invalid_input(what, error)))
 }
 
 /// An optional one: `null` and `undefined` are None.
@@ -29,7 +29,7 @@ fn optional_input<T: DeserializeOwned>(what: &str, value: JsValue) -> Result<Opt
     input(what, value).map(Some)
 }
 
-/// One of ops' views as a plain JavaScript object (maps as objects, as the native addon gives).
+/// One of boundary's views as a plain JavaScript object (maps as objects, as the native addon gives).
 fn view(value: &impl Serialize) -> JsValue {
     let serializer = serde_wasm_bindgen::Serializer::new().serialize_maps_as_objects(true);
     value.serialize(&serializer).expect("views serialize: they hold only strings, numbers and lists")
@@ -59,23 +59,23 @@ pub struct CoreEngine {
 impl CoreEngine {
     /// An engine over the deterministic simulated model; `options` is a SimOptions object.
     pub fn simulated(options: JsValue) -> Result<CoreEngine, JsValue> {
-        let engine = ops::simulated_impl(input("engine options", options)?).map_err(coded)?;
+        let engine = boundary::simulated_impl(input("engine options", options)?).map_err(coded)?;
         Ok(CoreEngine { engine, scratch: Vec::new() })
     }
 
     pub fn config(&self) -> JsValue {
-        view(&ops::config_impl(&self.engine))
+        view(&boundary::config_impl(&self.engine))
     }
 
     #[wasm_bindgen(js_name = createRequest)]
     pub fn create_request(&mut self, options: JsValue) -> Result<u32, JsValue> {
-        ops::create_request_impl(&mut self.engine, input("request options", options)?).map_err(coded)
+        boundary::create_request_impl(&mut self.engine, input("request options", options)?).map_err(coded)
     }
 
     #[wasm_bindgen(js_name = beginTurn)]
     pub fn begin_turn(&mut self, request_id: u32, tokens: &[i32], options: JsValue) -> Result<u32, JsValue> {
         let options = input("turn options", options)?;
-        ops::begin_turn_impl(&mut self.engine, request_id, tokens, options).map_err(coded)
+        boundary::begin_turn_impl(&mut self.engine, request_id, tokens, options).map_err(coded)
     }
 
     /// Begins a chat turn in one call (the native addon's `beginChatTurn`): `chat` renders
@@ -94,14 +94,14 @@ impl CoreEngine {
         let options = input("turn options", options)?;
         let render_input = input("chat template input", render_input)?;
         let prompt =
-            ops::chat_prompt_impl(&self.engine, &chat.chat, render_input, parse_special_tokens).map_err(coded)?;
-        Ok(view(&ops::begin_chat_turn_impl(&mut self.engine, request_id, prompt, options).map_err(coded)?))
+            boundary::chat_prompt_impl(&self.engine, &chat.chat, render_input, parse_special_tokens).map_err(coded)?;
+        Ok(view(&boundary::begin_chat_turn_impl(&mut self.engine, request_id, prompt, options).map_err(coded)?))
     }
 
     /// A conversation's memory of its last send (the native addon's `createConversation`).
     #[wasm_bindgen(js_name = createConversation)]
     pub fn create_conversation(&self) -> CoreConversation {
-        CoreConversation { conversation: ops::Conversation::new() }
+        CoreConversation { conversation: boundary::Conversation::new() }
     }
 
     /// A conversation's send in one call (the native addon's `beginConversationTurn`): render,
@@ -120,7 +120,7 @@ impl CoreEngine {
         let options = input("turn options", options)?;
         let render_input = input("chat template input", render_input)?;
         let conversation = &mut conversation.conversation;
-        let begun = ops::begin_conversation_turn_impl(
+        let begun = boundary::begin_conversation_turn_impl(
             &mut self.engine,
             &chat.chat,
             conversation,
@@ -135,46 +135,46 @@ impl CoreEngine {
     /// Turn options checked as `beginTurn` checks them, beginning nothing.
     #[wasm_bindgen(js_name = validateTurnOptions)]
     pub fn validate_turn_options(&self, options: JsValue) -> Result<(), JsValue> {
-        ops::validate_turn_options_impl(&self.engine, input("turn options", options)?).map_err(coded)
+        boundary::validate_turn_options_impl(&self.engine, input("turn options", options)?).map_err(coded)
     }
 
     pub fn prefill(&mut self, request_id: u32, tokens: &[i32]) -> Result<(), JsValue> {
-        ops::prefill_impl(&mut self.engine, request_id, tokens).map_err(coded)
+        boundary::prefill_impl(&mut self.engine, request_id, tokens).map_err(coded)
     }
 
     #[wasm_bindgen(js_name = cancelTurn)]
     pub fn cancel_turn(&mut self, request_id: u32, turn_id: u32) -> Result<bool, JsValue> {
-        ops::cancel_turn_impl(&mut self.engine, request_id, turn_id).map_err(coded)
+        boundary::cancel_turn_impl(&mut self.engine, request_id, turn_id).map_err(coded)
     }
 
     #[wasm_bindgen(js_name = holdTurn)]
     pub fn hold_turn(&mut self, request_id: u32, turn_id: u32) -> Result<bool, JsValue> {
-        ops::hold_turn_impl(&mut self.engine, request_id, turn_id).map_err(coded)
+        boundary::hold_turn_impl(&mut self.engine, request_id, turn_id).map_err(coded)
     }
 
     #[wasm_bindgen(js_name = releaseTurn)]
     pub fn release_turn(&mut self, request_id: u32, turn_id: u32) -> Result<bool, JsValue> {
-        ops::release_turn_impl(&mut self.engine, request_id, turn_id).map_err(coded)
+        boundary::release_turn_impl(&mut self.engine, request_id, turn_id).map_err(coded)
     }
 
     #[wasm_bindgen(js_name = closeRequest)]
     pub fn close_request(&mut self, request_id: u32) -> Result<(), JsValue> {
-        ops::close_request_impl(&mut self.engine, request_id).map_err(coded)
+        boundary::close_request_impl(&mut self.engine, request_id).map_err(coded)
     }
 
     #[wasm_bindgen(js_name = abandonRequest)]
     pub fn abandon_request(&mut self, request_id: u32) {
-        ops::abandon_request_impl(&mut self.engine, request_id);
+        boundary::abandon_request_impl(&mut self.engine, request_id);
     }
 
     #[wasm_bindgen(js_name = requestState)]
     pub fn request_state(&self, request_id: u32) -> Result<u32, JsValue> {
-        ops::request_state_impl(&self.engine, request_id).map_err(coded)
+        boundary::request_state_impl(&self.engine, request_id).map_err(coded)
     }
 
     #[wasm_bindgen(js_name = requestTokenCount)]
     pub fn request_token_count(&self, request_id: u32) -> Result<u32, JsValue> {
-        ops::request_token_count_impl(&self.engine, request_id).map_err(coded)
+        boundary::request_token_count_impl(&self.engine, request_id).map_err(coded)
     }
 
     /// Drains retained events or executes one transaction, writing the events into `events`.
@@ -187,7 +187,7 @@ impl CoreEngine {
             self.scratch.resize(words, 0);
         }
         let scratch = &mut self.scratch[..words];
-        let written = ops::run_sync_impl(&mut self.engine, scratch, capacity).map_err(coded)?;
+        let written = boundary::run_sync_impl(&mut self.engine, scratch, capacity).map_err(coded)?;
         let written_words = event_words(written);
         if written_words > 0 {
             events.subarray(0, written_words as u32).copy_from(&scratch[..written_words]);
@@ -198,33 +198,33 @@ impl CoreEngine {
     /// The text of the last run's events, which their text words point into (UTF-16 units).
     #[wasm_bindgen(js_name = runText)]
     pub fn run_text(&self) -> String {
-        ops::run_text_impl(&self.engine).to_string()
+        boundary::run_text_impl(&self.engine).to_string()
     }
 
     /// The log-probability numbers of the last run's events (their logprobs words point in).
     #[wasm_bindgen(js_name = runLogprobs)]
     pub fn run_logprobs(&self) -> Vec<f64> {
-        ops::run_logprobs_impl(&self.engine).to_vec()
+        boundary::run_logprobs_impl(&self.engine).to_vec()
     }
 
     #[wasm_bindgen(js_name = hasPendingWork)]
     pub fn has_pending_work(&mut self) -> bool {
-        ops::has_pending_work_impl(&mut self.engine)
+        boundary::has_pending_work_impl(&mut self.engine)
     }
 
     pub fn stats(&self) -> JsValue {
-        view(&ops::stats_impl(&self.engine))
+        view(&boundary::stats_impl(&self.engine))
     }
 
     /// Returns an Int32Array.
     pub fn tokenize(&self, text: &str) -> Result<Vec<i32>, JsValue> {
-        ops::tokenize_impl(&self.engine, text).map_err(coded)
+        boundary::tokenize_impl(&self.engine, text).map_err(coded)
     }
 
     /// Returns an Int32Array.
     #[wasm_bindgen(js_name = tokenizeMarked)]
     pub fn tokenize_marked(&self, marked: &str) -> Result<Vec<i32>, JsValue> {
-        ops::tokenize_marked_impl(&self.engine, marked).map_err(coded)
+        boundary::tokenize_marked_impl(&self.engine, marked).map_err(coded)
     }
 
     #[wasm_bindgen(js_name = controlStrings)]
@@ -233,22 +233,22 @@ impl CoreEngine {
     }
 
     pub fn detokenize(&self, tokens: &[i32]) -> Result<String, JsValue> {
-        ops::detokenize_impl(&self.engine, tokens).map_err(coded)
+        boundary::detokenize_impl(&self.engine, tokens).map_err(coded)
     }
 
     pub fn close(&mut self) {
-        ops::close_impl(&mut self.engine);
+        boundary::close_impl(&mut self.engine);
     }
 
     /// Test hook: a broken invariant panics, which traps (panic=abort).
     #[wasm_bindgen(js_name = checkInvariants)]
     pub fn check_invariants(&self) {
-        ops::check_invariants_impl(&self.engine);
+        boundary::check_invariants_impl(&self.engine);
     }
 
     /// Drops the request's tokens past `tokenCount` between turns and frees the KV blocks past them.
     pub fn truncate(&mut self, request_id: u32, token_count: u32) -> Result<(), JsValue> {
-        ops::truncate_impl(&mut self.engine, request_id, token_count).map_err(coded)
+        boundary::truncate_impl(&mut self.engine, request_id, token_count).map_err(coded)
     }
 
     /// The latest turn's log-probabilities of its generated tokens [start, end), clamped
@@ -256,22 +256,22 @@ impl CoreEngine {
     /// `tokens[start..end]` of the request's context (clamped). Returns an Int32Array.
     #[wasm_bindgen(js_name = requestTokens)]
     pub fn request_tokens(&self, request_id: u32, start: u32, end: u32) -> Result<Vec<i32>, JsValue> {
-        ops::request_tokens_impl(&self.engine, request_id, start, end).map_err(coded)
+        boundary::request_tokens_impl(&self.engine, request_id, start, end).map_err(coded)
     }
 
     /// A full-duplex session manager (the core's session rules) for this engine's sessions.
     #[wasm_bindgen(js_name = createSessions)]
     pub fn create_sessions(&self, options: JsValue) -> Result<CoreSessions, JsValue> {
         let options = input("session manager options", options)?;
-        Ok(CoreSessions { sessions: ops::Sessions::new(options).map_err(coded)? })
+        Ok(CoreSessions { sessions: boundary::Sessions::new(options).map_err(coded)? })
     }
 }
 
 /// ortex-core's full-duplex session rules (fences, leases, appends, cancel, two-phase close,
-/// expiry). Objects in and out; every method lives in `ops::Sessions`.
+/// expiry). Objects in and out; every method lives in `boundary::Sessions`.
 #[wasm_bindgen]
 pub struct CoreSessions {
-    sessions: ops::Sessions,
+    sessions: boundary::Sessions,
 }
 
 #[wasm_bindgen]
@@ -394,16 +394,16 @@ impl CoreSessions {
     }
 }
 
-/// A conversation's memory of its last send (ops::Conversation), held by the facade's Chat.
+/// A conversation's memory of its last send (boundary::Conversation), held by the facade's Chat.
 #[wasm_bindgen]
 pub struct CoreConversation {
-    conversation: ops::Conversation,
+    conversation: boundary::Conversation,
 }
 
-/// A model's chat template (ops::Chat), compiled once: the same calls as the native addon's.
+/// A model's chat template (boundary::Chat), compiled once: the same calls as the native addon's.
 #[wasm_bindgen]
 pub struct CoreChat {
-    chat: ops::Chat,
+    chat: boundary::Chat,
 }
 
 #[wasm_bindgen]
@@ -411,12 +411,12 @@ impl CoreChat {
     /// `controls`: the control strings of the engine that tokenizes its prompts.
     #[wasm_bindgen(js_name = fromFiles)]
     pub fn from_files(files: JsValue, controls: Vec<String>) -> Result<CoreChat, JsValue> {
-        let chat = ops::Chat::from_files(&input("chat files", files)?).map_err(coded)?;
+        let chat = boundary::Chat::from_files(&input("chat files", files)?).map_err(coded)?;
         Ok(CoreChat { chat: chat.with_control_strings(controls) })
     }
 
     pub fn chatml(controls: Vec<String>) -> CoreChat {
-        CoreChat { chat: ops::Chat::chatml().with_control_strings(controls) }
+        CoreChat { chat: boundary::Chat::chatml().with_control_strings(controls) }
     }
 
     pub fn render(&self, render_input: JsValue) -> Result<String, JsValue> {

@@ -9,33 +9,40 @@
 //! `ErrorCode::as_str()`.
 //!
 //! Threads: the engine lives on the JS thread. `run` plans on the JS thread (`run_begin`), sends
-//! only the [`Transaction`] (which carries the executor) off it, and commits on the JS thread
+//! only the [`Transaction`](ortex_core::Transaction) (which carries the executor) off it, and commits on the JS thread
 //! again (`run_commit`), which is also where the events are written into the caller's
-//! `Int32Array`. Off the JS thread means the engine's own [`StepThread`] for a model (its
-//! [`Completions`] bring each run back), the libuv thread pool for the simulated model
-//! (step_thread.rs says why). Between the two halves every other method keeps working; the core
-//! applies them at the transaction boundary. The engine sits in an `Arc<Mutex<_>>` only so the
-//! commit can find it again; the lock is never taken off the JS thread, so it is never contended.
+//! `Int32Array`. Off the JS thread means the engine's own step thread for a model (its
+//! completions bring each run back), the libuv thread pool for the simulated model
+//! (step_thread.rs says why; run.rs holds that plumbing). Between the two halves every other
+//! method keeps working; the core applies them at the transaction boundary. The engine sits in an
+//! `Arc<Mutex<_>>` only so the commit can find it again; the lock is never taken off the JS
+//! thread, so it is never contended.
+//!
+//! Files: this one holds `CoreEngine` (its methods and the conversions they share); run.rs, where
+//! a `run`'s transaction executes and how it commits; sessions.rs, `CoreSessions` (the session
+//! rules); model.rs, loading an ONNX model folder; chat.rs, the chat template calls.
 
 mod chat;
 mod completions;
 mod model;
+mod run;
+mod sessions;
 mod step_thread;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use completions::Completions;
 use napi::bindgen_prelude::*;
 use napi::JsValue;
 use napi_derive::napi;
 use ortex_boundary as boundary;
-use ortex_core::{Engine, ErrorCode, OrtexError, RunStart, Transaction};
+use ortex_core::{Engine, ErrorCode, OrtexError, RunStart};
+use run::{OffThread, RunPromise, RunTask};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
-use step_thread::{Job, StepThread};
+use sessions::CoreSessions;
 
 /// A JavaScript object as one of boundary's typed inputs; a wrong shape is INVALID_ARGUMENT.
 ///
@@ -59,10 +66,6 @@ fn json(what: &str, value: Unknown<'_>) -> ortex_core::Result<Value> {
 fn view(value: impl Serialize) -> Value {
     serde_json::to_value(value).expect("views serialize: they hold only strings, numbers and lists")
 }
-
-/// What `run` returns: a pool task (simulated model), or a promise: already settled (a drain, or a
-/// step executed here) or settled when the step thread's transaction commits.
-type RunPromise<'env> = Either<AsyncTask<RunTask>, PromiseRaw<'env, u32>>;
 
 /// A JS error carrying the core's code (`err.code === error.code.as_str()`). Spelled
 /// `napi::Result<T, String>` at each method: napi-derive recognizes a result by its name.
@@ -119,14 +122,6 @@ pub struct CoreEngine {
     external_bytes: AtomicI64,
 }
 
-/// A model engine's step thread and its way back to the JS thread. The thread goes with
-/// `close()` (after the step it is on); the way back stays until the engine is collected, since a
-/// step in flight still settles its promise through it.
-struct OffThread {
-    thread: Mutex<Option<StepThread>>,
-    completions: Completions,
-}
-
 impl CoreEngine {
     /// Gives back what was reported to V8 (on the JS thread).
     fn release_external(&self, env: &Env) {
@@ -135,6 +130,10 @@ impl CoreEngine {
             let _ = env.adjust_external_memory(-bytes);
         }
     }
+
+    fn call<T>(&self, call: impl FnOnce(&mut Engine) -> ortex_core::Result<T>) -> napi::Result<T, String> {
+        guarded(&mut lock(&self.engine), call).map_err(coded)
+    }
 }
 
 impl ObjectFinalize for CoreEngine {
@@ -142,88 +141,6 @@ impl ObjectFinalize for CoreEngine {
         self.release_external(&env);
         Ok(())
     }
-}
-
-impl CoreEngine {
-    fn call<T>(&self, call: impl FnOnce(&mut Engine) -> ortex_core::Result<T>) -> napi::Result<T, String> {
-        guarded(&mut lock(&self.engine), call).map_err(coded)
-    }
-
-    /// Executes `transaction` on the step thread; the promise settles on the JS thread with the
-    /// commit.
-    fn execute_on<'env>(
-        &self,
-        steps: &OffThread,
-        env: &'env Env,
-        transaction: Transaction,
-        events: Int32Array,
-        capacity: u32,
-    ) -> napi::Result<RunPromise<'env>> {
-        // A transaction that never commits would keep the executor away from the engine for good:
-        // without a way back to this thread, execute it here (blocking, but nothing is lost).
-        let Ok((pending, promise)) = steps.completions.begin(env) else {
-            let mut transaction = transaction;
-            execute(&mut transaction);
-            let settled = match commit(env, &self.engine, transaction, events, capacity) {
-                Ok(count) => PromiseRaw::resolve(env, count),
-                Err(error) => PromiseRaw::reject(env, error),
-            };
-            return settled.map(Either::B);
-        };
-        let engine = Arc::clone(&self.engine);
-        let job: Job = Box::new(move || {
-            let mut transaction = transaction;
-            execute(&mut transaction);
-            pending.settle(Box::new(move |env: &Env| commit(env, &engine, transaction, events, capacity)));
-        });
-        // The thread is gone only if a job panicked past its own guard (or the engine closed, which
-        // refuses runs before they get here): run the job here instead.
-        let refused = match &*lock(&steps.thread) {
-            Some(thread) => thread.submit(job).err(),
-            None => Some(job),
-        };
-        if let Some(job) = refused {
-            job();
-        }
-        Ok(Either::B(promise))
-    }
-}
-
-/// Off the JS thread: the model step and its draws. A step with constrained rows computes their
-/// masks on a second thread while the model runs. A panic (on either thread) fails the
-/// transaction (the commit rolls the step back and publishes a fatal Failed event) instead of
-/// unwinding.
-fn execute(transaction: &mut Transaction) {
-    let overlapped = || {
-        transaction.execute_with(|model, masks| {
-            std::thread::scope(|scope| {
-                scope.spawn(masks);
-                model();
-            })
-        })
-    };
-    if let Err(payload) = catch_unwind(AssertUnwindSafe(overlapped)) {
-        transaction.fail(format!("panic in the executor: {}", boundary::panic_message(payload.as_ref())));
-    }
-}
-
-/// On the JS thread: commits `transaction` and writes its events into the caller's buffer.
-fn commit(
-    env: &Env,
-    engine: &Mutex<Engine>,
-    transaction: Transaction,
-    events: Int32Array,
-    capacity: u32,
-) -> napi::Result<u32> {
-    // Look the buffer up again instead of trusting the pointer taken before the hop: JS may have
-    // detached (transferred) it meanwhile, and then it reads as empty and the events stay
-    // retained in the engine.
-    // SAFETY: `env` is the JS thread's; the reference is turned back into its value once.
-    let value = unsafe { Int32Array::to_napi_value(env.raw(), events)? };
-    let buffer = unsafe { <&mut [i32]>::from_napi_value(env.raw(), value)? };
-    let mut engine = lock(engine);
-    guarded(&mut engine, |engine| Ok(engine.run_commit(transaction, buffer, capacity as usize) as u32))
-        .map_err(|error| coded_js(env, error))
 }
 
 #[napi]
@@ -418,220 +335,7 @@ impl CoreEngine {
     /// A full-duplex session manager (the core's session rules) for this engine's sessions.
     #[napi]
     pub fn create_sessions(&self, options: Unknown<'_>) -> napi::Result<CoreSessions, String> {
-        let sessions = catch_unwind(|| boundary::Sessions::new(input("session manager options", options)?))
-            .unwrap_or_else(|payload| Err(sessions_panic(&boundary::panic_message(payload.as_ref()))))
-            .map_err(coded)?;
-        Ok(CoreSessions { sessions, broken: None })
-    }
-}
-
-fn sessions_panic(message: &str) -> OrtexError {
-    OrtexError::new(ErrorCode::EngineUnhealthy, format!("the session manager panicked and is unusable: {message}"))
-}
-
-/// ortex-core's full-duplex session rules (fences, leases, appends, cancel, two-phase close,
-/// expiry). Objects in and out; every method lives in `boundary::Sessions`. A panic (a broken session
-/// invariant) becomes an ENGINE_UNHEALTHY error, and every later call is refused the same way.
-#[napi]
-pub struct CoreSessions {
-    sessions: boundary::Sessions,
-    broken: Option<String>,
-}
-
-impl CoreSessions {
-    fn call<T>(
-        &mut self,
-        call: impl FnOnce(&mut boundary::Sessions) -> ortex_core::Result<T>,
-    ) -> napi::Result<T, String> {
-        if let Some(message) = &self.broken {
-            return Err(coded(sessions_panic(message)));
-        }
-        match catch_unwind(AssertUnwindSafe(|| call(&mut self.sessions))) {
-            Ok(result) => result.map_err(coded),
-            Err(payload) => {
-                let message = boundary::panic_message(payload.as_ref());
-                self.broken = Some(message.clone());
-                Err(coded(sessions_panic(&message)))
-            }
-        }
-    }
-}
-
-#[napi]
-impl CoreSessions {
-    #[napi(ts_return_type = "SessionView")]
-    pub fn open(&mut self, session_id: String, now_ms: f64) -> napi::Result<Value, String> {
-        self.call(|sessions| sessions.open(&session_id, now_ms).map(view))
-    }
-
-    #[napi(ts_return_type = "SessionView")]
-    pub fn restore(
-        &mut self,
-        session_id: String,
-        now_ms: f64,
-        incarnation: f64,
-        lease_generation: f64,
-    ) -> napi::Result<Value, String> {
-        self.call(|sessions| sessions.restore(&session_id, now_ms, incarnation, lease_generation).map(view))
-    }
-
-    #[napi(ts_return_type = "SessionView")]
-    pub fn get(&mut self, session_id: String) -> napi::Result<Value, String> {
-        self.call(|sessions| sessions.get(&session_id).map(view))
-    }
-
-    #[napi]
-    pub fn bind_request(&mut self, session_id: String, request_id: u32) -> napi::Result<(), String> {
-        self.call(|sessions| sessions.bind_request(&session_id, request_id))
-    }
-
-    #[napi(ts_return_type = "AppendPlanView")]
-    pub fn prepare_append(
-        &mut self,
-        session_id: String,
-        is_final: bool,
-        operation_id: Option<String>,
-        input_digest: f64,
-        fence: Option<Unknown<'_>>,
-    ) -> napi::Result<Value, String> {
-        self.call(|sessions| {
-            let fence = fence.map(|f| input("fence", f)).transpose()?;
-            sessions.prepare_append(&session_id, is_final, operation_id, input_digest, fence).map(view)
-        })
-    }
-
-    #[napi(ts_return_type = "CommitView")]
-    pub fn commit_append(&mut self, reservation_id: u32, now_ms: f64) -> napi::Result<Value, String> {
-        self.call(|sessions| sessions.commit_append(reservation_id, now_ms).map(view))
-    }
-
-    #[napi]
-    pub fn discard_reservation(&mut self, reservation_id: u32) -> napi::Result<(), String> {
-        self.call(|sessions| {
-            sessions.discard_reservation(reservation_id);
-            Ok(())
-        })
-    }
-
-    #[napi(ts_return_type = "SessionView")]
-    pub fn start_response(&mut self, session_id: String, now_ms: f64) -> napi::Result<Value, String> {
-        self.call(|sessions| sessions.start_response(&session_id, now_ms).map(view))
-    }
-
-    #[napi(ts_return_type = "CancelView")]
-    pub fn cancel(
-        &mut self,
-        session_id: String,
-        cancelled: Option<Unknown<'_>>,
-        now_ms: f64,
-    ) -> napi::Result<Value, String> {
-        self.call(|sessions| {
-            let cancelled = cancelled.map(|f| input("cancelled fence", f)).transpose()?;
-            sessions.cancel(&session_id, cancelled, now_ms).map(view)
-        })
-    }
-
-    #[napi]
-    pub fn validate_fence(&mut self, session_id: String, fence: Unknown<'_>) -> napi::Result<(), String> {
-        self.call(|sessions| sessions.validate_fence(&session_id, input("fence", fence)?))
-    }
-
-    #[napi]
-    pub fn touch(&mut self, session_id: String, now_ms: f64, activity: String) -> napi::Result<(), String> {
-        self.call(|sessions| sessions.touch(&session_id, now_ms, &activity))
-    }
-
-    #[napi(ts_return_type = "SessionView")]
-    pub fn detach(&mut self, session_id: String, now_ms: f64) -> napi::Result<Value, String> {
-        self.call(|sessions| sessions.detach(&session_id, now_ms).map(view))
-    }
-
-    #[napi(ts_return_type = "SessionView")]
-    pub fn resume(&mut self, session_id: String, now_ms: f64, expected_generation: f64) -> napi::Result<Value, String> {
-        self.call(|sessions| sessions.resume(&session_id, now_ms, expected_generation).map(view))
-    }
-
-    #[napi]
-    pub fn begin_operation(
-        &mut self,
-        session_id: String,
-        now_ms: f64,
-        operation_id: String,
-    ) -> napi::Result<(), String> {
-        self.call(|sessions| sessions.begin_operation(&session_id, now_ms, &operation_id))
-    }
-
-    #[napi]
-    pub fn end_operation(&mut self, session_id: String, now_ms: f64, operation_id: String) -> napi::Result<(), String> {
-        self.call(|sessions| sessions.end_operation(&session_id, now_ms, &operation_id))
-    }
-
-    #[napi]
-    pub fn replace_configs(&mut self, session_id: String, configs: Unknown<'_>) -> napi::Result<f64, String> {
-        self.call(|sessions| sessions.replace_configs(&session_id, input("session configs", configs)?))
-    }
-
-    #[napi]
-    pub fn begin_close(
-        &mut self,
-        session_id: String,
-        fence: Option<Unknown<'_>>,
-        reason: String,
-    ) -> napi::Result<bool, String> {
-        self.call(|sessions| {
-            let fence = fence.map(|f| input("fence", f)).transpose()?;
-            sessions.begin_close(&session_id, fence, &reason)
-        })
-    }
-
-    #[napi]
-    pub fn finalize_close(&mut self, session_id: String) -> napi::Result<Vec<u32>, String> {
-        self.call(|sessions| sessions.finalize_close(&session_id))
-    }
-
-    #[napi(ts_return_type = "ExpiryView[]")]
-    pub fn collect_expired(&mut self, now_ms: f64) -> napi::Result<Value, String> {
-        self.call(|sessions| sessions.collect_expired(now_ms).map(view))
-    }
-
-    #[napi]
-    pub fn num_sessions(&mut self) -> napi::Result<u32, String> {
-        self.call(|sessions| Ok(sessions.num_sessions()))
-    }
-
-    /// Test hook: a broken invariant comes back as an ENGINE_UNHEALTHY error.
-    #[napi]
-    pub fn check_invariants(&mut self) -> napi::Result<(), String> {
-        self.call(|sessions| {
-            sessions.check_invariants();
-            Ok(())
-        })
-    }
-}
-
-/// One `run` transaction of the simulated model on the libuv thread pool. It holds the
-/// `Int32Array` (a napi reference, so the buffer stays alive) but touches it only in `resolve`,
-/// on the JS thread.
-pub struct RunTask {
-    engine: Arc<Mutex<Engine>>,
-    transaction: Option<Transaction>,
-    events: Option<Int32Array>,
-    capacity: u32,
-}
-
-impl Task for RunTask {
-    type Output = ();
-    type JsValue = u32;
-
-    fn compute(&mut self) -> napi::Result<()> {
-        execute(self.transaction.as_mut().expect("a run task executes its transaction once"));
-        Ok(())
-    }
-
-    fn resolve(&mut self, env: Env, _: ()) -> napi::Result<u32> {
-        let transaction = self.transaction.take().expect("a run task commits its transaction once");
-        let events = self.events.take().expect("a run task holds its event buffer until it commits");
-        commit(&env, &self.engine, transaction, events, self.capacity)
+        CoreSessions::create(options)
     }
 }
 

@@ -17,8 +17,9 @@ use ortex_core::{ErrorCode, OrtexError, Result};
 use ortex_ort::{ExecutionProvider, ExecutorStats, LoadOptions};
 
 use crate::completions::Completions;
+use crate::run::OffThread;
 use crate::step_thread::StepThread;
-use crate::{boundary, coded_js, unhealthy_after_panic, CoreEngine, OffThread};
+use crate::{boundary, coded_js, unhealthy_after_panic, CoreEngine};
 
 /// Builds the engine: `options` are the engine's plus how ONNX Runtime runs the model;
 /// `library` is the ONNX Runtime library to use when neither ORTEX_ORT_DYLIB nor ORT_DYLIB_PATH

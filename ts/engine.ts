@@ -2,25 +2,28 @@
 // addon, wasm.ts for WebAssembly) each export a subclass that names its backend; everything else
 // is shared, so the two behave the same.
 //
-// The facade owns ergonomics, not engine logic: it validates arguments, serializes run() calls,
-// routes each run's events to their Turns (router.ts), runs the driven loop (driver.ts), and
-// reports collected Requests to the core (registry.ts). Scheduling, KV and sampling are the core's.
+// The facade owns ergonomics, not engine logic: it validates arguments, serializes run() calls
+// and routes each run's events to their Turns (engine-runs.ts, router.ts), runs the driven loop
+// (driver.ts), begins chat turns (engine-chat.ts), and reports collected Requests to the core
+// (registry.ts). Scheduling, KV and sampling are the core's.
 //
 // The handles reach the engine only through narrow links (link.ts): a Request and its turns get
-// an EngineLink, the duplex sessions a DuplexHost.
+// an EngineLink, the duplex sessions a DuplexHost; the run queue and the chat calls get theirs
+// (RunsHost, ChatEngineHost), so none of those modules imports this one.
 
 import type { Backend } from './backend'
-import type { CoreChat, CoreEngine, CoreSessions, NativeCoreEngine } from './binding'
-import * as chat from './chat'
+import type { CoreEngine, CoreSessions, NativeCoreEngine } from './binding'
+import type * as chat from './chat'
 import { Driver, type DriverHost } from './driver'
+import { type ChatEngineHost, EngineChat } from './engine-chat'
+import { EngineRuns, type RunsHost } from './engine-runs'
 import { OrtexError, toOrtexError } from './errors'
-import { EventBuffer, type EventOwner, NO_RUN_OUTPUT, type RunOutput, outputsNeeded } from './events'
-import { JsonCopier } from './json'
-import type { ChatRenderInput, ConfigView, RequestOptionsInput, SessionsOptionsInput } from './generated/boundary'
+import { EventBuffer, type EventOwner } from './events'
+import type { ConfigView, RequestOptionsInput, SessionsOptionsInput } from './generated/boundary'
 import type { DuplexHost, EngineEndReason } from './link'
 import { RequestRegistry } from './registry'
 import { Request, type RequestLink, type RequestRecord, type Turn } from './request'
-import { type RouterHost, anyProgress, dropEventsOfCollected, routeEvents } from './router'
+import type { RouterHost } from './router'
 import type { TurnState } from './turn-state'
 import type {
   BackendKind,
@@ -38,9 +41,6 @@ import type {
   SimulatedOptions,
   TurnOptions,
 } from './types'
-import type { ToolPlan } from './tools/format'
-import { TOOL_KEYS, attachToolPlan, takeToolPlan } from './tools/options'
-import { applyToolPlan, toolFamily } from './tools/plan'
 import * as v from './validate'
 
 export type { EngineEndReason } from './link'
@@ -57,17 +57,6 @@ interface EngineInit {
 }
 
 function noop(): void {}
-
-/** What chat and chatAsync begin a turn with. */
-interface ChatArguments {
-  template: CoreChat
-  input: ChatRenderInput
-  parseSpecialTokens: boolean
-  /** The request's and the turn's options. */
-  present: Map<string, unknown>
-  /** Tool calling (tools/); null: none. */
-  tools: ToolPlan | null
-}
 
 const CANCELLED_BY_CLOSE = { reason: 'cancelled', errorCode: 'none', usage: null, stop: null } as const
 
@@ -112,9 +101,8 @@ export class Engine implements EventOwner {
   private readonly backendImpl: Backend
   /** Addition: the model folder this engine loaded; null for the simulated model. */
   readonly modelDir: string | null
-  /** Made on the first chat call: the folder's template (or ChatML); the core works out its
-   *  end-of-turn tokens. */
-  private chatTemplate: CoreChat | null = null
+  /** The chat calls and the chat template they load once (engine-chat.ts). */
+  private readonly chats: EngineChat
   private closed = false
   /** Set by an engine-level Failed event (or an internal error): the engine is unhealthy and
    *  this is the event's error code. */
@@ -124,11 +112,8 @@ export class Engine implements EventOwner {
   private readonly router: RouterHost
   private readonly driver: Driver
   private driverBuffer: EventBuffer | null = null
-  /** The last run() in the queue; run() calls execute one after another. */
-  private runTail: Promise<unknown> = Promise.resolve()
-  private runsQueued = 0
-  /** stats().steps as last seen by the driven loop, to tell a prefill step from a stall. */
-  private lastSteps = -1
+  /** The run queue and the delivery of each run's events (engine-runs.ts). */
+  private readonly runs: EngineRuns
   private closing: Promise<void> | null = null
   /** Told once when the engine fails (an engine-level failure) or is closed. */
   private readonly endListeners = new Set<(reason: EngineEndReason) => void>()
@@ -144,6 +129,7 @@ export class Engine implements EventOwner {
     this.registry = new RequestRegistry({ onRequestCollected: (record) => this.onRequestCollected(record) })
     this.link = this.makeLink()
     this._duplex = this.makeDuplexHost()
+    this.chats = new EngineChat(this.makeChatHost())
     this.router = {
       registry: this.registry,
       engineFailed: (code) => this.markUnhealthy(code),
@@ -155,6 +141,7 @@ export class Engine implements EventOwner {
       _pinRequests: (driven) => this.pinRequests(driven),
     }
     this.driver = new Driver(host)
+    this.runs = new EngineRuns(this.makeRunsHost())
     // Weakly: the backend's note must not keep an engine the program dropped alive.
     const self = new WeakRef(this)
     backend.onTrap?.(core, () => self.deref()?.markUnhealthy('engine-execution-failure'))
@@ -180,17 +167,13 @@ export class Engine implements EventOwner {
     } catch (error) {
       return Promise.reject(error)
     }
-    return this.enqueueRun(buffer)
+    return this.runs.enqueueRun(buffer)
   }
 
   /** The same as run() on the calling thread. */
   runSync(buffer: EventBuffer): number {
     this.checkRun(buffer)
-    if (this.runsQueued > 0) {
-      throw new OrtexError('RUN_IN_PROGRESS', 'a run() of this engine has not finished yet; await it first')
-    }
-    const written = this.call(() => this.core.runSync(buffer._words, buffer.capacity))
-    return this.deliver(buffer, written)
+    return this.runs.runSync(buffer)
   }
 
   /** True while any turn is queued or active, any prefill is queued, any event is retained, or a
@@ -273,57 +256,21 @@ export class Engine implements EventOwner {
   /** The text the model reads for `messages`, rendered with the model folder's chat template
    *  (the simulated model's: ChatML). CHAT_TEMPLATE_MISSING names what a folder lacks. */
   applyChatTemplate(messages: ChatMessage[], options?: ChatTemplateOptions): string {
-    // One budget for the call's JSON-like arguments together (json.ts).
-    const json = new JsonCopier()
-    const checked = chat.checkMessages('messages', messages, json)
-    const present = v.options('options', options, chat.CHAT_TEMPLATE_KEYS)
-    const templateOptions = chat.templateOptions('options', present, json)
-    this.checkOpen()
-    return chat.render(this.chatHost(), checked, templateOptions)
+    return this.chats.applyChatTemplate(messages, options)
   }
 
   /** One chat turn on its own request (closed when it finishes), as generate: the messages are
    *  rendered with a generation prompt; the template's end-of-turn token ends it with 'eos'. */
   chat(messages: ChatMessage[], options?: ChatOptions): Turn {
-    return this.beginChat(this.chatArguments(messages, options))
-  }
-
-  private beginChat({ template, input, parseSpecialTokens, present, tools }: ChatArguments): Turn {
-    const { request, checked } = this.ownedRequest(present)
-    let turn: Turn
-    try {
-      // One call renders, tokenizes and begins the turn (crates/ortex-boundary's Chat::prompt).
-      turn = request._beginChat(checked, (id, core) => this.core.beginChatTurn(id, template, input, parseSpecialTokens, core))
-    } catch (error) {
-      request.close()
-      throw chat.toChatError(error)
-    }
-    if (tools !== null) attachToolPlan(turn, tools)
-    this.driver.start()
-    return turn
+    return this.chats.chat(messages, options)
   }
 
   /** Addition: chat() with the template rendered and the prompt tokenized off the JS thread on
    *  native (the libuv thread pool), so a large conversation does not hold the event loop; the
    *  turn begins once the prompt is ready. WebAssembly renders on the calling thread. Rejects
    *  where chat() throws. */
-  async chatAsync(messages: ChatMessage[], options?: ChatOptions): Promise<Turn> {
-    const args = this.chatArguments(messages, options)
-    const core = this.core as Partial<NativeCoreEngine>
-    if (core.beginChatTurnAsync === undefined) return this.beginChat(args)
-    const { template, input, parseSpecialTokens, present, tools } = args
-    const json = chat.renderInputJson(input)
-    const { request, checked } = this.ownedRequest(present)
-    let turn: Turn
-    try {
-      turn = await request._beginChatAsync(checked, (id, options) => core.beginChatTurnAsync!(id, template, json, parseSpecialTokens, options))
-    } catch (error) {
-      request.close()
-      throw this.convertError(error)
-    }
-    if (tools !== null) attachToolPlan(turn, tools)
-    this.driver.start()
-    return turn
+  chatAsync(messages: ChatMessage[], options?: ChatOptions): Promise<Turn> {
+    return this.chats.chatAsync(messages, options)
   }
 
   /** @internal Turn options checked as a turn's begin checks them (their types here, every other
@@ -334,37 +281,10 @@ export class Engine implements EventOwner {
     this.call(() => this.core.validateTurnOptions(checked.core))
   }
 
-  /** Checked arguments of chat and chatAsync, the engine's template and the render's input. */
-  private chatArguments(messages: ChatMessage[], options: ChatOptions | undefined): ChatArguments {
-    const json = new JsonCopier()
-    const checked = chat.checkMessages('messages', messages, json)
-    const present = v.options('options', options, [...v.REQUEST_KEYS, ...v.TURN_KEYS, ...chat.CHAT_TEMPLATE_KEYS, ...chat.CHAT_PROMPT_KEYS, ...TOOL_KEYS])
-    if (present.has('addGenerationPrompt')) throw v.invalidArgumentFor('options.addGenerationPrompt', 'is not a chat option')
-    const templateOptions = chat.templateOptions('options', chat.takeTemplateKeys(present), json)
-    const { parseSpecialTokens } = chat.takePromptOptions('options', present)
-    this.checkUsable()
-    const template = this.loadChatTemplate()
-    const host = this.chatHost()
-    const tools = takeToolPlan('options', present, templateOptions.tools, () => toolFamily(host, (messages, options) => chat.render(host, messages, options)))
-    const prompt = tools === null ? checked : applyToolPlan(tools, host, checked, templateOptions, present)
-    return { template, input: chat.renderInput(prompt, { ...templateOptions, addGenerationPrompt: true }), parseSpecialTokens, present, tools }
-  }
-
   /** A conversation on one request: `send(content)` returns the reply's Turn and prefills only
    *  what the new message adds. */
   createChat(options?: CreateChatOptions): chat.Chat {
-    const present = v.options('options', options, ['system', ...v.REQUEST_KEYS, ...chat.CHAT_TEMPLATE_KEYS, ...chat.CHAT_PROMPT_KEYS, ...TOOL_KEYS])
-    if (present.has('addGenerationPrompt')) throw v.invalidArgumentFor('options.addGenerationPrompt', 'is not a chat option')
-    const system = present.has('system') ? v.string('options.system', present.get('system')) : null
-    present.delete('system')
-    const templateOptions = chat.templateOptions('options', chat.takeTemplateKeys(present))
-    const { parseSpecialTokens } = chat.takePromptOptions('options', present)
-    const host = this.chatHost()
-    // Fail now, not at the first send, on a folder without a template.
-    host.template()
-    const tools = takeToolPlan('options', present, templateOptions.tools, () => toolFamily(host, (messages, options) => chat.render(host, messages, options)))
-    const request = this.createRequest(Object.fromEntries(present))
-    return new chat.Chat({ host, parseSpecialTokens, request, system, templateOptions, tools, start: () => this.driver.start() })
+    return this.chats.createChat(options)
   }
 
   /**
@@ -384,7 +304,7 @@ export class Engine implements EventOwner {
       // Closing is best effort and never throws.
     }
     this.notifyEnd('engine_closed')
-    this.closing = this.runTail.then(noop, noop)
+    this.closing = this.runs.settled()
     return this.closing
   }
 
@@ -401,7 +321,7 @@ export class Engine implements EventOwner {
   }
 
   // ---------------------------------------------------------------------------------------------
-  // The links: what Requests, Turns and the duplex sessions may ask of this engine
+  // The links: what Requests, Turns, the chat calls and the duplex sessions may ask of this engine
   // ---------------------------------------------------------------------------------------------
 
   private makeLink(): RequestLink {
@@ -426,6 +346,36 @@ export class Engine implements EventOwner {
     }
   }
 
+  private makeRunsHost(): RunsHost {
+    const engine = this
+    return {
+      core: this.core,
+      backend: this.backendImpl,
+      router: this.router,
+      get ended() {
+        return engine.closed || engine.failure !== null
+      },
+      call: (fn) => this.call(fn),
+      convertError: (error) => this.convertError(error),
+      checkUsable: () => this.checkUsable(),
+    }
+  }
+
+  private makeChatHost(): ChatEngineHost {
+    return {
+      core: this.core,
+      backend: this.backendImpl,
+      modelDir: this.modelDir,
+      call: (fn) => this.call(fn),
+      convertError: (error) => this.convertError(error),
+      checkOpen: () => this.checkOpen(),
+      checkUsable: () => this.checkUsable(),
+      ownedRequest: (present) => this.ownedRequest(present),
+      createRequest: (options) => this.createRequest(options),
+      start: () => this.driver.start(),
+    }
+  }
+
   private makeDuplexHost(): DuplexHost {
     const engine = this
     return {
@@ -438,34 +388,6 @@ export class Engine implements EventOwner {
       onEnd: (listener) => this.onEnd(listener),
       closeRequest: (requestId) => this.registry.request(requestId)?.close(),
     }
-  }
-
-  private chatHost(): chat.ChatHost {
-    return {
-      template: () => this.loadChatTemplate(),
-      tokenize: (text) => this.call(() => this.core.tokenize(text)),
-      createConversation: () => this.call(() => this.core.createConversation()),
-      beginConversationTurn: (requestId, conversation, input, parseSpecialTokens, options) =>
-        this.core.beginConversationTurn(requestId, conversation, this.loadChatTemplate(), input, parseSpecialTokens, options),
-    }
-  }
-
-  private loadChatTemplate(): CoreChat {
-    if (this.chatTemplate === null) {
-      const files = this.modelDir === null ? null : chat.readChatFiles(this.modelDir)
-      this.chatTemplate = this.call(() => this.backendImpl.chat(files, this.core.controlStrings()))
-      if (!this.chatTemplate.hasTemplate()) {
-        const template = this.chatTemplate
-        this.chatTemplate = null
-        // The core's message names the files it looked in.
-        try {
-          template.render({ messages: [{ role: 'user', content: '' }] })
-        } catch (error) {
-          throw chat.toChatError(error)
-        }
-      }
-    }
-    return this.chatTemplate!
   }
 
   /** Calls the binding and converts what it throws into an OrtexError. */
@@ -614,57 +536,6 @@ export class Engine implements EventOwner {
     if (this.failure !== null) throw unhealthyError(this.failure)
   }
 
-  /** Runs `buffer` after the runs already queued, or at once when there are none (the driven
-   *  loop's case: while driven, run() is refused, so nothing else queues). */
-  private enqueueRun(buffer: EventBuffer, onThisThread = false): Promise<number> {
-    // A queued run starts however the one before it ended.
-    const next = () => this.runNow(buffer, onThisThread)
-    const ahead = this.runsQueued++
-    const run = ahead === 0 ? next() : this.runTail.then(next, next)
-    this.runTail = run
-    return run
-  }
-
-  /** One run of the queue; leaves it (runsQueued) before its promise settles. `onThisThread`:
-   *  executed here, as runSync does. */
-  private async runNow(buffer: EventBuffer, onThisThread: boolean): Promise<number> {
-    try {
-      this.checkUsable()
-      let written: number
-      try {
-        written = onThisThread
-          ? this.core.runSync(buffer._words, buffer.capacity)
-          : await this.backendImpl.run(this.core, buffer._words, buffer.capacity)
-      } catch (error) {
-        throw this.convertError(error)
-      }
-      return this.deliver(buffer, written)
-    } finally {
-      this.runsQueued--
-    }
-  }
-
-  /** A run's events: those of collected requests dropped, the rest routed to their turns with
-   *  their text (one string per run from the core, sliced per event). */
-  private deliver(buffer: EventBuffer, written: number): number {
-    const output = this.runOutput(buffer._words, written)
-    const count = dropEventsOfCollected(buffer._words, written, this.router)
-    buffer._count = count
-    buffer._output = output
-    routeEvents(buffer._words, count, this.router, output)
-    return count
-  }
-
-  /** The text and log-probabilities the run's events point into, fetched only when one does. */
-  private runOutput(words: Int32Array, written: number): RunOutput {
-    const needed = outputsNeeded(words, written)
-    if (!needed.text && !needed.logprobs) return NO_RUN_OUTPUT
-    return this.call(() => ({
-      text: needed.text ? this.core.runText() : '',
-      logprobs: needed.logprobs ? this.core.runLogprobs() : null,
-    }))
-  }
-
   /** An engine-level failure: every pending turn resolves 'failed' with the event's code. */
   private markUnhealthy(code: EventErrorCode): void {
     if (this.failure !== null) return
@@ -703,20 +574,7 @@ export class Engine implements EventOwner {
    *  always does. */
   private driveOnce(): Promise<boolean> {
     this.driverBuffer ??= EventBuffer._create(this, DRIVER_BUFFER_CAPACITY)
-    const buffer = this.driverBuffer
-    return this.enqueueRun(buffer, this.modelDir === null).then(() => this.lastRunProgressed(buffer))
-  }
-
-  /** A run with only CapacityBlocked events (or none) may still have prefilled a prompt chunk;
-   *  the step counter tells. */
-  private lastRunProgressed(buffer: EventBuffer): boolean {
-    if (anyProgress(buffer._words, buffer._count)) return true
-    if (this.closed || this.failure !== null) return false
-    const steps = this.quietly(() => this.core.stats().steps, -1)
-    if (steps === -1) return false
-    const moved = steps !== this.lastSteps
-    this.lastSteps = steps
-    return moved
+    return this.runs.driveOnce(this.driverBuffer, this.modelDir === null)
   }
 
   private hasWorkQuietly(): boolean {

@@ -60,10 +60,12 @@ export type {
   SessionExpiredEvent,
   SessionState,
 } from './duplex/events'
-export { DuplexServer, startDuplexServer } from './server/duplex/websocket'
+export { startDuplexServer } from './server/duplex/start'
+export { DuplexServer } from './server/duplex/websocket'
 export { OrtexServer, startServer } from './server/http'
 export type { ServerOptions } from './server/http'
-export type { DuplexServerOptions, DuplexServerStats } from './server/duplex/websocket'
+export type { DuplexServerOptions } from './server/duplex/start'
+export type { DuplexServerStats } from './server/duplex/websocket'
 export { RedisSessionStore } from './store/redis'
 export type { RedisSessionStoreOptions } from './store/redis'
 export { SessionStoreUnavailable } from './store/session-store'

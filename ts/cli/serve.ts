@@ -5,7 +5,7 @@
 import { parseArgs } from 'node:util'
 
 import { DEFAULT_DRAIN_DEADLINE_MS, startServer } from '../server/http'
-import { DEFAULT_PORT } from '../server/duplex/websocket'
+import { DEFAULT_PORT } from '../server/duplex/start'
 import { ENGINE_FLAGS, UsageError, engineChoice, integerFlag, openEngine } from './args'
 
 export const SERVE_HELP = `Usage: ortex serve (--model DIR | --simulated) [options]

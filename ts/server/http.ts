@@ -20,7 +20,8 @@ import { ServerMetrics } from './metrics'
 import { complete } from './openai/complete'
 import { ApiError } from './openai/errors'
 import { type CompletionJob, checkedTurnOptions, parseChatRequest, parseCompletionRequest } from './openai/parse'
-import { DEFAULT_PORT, type DuplexServer, type DuplexServerOptions, startDuplexServer } from './duplex/websocket'
+import { DEFAULT_PORT, type DuplexServerOptions, startDuplexServer } from './duplex/start'
+import type { DuplexServer } from './duplex/websocket'
 
 export interface ServerOptions {
   /** Default 8787; 0 picks a free port. */

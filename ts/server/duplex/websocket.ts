@@ -15,92 +15,43 @@
 // Events a session produces while detached wait in its queue (deltas pace the response) and are
 // delivered after a resume. A bad message gets an error event; the connection and every other
 // session keep working.
+//
+// This file is the started server: its sessions by id (each an Entry), the commands, resume
+// (through the session store too), drain and close. start.ts starts it (options, handshake, the
+// store); connection.ts is one connection (seq, pump, heartbeat, backpressure); persistence.ts
+// writes the store's records; protocol.ts is the wire format.
 
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto'
 import type { AddressInfo } from 'node:net'
 import { hostname } from 'node:os'
 
-import type { RawData, ServerOptions as WsServerOptions, VerifyClientCallbackAsync, WebSocket, WebSocketServer } from 'ws'
+import type { RawData, WebSocket, WebSocketServer } from 'ws'
 
-import type { Engine } from '../../engine'
 import { OrtexError } from '../../errors'
-import type { SessionEvent } from '../../duplex/events'
-import { DuplexSessionManager } from '../../duplex/manager'
-import { type DuplexSession, type DuplexSessionConfig, checkConfig } from '../../duplex/session'
+import type { DuplexSessionManager } from '../../duplex/manager'
+import type { DuplexSessionConfig } from '../../duplex/session'
 import type { TurnOptions } from '../../types'
-import * as v from '../../validate'
-import { RedisSessionStore } from '../../store/redis'
 import { type SessionStore, SessionStoreUnavailable, type StoredSession } from '../../store/session-store'
+import { Connection, type Entry, OPEN, wireSession } from './connection'
 import { SessionPersistence } from './persistence'
-import { ApiKey, selectSubprotocol } from '../auth'
-import { type FlowLimits, StallTimer, flowLimits } from '../flow'
+import type { FlowLimits } from '../flow'
 import {
   type ClientCommand,
   ProtocolError,
   type EventLabels,
-  type ServerEvent,
   committedEvent,
   errorEvent,
   fenceToWire,
   parseClientEvent,
-  sessionEventToWire,
 } from './protocol'
 
-export interface DuplexServerOptions {
-  /** Default 8787; 0 picks a free port. */
-  port?: number
-  /** Default '127.0.0.1'. */
-  host?: string
-  /** Upgrades need this key, as `Authorization: Bearer <apiKey>` or as the subprotocol
-   *  `ortex-api-key.<apiKey>` offered beside `ortex` (docs/duplex-protocol.md); without it the
-   *  upgrade is refused with HTTP 401. Default: none needed. startServer sets it to its own. */
-  apiKey?: string
-  /** Sessions at once; default unlimited. Beyond it a session creation gets CAPACITY_EXHAUSTED. */
-  maxSessions?: number
-  idleTtlMs?: number | null
-  disconnectGraceMs?: number
-  completedAppendLimit?: number
-  /** Largest message accepted, in bytes (default 65536); a larger one gets an error event. Frames
-   *  above max(1 MiB, 4 x this) are refused by the WebSocket layer (close code 1009). */
-  maxMessageBytes?: number
-  /** How often expired sessions are collected (default 1000 ms; 0: never, call collectExpired). */
-  sweepIntervalMs?: number
-  /** Most bytes one connection may have waiting to be sent (default 1 MiB). Above it the server
-   *  stops reading that connection and its session's events wait in the session. */
-  maxBufferedBytes?: number
-  /** A connection that stays above maxBufferedBytes this long is closed with code 1008
-   *  (default 30000 ms). */
-  sendStallMs?: number
-  /** How often the server pings each connection; one that has not answered the previous ping is
-   *  dropped, so a half-open connection detaches its session (default 30000 ms; 0 disables). */
-  pingIntervalMs?: number
-  /** Turn options of every response (session.update and response.create may override them);
-   *  default {maxGeneratedTokens: 256}. */
-  turn?: TurnOptions
-  /** The sessions' clock (default Date.now); tests pass a fake one. */
-  now?: () => number
-  /** Where sessions outlive this process (docs/scaling.md): a `redis://HOST:PORT` URL (needs the
-   *  ioredis package; the server connects at start and disconnects at close) or a SessionStore.
-   *  Each session's record is written at its commit points, and a `session.resume` for a session
-   *  this process does not hold takes it over from the store. Default: none. */
-  sessionStore?: string | SessionStore
-}
-
-export const DEFAULT_PORT = 8787
-const DEFAULT_MAX_MESSAGE_BYTES = 65_536
-const DEFAULT_SWEEP_INTERVAL_MS = 1000
-const DEFAULT_TURN: TurnOptions = { maxGeneratedTokens: 256 }
-const DEFAULT_PING_INTERVAL_MS = 30_000
-/** The close code for a connection whose client stopped reading (RFC 6455: policy violation). */
-export const CLOSE_SEND_STALLED = 1008
-const OPEN = 1
 /** The close code of a drain (RFC 6455 registry: "Service Restart"): resume the session. */
 export const CLOSE_SERVICE_RESTART = 1012
 /** How long detachAll() waits for the clients to answer the close. */
 const DETACH_CLOSE_WAIT_MS = 1000
 
-/** What a started server was configured with (validated). */
-interface ServerSettings {
+/** @internal What a started server was configured with (validated; start.ts). */
+export interface ServerSettings {
   maxMessageBytes: number
   turn: TurnOptions
   sweepIntervalMs: number
@@ -120,17 +71,8 @@ export interface DuplexServerStats {
   maxConnectionBufferedBytes: number
 }
 
-interface Entry {
-  session: DuplexSession
-  /** sha256 of the resume token: compared in constant time, never stored in the clear. */
-  tokenDigest: Buffer
-  /** The token itself, for session.created only (null for a session taken over from a store). */
-  resumeToken: string | null
-  connection: Connection | null
-}
-
-/** The session store of a server, and what it was opened with. */
-interface StoreSettings {
+/** @internal The session store of a server, and what it was opened with (start.ts). */
+export interface StoreSettings {
   store: SessionStore
   /** The server connected it (from a URL): it disconnects it at close. */
   owned: boolean
@@ -547,159 +489,6 @@ export class DuplexServer {
   }
 }
 
-/** One WebSocket connection and the session it drives. Bounded: what waits to be sent is at most
- *  about FlowLimits.maxBufferedBytes (plus the replies to one socket read); above it the server
- *  stops reading the connection, and one that stays above for sendStallMs is closed. */
-class Connection {
-  entry: Entry | null = null
-  /** While a resume waits for the session store: the messages that came after it. */
-  resuming: { data: RawData; isBinary: boolean }[] | null = null
-  /** Answered the last ping (or sent something) since the previous one. */
-  alive = true
-  /** The server stopped reading this connection: its client does not read what it is sent. */
-  readingPaused = false
-  private seq = 0
-  private stopPump: (() => void) | null = null
-  private readonly stall: StallTimer
-
-  constructor(
-    readonly ws: WebSocket,
-    private readonly flow: FlowLimits,
-    /** The session's terminal event went out: the server forgets it. */
-    private readonly ended: (entry: Entry) => void,
-  ) {
-    this.stall = new StallTimer(flow.sendStallMs, () => {
-      if (this.readingPaused && this.ws.readyState === OPEN) this.closeStalled()
-    })
-    ws.on('pong', () => {
-      this.alive = true
-    })
-    ws.on('close', () => this.stall.clear())
-  }
-
-  /** Sends a server event, stamped with the next server_event_seq. Resolves when the socket is
-   *  back under its bound (the pump waits on it; command replies do not). */
-  send(event: ServerEvent): Promise<void> | void {
-    if (this.ws.readyState !== OPEN) return
-    const { type, ...fields } = event
-    const data = JSON.stringify({ type, server_event_seq: ++this.seq, ...fields })
-    if (this.ws.bufferedAmount < this.flow.maxBufferedBytes) {
-      this.ws.send(data, () => this.written())
-      this.checkBound()
-      return
-    }
-    return new Promise((resolve) =>
-      this.ws.send(data, () => {
-        this.written()
-        resolve()
-      }),
-    )
-  }
-
-  /** A heartbeat tick: a connection that did not answer the previous ping is dropped (its session
-   *  detaches and may be resumed); the others are pinged. */
-  ping(): void {
-    if (!this.alive) {
-      this.ws.terminate()
-      return
-    }
-    this.alive = false
-    try {
-      this.ws.ping()
-    } catch {
-      // The socket is closing; its 'close' handler detaches the session.
-    }
-  }
-
-  attach(entry: Entry, kind: 'session.created' | 'session.resumed'): void {
-    this.entry = entry
-    entry.connection = this
-    const announced: ServerEvent = { type: kind, session: wireSession(entry) }
-    if (kind === 'session.created' && entry.resumeToken !== null) announced.resume_token = entry.resumeToken
-    this.send(announced)
-    this.pump(entry)
-  }
-
-  /** The connection no longer drives `entry`'s session; its events stay queued for the next. */
-  release(entry: Entry): void {
-    if (this.entry !== entry) return
-    this.entry = null
-    if (entry.connection === this) entry.connection = null
-    const stop = this.stopPump
-    this.stopPump = null
-    stop?.()
-  }
-
-  /** Above the bound: stop reading, so that a client that floods without reading cannot make the
-   *  server buffer replies without end, and close the connection if it stays there. */
-  private checkBound(): void {
-    if (this.readingPaused || this.ws.bufferedAmount <= this.flow.maxBufferedBytes) return
-    this.readingPaused = true
-    this.ws.pause()
-    this.stall.start()
-  }
-
-  /**
-   * The client stayed above the bound: the close frame (1008) goes after what is already buffered,
-   * for a client that reads again to see, and reading resumes so that the client's own close
-   * frame can arrive; what the client still sends is read and dropped (a closing connection
-   * sends nothing). One that never completes the close is destroyed after the WebSocket layer's
-   * close timeout.
-   */
-  private closeStalled(): void {
-    this.ws.close(CLOSE_SEND_STALLED, 'the client does not read its events')
-    this.readingPaused = false
-    this.ws.resume()
-  }
-
-  /** A send completed: under half the bound again, reading resumes. */
-  private written(): void {
-    if (!this.readingPaused || this.ws.bufferedAmount > this.flow.maxBufferedBytes / 2) return
-    this.readingPaused = false
-    this.stall.clear()
-    if (this.ws.readyState === OPEN) this.ws.resume()
-  }
-
-  /** Forwards the session's events to this connection until it is released or the session ends. */
-  private pump(entry: Entry): void {
-    const queue = entry.session._eventQueue
-    const events = queue[Symbol.asyncIterator]()
-    let released = false
-    this.stopPump = () => {
-      released = true
-      void events.return?.()
-    }
-    void (async () => {
-      for (;;) {
-        const next = await events.next()
-        if (next.done === true) return
-        const event: SessionEvent = next.value
-        if (released || this.ws.readyState !== OPEN) {
-          // Taken just as the connection went away: the next connection gets it.
-          queue.putBack(event)
-          return
-        }
-        await this.send(sessionEventToWire(event))
-        if (event.type === 'session.closed' || event.type === 'session.expired') {
-          this.release(entry)
-          this.ended(entry)
-          return
-        }
-      }
-    })()
-  }
-}
-
-function wireSession(entry: Entry): Record<string, unknown> {
-  const session = entry.session
-  return {
-    id: session.id,
-    fence: fenceToWire(session.fence),
-    lease_generation: session.leaseGeneration,
-    respond: session.respondMode,
-  }
-}
-
 function digest(token: string): Buffer {
   return createHash('sha256').update(token, 'utf8').digest()
 }
@@ -714,110 +503,3 @@ function rawText(data: RawData): string {
   return Buffer.from(data as ArrayBuffer).toString('utf8')
 }
 
-/** The WebSocket layer's handshake: the key checked before the upgrade (a refused client gets
- *  HTTP 401 and never an open WebSocket), and a subprotocol chosen that never echoes the key. */
-function upgradeOptions(apiKey: ApiKey | null, maxPayload: number, admission: { open: boolean }): WsServerOptions {
-  const verify: VerifyClientCallbackAsync = (info, callback) => {
-    if (!admission.open) callback(false, 503, 'Service Unavailable', { 'Retry-After': '1' })
-    else if (apiKey === null || apiKey.inUpgrade(info.req)) callback(true)
-    else callback(false, 401, 'Unauthorized', { 'WWW-Authenticate': 'Bearer' })
-  }
-  return { maxPayload, handleProtocols: selectSubprotocol, verifyClient: verify }
-}
-
-/** Starts a server over `engine` (driven: the server calls engine.start()). `httpServer`: an
- *  HTTP server already listening whose upgrade requests the sessions take (startServer's, which
- *  serves the HTTP API on the same port); absent, the WebSocket layer listens on its own. */
-export async function startDuplexServer(
-  engine: Engine,
-  options?: DuplexServerOptions,
-  httpServer?: import('node:http').Server,
-): Promise<DuplexServer> {
-  const present = v.options('options', options, [
-    'port',
-    'host',
-    'apiKey',
-    'maxSessions',
-    'idleTtlMs',
-    'disconnectGraceMs',
-    'completedAppendLimit',
-    'maxMessageBytes',
-    'sweepIntervalMs',
-    'maxBufferedBytes',
-    'sendStallMs',
-    'pingIntervalMs',
-    'turn',
-    'now',
-    'sessionStore',
-  ])
-  const count = (key: string, fallback: number, min: number, max = Number.MAX_SAFE_INTEGER): number =>
-    present.has(key) ? v.integer(`options.${key}`, present.get(key), min, max) : fallback
-  const port = count('port', DEFAULT_PORT, 0, 65_535)
-  const host = present.has('host') ? v.string('options.host', present.get('host')) : '127.0.0.1'
-  const apiKey = ApiKey.fromOption('options.apiKey', present)
-  const settings: ServerSettings = {
-    maxMessageBytes: count('maxMessageBytes', DEFAULT_MAX_MESSAGE_BYTES, 64, 1 << 26),
-    turn: (present.get('turn') as TurnOptions | undefined) ?? DEFAULT_TURN,
-    sweepIntervalMs: count('sweepIntervalMs', DEFAULT_SWEEP_INTERVAL_MS, 0),
-    flow: flowLimits(present),
-    pingIntervalMs: count('pingIntervalMs', DEFAULT_PING_INTERVAL_MS, 0),
-  }
-  const manager = new DuplexSessionManager(engine, {
-    maxSessions: present.get('maxSessions') as number | undefined,
-    idleTtlMs: present.get('idleTtlMs') as number | null | undefined,
-    disconnectGraceMs: present.get('disconnectGraceMs') as number | undefined,
-    completedAppendLimit: present.get('completedAppendLimit') as number | undefined,
-    now: present.get('now') as (() => number) | undefined,
-  })
-  // Checks the turn options once, as every session would.
-  checkConfig('options', { turn: settings.turn }, engine)
-  const ws = await import('ws')
-  const admission = { open: true }
-  const wss = await new Promise<WebSocketServer>((resolve, reject) => {
-    const common = upgradeOptions(apiKey, Math.max(1 << 20, 4 * settings.maxMessageBytes), admission)
-    if (httpServer !== undefined) {
-      resolve(new ws.WebSocketServer({ ...common, server: httpServer }))
-      return
-    }
-    const server = new ws.WebSocketServer({ ...common, port, host })
-    server.once('listening', () => resolve(server))
-    server.once('error', reject)
-  })
-  let storage: StoreSettings | null = null
-  try {
-    storage = await openStore(present.get('sessionStore'), present.get('disconnectGraceMs'), present.get('idleTtlMs'))
-  } catch (error) {
-    wss.close()
-    throw error
-  }
-  engine.start()
-  return new DuplexServer(wss, manager, settings, admission, storage)
-}
-
-/** A record lives as long as its session could still be resumed: the idle TTL (a day without
- *  one) plus the disconnect grace; each write renews it. */
-function recordTtlMs(disconnectGraceMs: unknown, idleTtlMs: unknown): number {
-  const grace = typeof disconnectGraceMs === 'number' ? disconnectGraceMs : 30_000
-  const idle = typeof idleTtlMs === 'number' ? idleTtlMs : idleTtlMs === null ? 86_400_000 : 300_000
-  return grace + idle
-}
-
-async function openStore(option: unknown, disconnectGraceMs: unknown, idleTtlMs: unknown): Promise<StoreSettings | null> {
-  if (option === undefined) return null
-  const ttlMs = recordTtlMs(disconnectGraceMs, idleTtlMs)
-  if (typeof option === 'string') {
-    try {
-      return { store: await RedisSessionStore.connect(option), owned: true, ttlMs }
-    } catch (error) {
-      if (error instanceof OrtexError) throw error
-      throw new OrtexError('INVALID_ARGUMENT', `options.sessionStore: ${(error as Error).message}`)
-    }
-  }
-  const store = option as Partial<SessionStore> | null
-  for (const method of ['commit', 'claim', 'end', 'touch', 'quit'] as const) {
-    if (typeof store?.[method] !== 'function') {
-      throw v.invalidArgumentFor('options.sessionStore', `must be a redis:// URL or a SessionStore (no ${method}())`)
-    }
-  }
-  return { store: option as SessionStore, owned: false, ttlMs }
-}

@@ -15,7 +15,9 @@ import type { TurnOptions } from '../types'
 import * as v from '../validate'
 import type { SessionRules, SessionView } from './core'
 import type { Fence, SessionEvent, SessionEventQueue, SessionState } from './events'
-import { CANCELLED, MAX_QUEUED_RESPONSES, type ResponseEnding, Runner } from './runner'
+import { MAX_QUEUED_RESPONSES } from './feed'
+import { CANCELLED, type ResponseEnding } from './response'
+import { Runner } from './runner'
 
 /** When a response starts: on the final append of a user turn (default), or only by respond(). */
 export type RespondMode = 'on-final' | 'manual'

@@ -28,6 +28,7 @@ import type { ChatMessage, ChatTemplateOptions, TurnOptions, TurnResult } from '
 import type { ToolPlan } from './tools/format'
 import { attachToolPlan } from './tools/options'
 import { applyToolPlan } from './tools/plan'
+import * as opts from './options'
 import * as v from './validate'
 
 /** Most messages one conversation or render may hold. */
@@ -249,12 +250,12 @@ export class Chat {
     if (this.pending !== null) {
       throw new OrtexError('TURN_ACTIVE', `the reply to the previous message (turn ${this.pending.id}) has not finished yet`)
     }
-    const present = v.options('options', options, v.TURN_KEYS)
+    const present = v.options('options', options, opts.TURN_KEYS)
     const messages = [...this.history, message]
     if (messages.length > MAX_CHAT_MESSAGES) throw invalidArgument(`a chat holds at most ${MAX_CHAT_MESSAGES} messages`)
     const renderOptions = { ...this.options, addGenerationPrompt: true }
     const prompt = this.tools === null ? messages : applyToolPlan(this.tools, this.host, messages, renderOptions, present)
-    const checked = v.turnOptions('options', present)
+    const checked = opts.turnOptions('options', present)
     const input = renderInput(prompt, renderOptions)
     // One call renders, plans, truncates and begins; bad options throw before the context changes.
     const turn = this.request._beginChat(

@@ -18,6 +18,7 @@ import type { ToolPlan } from './tools/format'
 import { TOOL_KEYS, attachToolPlan, takeToolPlan } from './tools/options'
 import { applyToolPlan, toolFamily } from './tools/plan'
 import type { ChatMessage, ChatOptions, ChatTemplateOptions, CreateChatOptions, RequestOptions } from './types'
+import * as opts from './options'
 import * as v from './validate'
 
 /** What the chat calls need of their engine. */
@@ -35,7 +36,7 @@ export interface ChatEngineHost {
   checkUsable(): void
   /** A request for one turn (closed when it finishes) from the options present: the request's
    *  are taken out, the rest are the turn's, checked. */
-  ownedRequest(present: Map<string, unknown>): { request: Request; checked: v.CheckedTurnOptions }
+  ownedRequest(present: Map<string, unknown>): { request: Request; checked: opts.CheckedTurnOptions }
   createRequest(options?: RequestOptions): Request
   /** Starts the engine's driven loop. */
   start(): void
@@ -120,7 +121,7 @@ export class EngineChat {
   private chatArguments(messages: ChatMessage[], options: ChatOptions | undefined): ChatArguments {
     const json = new JsonCopier()
     const checked = chat.checkMessages('messages', messages, json)
-    const present = v.options('options', options, [...v.REQUEST_KEYS, ...v.TURN_KEYS, ...chat.CHAT_TEMPLATE_KEYS, ...chat.CHAT_PROMPT_KEYS, ...TOOL_KEYS])
+    const present = v.options('options', options, [...opts.REQUEST_KEYS, ...opts.TURN_KEYS, ...chat.CHAT_TEMPLATE_KEYS, ...chat.CHAT_PROMPT_KEYS, ...TOOL_KEYS])
     if (present.has('addGenerationPrompt')) throw v.invalidArgumentFor('options.addGenerationPrompt', 'is not a chat option')
     const templateOptions = chat.templateOptions('options', chat.takeTemplateKeys(present), json)
     const { parseSpecialTokens } = chat.takePromptOptions('options', present)
@@ -135,7 +136,7 @@ export class EngineChat {
   /** A conversation on one request: `send(content)` returns the reply's Turn and prefills only
    *  what the new message adds. */
   createChat(options?: CreateChatOptions): chat.Chat {
-    const present = v.options('options', options, ['system', ...v.REQUEST_KEYS, ...chat.CHAT_TEMPLATE_KEYS, ...chat.CHAT_PROMPT_KEYS, ...TOOL_KEYS])
+    const present = v.options('options', options, ['system', ...opts.REQUEST_KEYS, ...chat.CHAT_TEMPLATE_KEYS, ...chat.CHAT_PROMPT_KEYS, ...TOOL_KEYS])
     if (present.has('addGenerationPrompt')) throw v.invalidArgumentFor('options.addGenerationPrompt', 'is not a chat option')
     const system = present.has('system') ? v.string('options.system', present.get('system')) : null
     present.delete('system')

@@ -41,6 +41,7 @@ import type {
   SimulatedOptions,
   TurnOptions,
 } from './types'
+import * as opts from './options'
 import * as v from './validate'
 
 export type { EngineEndReason } from './link'
@@ -68,7 +69,7 @@ export class Engine implements EventOwner {
   static async load(modelDir: string, options?: EngineOptions): Promise<Engine> {
     const dir = v.string('modelDir', modelDir)
     if (dir.length === 0) throw v.invalidArgumentFor('modelDir', 'must not be empty')
-    const checked = v.engineOptions('options', options)
+    const checked = opts.engineOptions('options', options)
     const backend = backendOf(this)
     const core = await backend.load(dir, checked).catch((error: unknown) => {
       throw toOrtexError(error, 'MODEL_LOAD')
@@ -78,7 +79,7 @@ export class Engine implements EventOwner {
 
   /** The deterministic simulated model. */
   static simulated(options?: SimulatedOptions): Engine {
-    const checked = v.simulatedOptions('options', options)
+    const checked = opts.simulatedOptions('options', options)
     const backend = backendOf(this)
     let core: CoreEngine
     try {
@@ -148,7 +149,7 @@ export class Engine implements EventOwner {
   }
 
   createRequest(options?: RequestOptions): Request {
-    const checked = v.requestOptions('options', v.options('options', options, v.REQUEST_KEYS))
+    const checked = opts.requestOptions('options', v.options('options', options, opts.REQUEST_KEYS))
     return this.newRequest(checked)
   }
 
@@ -225,7 +226,7 @@ export class Engine implements EventOwner {
    */
   generate(input: string | ArrayLike<number>, options?: GenerateOptions): Turn {
     const checkedInput = v.input('input', input)
-    const present = v.options('options', options, [...v.REQUEST_KEYS, ...v.TURN_KEYS])
+    const present = v.options('options', options, [...opts.REQUEST_KEYS, ...opts.TURN_KEYS])
     const { request, checked } = this.ownedRequest(present)
     let turn: Turn
     try {
@@ -240,16 +241,16 @@ export class Engine implements EventOwner {
 
   /** A request for one turn (generate, chat) from the options present: the request's are taken
    *  out, the rest are the turn's, checked. */
-  private ownedRequest(present: Map<string, unknown>): { request: Request; checked: v.CheckedTurnOptions } {
+  private ownedRequest(present: Map<string, unknown>): { request: Request; checked: opts.CheckedTurnOptions } {
     const requestPresent = new Map<string, unknown>()
-    for (const key of v.REQUEST_KEYS) {
+    for (const key of opts.REQUEST_KEYS) {
       if (present.has(key)) {
         requestPresent.set(key, present.get(key))
         present.delete(key)
       }
     }
-    const requestOptions = v.requestOptions('options', requestPresent)
-    const checked = v.turnOptions('options', present)
+    const requestOptions = opts.requestOptions('options', requestPresent)
+    const checked = opts.turnOptions('options', present)
     return { request: this.newRequest(requestOptions), checked }
   }
 
@@ -277,7 +278,7 @@ export class Engine implements EventOwner {
    *  rule in the core), beginning nothing: the OpenAI server refuses a request with them before
    *  it starts one. */
   _validateTurnOptions(options: TurnOptions | undefined): void {
-    const checked = v.turnOptions('options', v.options('options', options, v.TURN_KEYS))
+    const checked = opts.turnOptions('options', v.options('options', options, opts.TURN_KEYS))
     this.call(() => this.core.validateTurnOptions(checked.core))
   }
 

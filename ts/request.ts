@@ -14,6 +14,7 @@ import { type ChatTurnView, REQUEST_STATES, type TurnOptionsInput } from './gene
 import type { EngineLink, TurnLink } from './link'
 import { TurnCursor, TurnState } from './turn-state'
 import type { RequestState, TurnChunk, TurnOptions, TurnResult } from './types'
+import * as opts from './options'
 import * as v from './validate'
 
 /** The FinalizationRegistry's held value: what the engine needs once the Request is gone. It
@@ -81,7 +82,7 @@ export class Request {
 
   beginTurn(input: string | ArrayLike<number>, options?: TurnOptions): Turn {
     const checkedInput = v.input('input', input)
-    const checked = v.turnOptions('options', v.options('options', options, v.TURN_KEYS))
+    const checked = opts.turnOptions('options', v.options('options', options, opts.TURN_KEYS))
     return this._begin(checkedInput, checked, false)
   }
 
@@ -135,7 +136,7 @@ export class Request {
 
   /** @internal beginTurn after validation; `owned`: engine.generate closes the request when
    *  the turn finishes. */
-  _begin(input: string | Int32Array, checked: v.CheckedTurnOptions, owned: boolean): Turn {
+  _begin(input: string | Int32Array, checked: opts.CheckedTurnOptions, owned: boolean): Turn {
     this.checkBeginnable()
     const tokens = this.link.inputTokens(input)
     const turnId = this.link.call(() => this.link.core.beginTurn(this.id, tokens, checked.core))
@@ -145,14 +146,14 @@ export class Request {
   /** @internal A chat turn: `begin` renders, tokenizes and begins it in the core in one call
    *  (CoreEngine.beginChatTurn for engine.chat, whose request is `owned`;
    *  beginConversationTurn for a conversation's send). */
-  _beginChat(checked: v.CheckedTurnOptions, begin: ChatTurnBegin<ChatTurnView>, owned = true): Turn {
+  _beginChat(checked: opts.CheckedTurnOptions, begin: ChatTurnBegin<ChatTurnView>, owned = true): Turn {
     this.checkBeginnable()
     return this.begun(this.link.call(() => begin(this.id, checked.core)), checked, owned)
   }
 
   /** @internal The same, with the render off the JS thread (engine.chatAsync); rejects with what
    *  the binding threw, unconverted. */
-  async _beginChatAsync(checked: v.CheckedTurnOptions, begin: ChatTurnBegin<Promise<ChatTurnView>>): Promise<Turn> {
+  async _beginChatAsync(checked: opts.CheckedTurnOptions, begin: ChatTurnBegin<Promise<ChatTurnView>>): Promise<Turn> {
     this.checkBeginnable()
     const started = await begin(this.id, checked.core)
     // Closed while it rendered: ENGINE_CLOSED or REQUEST_CLOSED, not a late turn (the caller
@@ -168,7 +169,7 @@ export class Request {
   }
 
   /** The facade's side of a turn the core began. */
-  private begun(started: ChatTurnView, checked: v.CheckedTurnOptions, owned: boolean): Turn {
+  private begun(started: ChatTurnView, checked: opts.CheckedTurnOptions, owned: boolean): Turn {
     const ids = { requestId: this.id, turnId: started.turnId }
     const state = new TurnState(this.link, ids, started.promptTokens, owned ? this : null)
     if (checked.core.logprobs !== undefined) state.recordLogprobs()

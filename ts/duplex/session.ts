@@ -12,6 +12,7 @@ import type { DuplexHost } from '../link'
 import { OrtexError, invalidArgument } from '../errors'
 import type { Request, Turn } from '../request'
 import type { TurnOptions } from '../types'
+import * as opts from '../options'
 import * as v from '../validate'
 import type { SessionRules, SessionView } from './core'
 import type { Fence, SessionEvent, SessionEventQueue, SessionState } from './events'
@@ -488,7 +489,7 @@ export function checkConfig(name: string, value: unknown, engine: Engine): Duple
  *  arrays are copied): the session keeps them and the core's configuration record gets them as
  *  JSON, so what was checked is what is used. */
 function checkedTurn(name: string, value: unknown): TurnOptions {
-  const { core, signal } = v.turnOptions(name, v.options(name, value, v.TURN_KEYS))
+  const { core, signal } = opts.turnOptions(name, v.options(name, value, opts.TURN_KEYS))
   return { ...core, ...(signal === null ? {} : { signal }) }
 }
 

@@ -1,4 +1,4 @@
-// Bounds on what waits to be sent to one client, shared by the WebSocket connections (duplex/websocket.ts)
+// Bounds on what waits to be sent to one client, shared by the WebSocket connections (duplex/connection.ts)
 // and the streamed HTTP responses (openai/complete.ts). The rule is the same for both:
 //
 //   buffered < maxBufferedBytes ──▶ keep sending

@@ -151,9 +151,10 @@ describe.each(selectedBackends())('a session store in Redis (%s)', (backend) => 
     const [a, b] = [await serverWithStore(), await serverWithStore()]
     const session = await openSession(a)
     await turn(session.client, 'hello')
+    await settle() // the record is written after its commit point, not before response.done
     // A partition: the client resumes on B while its connection to A is still open.
     const { client, reply } = await resume(b, session.id, session.token, 0)
-    expect(reply.type).toBe('session.resumed')
+    expect(reply, JSON.stringify(reply)).toMatchObject({ type: 'session.resumed' })
     session.client.send({ type: 'input_text.append', text: 'stale', final: true })
     const closed = await session.client.next((e) => e.type === 'session.closed')
     expect(closed.reason).toBe('fenced_out')

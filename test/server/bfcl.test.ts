@@ -1,6 +1,6 @@
 // The Berkeley Function Calling Leaderboard's simple, multiple and parallel questions (test/helpers/
 // bfcl.ts: its wheel's data, fetched once) asked of SmolLM2-135M-Instruct through the official
-// `openai` client against startServer. SmolLM2's template has no tool support, so the calls take
+// `openai` client against `ortex serve` (a child process). SmolLM2's template has no tool support, so the calls take
 // the generic format, constrained by a JSON Schema built from the functions: every call the
 // server returns must name one of the request's functions and carry arguments that an independent
 // validator (ajv) accepts against that function's parameters. Whether the calls are the right
@@ -10,10 +10,10 @@
 // Skipped, with a line saying why, where pip or the registry is unavailable.
 
 import Ajv from 'ajv'
-import { Engine, startServer } from 'ortex'
 import OpenAI from 'openai'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { RealModelUnavailable, smolLM2Folder } from '../../ts/modelkit/real-model'
+import { type ServeProcess, startServe } from '../scale/processes'
 import { type BfclCase, type BfclCategory, bfclCases, bfclCorrect, jsonSchema, openAiName } from '../helpers/bfcl'
 
 /** Cases per category: every (size / SAMPLE)-th, so the sample is fixed and spread out. */
@@ -68,20 +68,22 @@ interface Outcome {
 }
 
 describe.skipIf(!ready)('BFCL through the OpenAI API on SmolLM2 (generic tool format)', () => {
-  let engine: Awaited<ReturnType<typeof Engine.load>>
-  let server: Awaited<ReturnType<typeof startServer>>
+  let server: ServeProcess | null = null
+  let model = ''
   let client: OpenAI
   const ajv = new Ajv({ strict: false, allErrors: true, validateFormats: false })
   const report: string[] = []
 
   beforeAll(async () => {
-    engine = await Engine.load(ready!.dir, { intraOpThreads: 2, maxBatchSize: 16 })
-    server = await startServer(engine, { port: 0 })
+    server = await startServe(['--model', ready!.dir])
     client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'unused', maxRetries: 0 })
+    model = (await client.models.list()).data[0]!.id
   })
   afterAll(async () => {
-    await server?.close()
-    await engine?.close()
+    if (server !== null && server.child.exitCode === null) {
+      server.child.kill('SIGTERM')
+      await server.exited
+    }
     if (report.length > 0) console.log(`[bfcl] SmolLM2-135M-Instruct fp32, greedy, tool_choice required, ${SAMPLE} per category:\n${report.join('\n')}`)
   })
 
@@ -89,7 +91,7 @@ describe.skipIf(!ready)('BFCL through the OpenAI API on SmolLM2 (generic tool fo
   async function ask(c: BfclCase, parallel: boolean): Promise<Outcome> {
     const tools = toolsOf(c)
     const response = await client.chat.completions.create({
-      model: server.modelName,
+      model,
       messages: c.messages as OpenAI.Chat.Completions.ChatCompletionMessageParam[],
       tools,
       tool_choice: 'required',
@@ -137,7 +139,7 @@ describe.skipIf(!ready)('BFCL through the OpenAI API on SmolLM2 (generic tool fo
   it('streamed calls assemble into the same calls as the answer (delta.tool_calls)', { timeout: 300_000 }, async () => {
     const c = ready!.cases.parallel[0]!
     const request = {
-      model: server.modelName,
+      model,
       messages: c.messages as OpenAI.Chat.Completions.ChatCompletionMessageParam[],
       tools: toolsOf(c),
       tool_choice: 'required' as const,

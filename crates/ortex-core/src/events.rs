@@ -218,17 +218,7 @@ pub struct Event {
 
 impl Event {
     pub fn token(request: RequestId, turn: TurnId, token: i32) -> Event {
-        Event {
-            flags: flags::TOKEN,
-            request: Some(request),
-            turn,
-            token,
-            finish_reason: FinishReason::None,
-            error: EventErrorCode::None,
-            usage: None,
-            text: String::new(),
-            logprobs: None,
-        }
+        Event { token, ..Event::request(request, turn, flags::TOKEN, EventErrorCode::None) }
     }
 
     /// A request-less event: capacity, retryable, contract or fatal failures of a transaction.
@@ -248,17 +238,7 @@ impl Event {
 
     /// A request-scoped event without a token (capacity deferral, a finish with no token).
     pub fn request(request: RequestId, turn: TurnId, flags: u32, error: EventErrorCode) -> Event {
-        Event {
-            flags,
-            request: Some(request),
-            turn,
-            token: -1,
-            finish_reason: FinishReason::None,
-            error,
-            usage: None,
-            text: String::new(),
-            logprobs: None,
-        }
+        Event { request: Some(request), turn, ..Event::engine(flags, error) }
     }
 
     /// Marks this event as the turn's last: adds TurnFinished, the reason and the usage.

@@ -268,10 +268,9 @@ function constraint(name: string, value: unknown): ConstraintInput {
 function stopStrings(name: string, value: unknown): string[] | null {
   if (!Array.isArray(value)) throw invalidArgument(`${name} must be an array of strings, got ${check.describe(value)}`)
   if (value.length > check.MAX_STOP_ENTRIES) throw invalidArgument(`${name} holds at most ${check.MAX_STOP_ENTRIES} strings`)
+  // The count bounds what is copied here; that each string is non-empty is the core's rule.
   const out = items(value, (s, i) => {
-    if (typeof s !== 'string' || s.length === 0) {
-      throw invalidArgument(`${name}[${i}] must be a non-empty string, got ${check.describe(s)}`)
-    }
+    if (typeof s !== 'string') throw invalidArgument(`${name}[${i}] must be a string, got ${check.describe(s)}`)
     return s
   })
   return out.length > 0 ? out : null

@@ -8,6 +8,7 @@
 //! - [`kv_element`]: the KV and logits element type (float32, float16, bfloat16)
 //! - [`kv_store`]: the paged KV storage behind the engine's block pool
 //! - [`past_present_buffer`]: past/present buffers shared in place by GroupQueryAttention decodes (CPU)
+//! - [`placement`]: which execution provider runs each node, as ONNX Runtime assigned them
 //! - [`executor`]: [`executor::OrtExecutor`], one engine step = a few model invocations
 //!
 //! [`load`] puts them together: folder + options -> an engine. Native only (the WebAssembly build
@@ -21,6 +22,7 @@ pub mod kv_store;
 pub mod layer_attention;
 pub mod onnx_graph;
 pub mod past_present_buffer;
+pub mod placement;
 pub mod runtime;
 pub mod tokenizer;
 pub mod weight_chunks;
@@ -34,6 +36,7 @@ use ortex_core::{Engine, ErrorCode, OrtexError, Result};
 pub use config::ModelConfig;
 pub use executor::{AttentionForm, Counter, ExecutorStats, OrtExecutor, StatsSnapshot, Unit};
 pub use layer_attention::AttentionPlan;
+pub use placement::NodePlacement;
 pub use runtime::{ExecutionProvider, SessionSettings};
 pub use tokenizer::TokenizerCodec;
 
@@ -53,6 +56,8 @@ pub struct LoadOptions {
 pub struct Model {
     pub executor: OrtExecutor,
     pub codec: TokenizerCodec,
+    /// Which execution provider runs each node of the session.
+    pub placement: NodePlacement,
 }
 
 impl Model {
@@ -78,7 +83,7 @@ impl Model {
         let stats = executor.stats();
         stats.set(Counter::HugePageBytes, huge.collapsed_bytes as u64);
         stats.set(Counter::WeightChunkBytes, opened.weight_chunk_bytes as u64);
-        Ok(Model { executor, codec })
+        Ok(Model { executor, codec, placement: opened.placement })
     }
 }
 
@@ -111,6 +116,20 @@ pub struct LoadedEngine {
     pub stats: Arc<ExecutorStats>,
     /// The model's files (the weights ONNX Runtime holds) plus the KV pool, in bytes.
     pub memory_bytes: u64,
+    pub execution_provider: ExecutionProvider,
+    /// Which execution provider runs each node (see [`LoadedEngine::cpu_fallback`]).
+    pub placement: NodePlacement,
+}
+
+impl LoadedEngine {
+    /// For a CUDA engine whose session runs some nodes on the CPU: which, counted by op type (one
+    /// sentence, [`NodePlacement::fallback_summary`]). None on the CPU or when all run on CUDA.
+    pub fn cpu_fallback(&self) -> Option<String> {
+        match self.execution_provider {
+            ExecutionProvider::Cpu => None,
+            ExecutionProvider::Cuda => self.placement.fallback_summary("CUDAExecutionProvider"),
+        }
+    }
 }
 
 pub fn load_engine(dir: &Path, options: &LoadOptions, library: Option<&Path>) -> Result<LoadedEngine> {
@@ -120,12 +139,13 @@ pub fn load_engine(dir: &Path, options: &LoadOptions, library: Option<&Path>) ->
         intra_op_spinning: options.intra_op_spinning.unwrap_or(false),
     };
     let model = Model::load(dir, settings, library)?;
+    let placement = model.placement;
     let stats = model.executor.stats();
     let kv_bytes_per_token = model.executor.kv_bytes_per_position();
     let engine = Engine::new(&options.engine, Box::new(model.executor), Box::new(model.codec), 0)?;
     let kv_tokens = u64::from(engine.config().num_blocks) * u64::from(engine.config().block_size);
     let memory_bytes = folder_bytes(dir) + kv_tokens * kv_bytes_per_token;
-    Ok(LoadedEngine { engine, stats, memory_bytes })
+    Ok(LoadedEngine { engine, stats, memory_bytes, execution_provider: settings.execution_provider, placement })
 }
 
 /// The bytes of the regular files directly in `dir` (0 for what cannot be read).

@@ -224,7 +224,7 @@ function cudaOrtLibraryPath(binding: NativeBinding): string | null {
         `the CUDA 13 runtime libraries and cuDNN 9: see the README, "GPU (CUDA)"), or set ORTEX_ORT_DYLIB to onnxruntime-gpu 1.31's libonnxruntime.so.1`,
     )
   }
-  const opened = binding.loadedOrtLibrary()
+  const opened = binding.CoreEngine.loadedOrtLibrary()
   if (opened !== null && path.resolve(opened) !== path.resolve(library)) {
     throw new OrtexError(
       'UNSUPPORTED',
@@ -285,7 +285,7 @@ export const nativeBackend: Backend = {
   async load(modelDir, options) {
     checkModelFolder(modelDir)
     const binding = loadBinding()
-    const library = options.executionProvider === 'cuda' ? cudaOrtLibraryPath(binding) : (binding.loadedOrtLibrary() ?? ortLibraryPath())
+    const library = options.executionProvider === 'cuda' ? cudaOrtLibraryPath(binding) : (binding.CoreEngine.loadedOrtLibrary() ?? ortLibraryPath())
     const core = await binding.CoreEngine.load(path.resolve(modelDir), withKvBudget(options), library)
     warnOfCpuFallback(modelDir, core.nodePlacement()?.cpuFallback ?? null)
     return core

@@ -203,9 +203,9 @@ export interface NativeBinding {
     /** An ONNX model folder (absolute path). ortLibraryPath: the ONNX Runtime library to open
      *  when ORTEX_ORT_DYLIB / ORT_DYLIB_PATH name none. Rejects with MODEL_LOAD, INVALID_ARGUMENT. */
     load(modelDir: string, options: ModelOptionsInput, ortLibraryPath: string | null): Promise<NativeCoreEngine>
+    /** The ONNX Runtime library the process opened (its first model load decides); null before. */
+    loadedOrtLibrary(): string | null
   }
-  /** The ONNX Runtime library the process opened (its first model load decides); null before. */
-  loadedOrtLibrary(): string | null
 }
 
 export interface WasmBinding {

@@ -115,6 +115,13 @@ impl CoreEngine {
         Ok(AsyncTask::new(LoadTask { model_dir, options, library: ort_library_path }))
     }
 
+    /// The ONNX Runtime library this process opened (the first model load opens it, for the whole
+    /// process); null before any load. The facade checks a CUDA load against it.
+    #[napi]
+    pub fn loaded_ort_library() -> Option<String> {
+        ortex_ort::runtime::loaded_library().map(|path| path.display().to_string())
+    }
+
     /// Which execution provider runs each node (NodePlacementView); null for the simulated model.
     #[napi(ts_return_type = "NodePlacementView | null")]
     pub fn node_placement(&self) -> Option<serde_json::Value> {
@@ -126,11 +133,4 @@ impl CoreEngine {
     pub fn executor_stats(&self) -> Option<serde_json::Value> {
         self.executor_stats.as_deref().map(executor_stats_view)
     }
-}
-
-/// The ONNX Runtime library this process opened (the first model load opens it, for the whole
-/// process); null before any load. The facade checks a CUDA load against it.
-#[napi]
-pub fn loaded_ort_library() -> Option<String> {
-    ortex_ort::runtime::loaded_library().map(|path| path.display().to_string())
 }

@@ -265,7 +265,11 @@ function checkoutCudaLibrary(platform: string): string | null {
 /** A CUDA engine whose session runs nodes on the CPU says so (NodePlacement.cpuFallback). */
 function warnOfCpuFallback(modelDir: string, cpuFallback: string | null): void {
   if (cpuFallback === null) return
-  process.emitWarning(`${modelDir}: ${cpuFallback}`, { type: 'OrtexWarning', code: 'ORTEX_CUDA_CPU_FALLBACK' })
+  process.emitWarning(
+    `${modelDir}: ${cpuFallback} (ONNX Runtime keeps shape arithmetic on the CPU on purpose; other ops there may lack a CUDA kernel ` +
+      `for their types; engine.nodePlacement() counts every provider's nodes)`,
+    { type: 'OrtexWarning', code: 'ORTEX_CUDA_CPU_FALLBACK' },
+  )
 }
 
 /** A model's default KV pool is held to a quarter of the machine's memory, so that a long

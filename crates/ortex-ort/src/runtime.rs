@@ -5,6 +5,8 @@
 //! facade passes a `libonnxruntime.so.1` beside the addon when packaged, else the one the npm
 //! package onnxruntime-node ships). When onnxruntime-node runs in the same process, loading its
 //! very file matters: the dynamic loader then shares one copy of ONNX Runtime.
+//! ONNX Runtime 1.24 or newer: ort asks for its C API version 24 (placement.rs reads the node
+//! placement through it); ortex ships 1.30 (CPU) and 1.31 (CUDA).
 //!
 //! No global thread pools: each session owns its intra-op pool, with spinning off by default
 //! (spinning threads burn the cores that the JS thread and other sessions need). Spinning on

@@ -9,13 +9,15 @@
 //   the CUDA 13 runtime, cuDNN 9) and what it needs; a 'cpu' load in the same process then runs
 //   on the GPU build, with the same tokens as the CPU build, every node on the CPU provider;
 // - 'cpu' first, then 'cuda': refused (UNSUPPORTED) instead of running on the CPU library;
+// - the packages as published (the CUDA one is a 232 MB tarball), installed in a user project: a
+//   'cuda' load opens the installed CUDA package's library;
 // - ORTEX_ORT_DYLIB wins: the facade then leaves the choice to it.
 //
 // A missing CUDA package is covered by test/packaging.test.ts (an installed project without it).
 // Only a GPU machine shows a CUDA session itself and the nodes it places on the CPU
 // (NodePlacement.cpuFallback): bench/gpu through ../shared/tools/device-kit.
 import { spawnSync } from 'node:child_process'
-import { existsSync, mkdtempSync, rmSync } from 'node:fs'
+import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -38,9 +40,11 @@ interface LoadReport {
 
 /** Runs the loads in order in a fresh node process (each `[provider]`), reporting each and the
  *  ONNX Runtime library the process mapped. */
-function loadsInFreshProcess(providers: string[], env: NodeJS.ProcessEnv = {}): { loads: LoadReport[]; ort: string | null } {
+function loadsInFreshProcess(providers: string[], env: NodeJS.ProcessEnv = {}, project: string | null = null): { loads: LoadReport[]; ort: string | null } {
+  // From the checkout's build, or as a user project requires it.
+  const ortex = project === null ? path.join(repo, 'dist', 'index.js') : 'ortex'
   const script = `
-    const { Engine } = require(${JSON.stringify(path.join(repo, 'dist', 'index.js'))})
+    const { Engine } = require(${JSON.stringify(ortex)})
     ;(async () => {
       const loads = []
       for (const executionProvider of ${JSON.stringify(providers)}) {
@@ -59,9 +63,16 @@ function loadsInFreshProcess(providers: string[], env: NodeJS.ProcessEnv = {}): 
     })()`
   const childEnv: NodeJS.ProcessEnv = { ...process.env, ...env }
   for (const key of ['ORTEX_ORT_DYLIB', 'ORT_DYLIB_PATH']) if (env[key] === undefined) delete childEnv[key]
-  const run = spawnSync(process.execPath, ['-e', script], { encoding: 'utf8', env: childEnv, timeout: 120_000 })
+  const run = spawnSync(process.execPath, ['-e', script], { cwd: project ?? repo, encoding: 'utf8', env: childEnv, timeout: 120_000 })
   if (run.status !== 0) throw new Error(`node exited ${run.status}:\n${run.stdout}\n${run.stderr}`)
   return JSON.parse(run.stdout.trim().split('\n').at(-1)!)
+}
+
+/** Runs a command; its stdout, or an error with both outputs. */
+function shell(command: string, args: string[], cwd: string): string {
+  const run = spawnSync(command, args, { cwd, encoding: 'utf8', timeout: 180_000 })
+  if (run.status !== 0) throw new Error(`${command} ${args.join(' ')} exited ${run.status}:\n${run.stdout}\n${run.stderr}`)
+  return run.stdout
 }
 
 /** The library folder, fetched on first use; a reason to skip where pip or PyPI is unavailable
@@ -125,6 +136,27 @@ describe.skipIf(!supported || hasDriver || unavailable !== null)("executionProvi
     expect(loads[1].error!.message).toContain(`executionProvider 'cuda' needs ${cudaLibrary}, but this process already opened the ONNX Runtime library ${ort}`)
     expect(loads[1].error!.message).toContain("make the process's first Engine.load the 'cuda' one")
   })
+
+  it('opens the installed package ortex-linux-x64-gnu-cuda in a user project', () => {
+    // The three packages as published (scripts/package.sh --pack), installed offline in a fresh
+    // project (the root's runtime dependencies from the npm cache, as in test/packaging.test.ts).
+    const tarballs = path.join(work, 'tarballs')
+    const project = path.join(work, 'project')
+    const pack = (args: string[]) => shell('bash', ['scripts/package.sh', ...args, '--pack', tarballs], repo).trim().split('\n')
+    const [platformTarball, rootTarball] = pack(['--no-build']).slice(-2)
+    const [cudaTarball] = pack(['--target', 'linux-x64-gnu-cuda']).slice(-1)
+    mkdirSync(project)
+    writeFileSync(path.join(project, 'package.json'), JSON.stringify({ name: 'user-project', version: '1.0.0', private: true }))
+    const rootDeps = JSON.parse(shell('tar', ['xzf', rootTarball, '-O', 'package/package.json'], work)).dependencies ?? {}
+    for (const [name, version] of Object.entries(rootDeps)) shell('npm', ['cache', 'add', `${name}@${version}`, '--prefer-offline'], project)
+    shell('npm', ['install', '--offline', '--no-audit', '--no-fund', '--ignore-scripts', platformTarball, rootTarball, cudaTarball], project)
+
+    const { loads, ort } = loadsInFreshProcess(['cuda', 'cpu'], {}, project)
+    expect(ort).toBe(path.join(project, 'node_modules', 'ortex-linux-x64-gnu-cuda', 'libonnxruntime.so.1'))
+    expect(loads[0].error!.code).toBe('MODEL_LOAD')
+    expect(loads[0].error!.message).toMatch(/^executionProvider 'cuda' is unavailable: the dynamic loader cannot find libcuda\.so\.1 \(NVIDIA driver\)/)
+    expect(loads[1].ok!.generated).toHaveLength(6)
+  }, 240_000)
 
   it('leaves the choice to ORTEX_ORT_DYLIB when it is set', () => {
     // The CPU build named: the CUDA load reaches ONNX Runtime, which has no CUDA provider there.

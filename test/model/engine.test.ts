@@ -125,6 +125,15 @@ describe.each(FORMS)('%s form', (form) => {
       // Stable stretches of decode steps pass present back as past (gqa: always; mha: only rows of
       // equal length, which this workload does not have).
       if (form === 'gqa') expect(stats.carried).toBeGreaterThan(0)
+      // Where ONNX Runtime placed the nodes, as it recorded them: all on its CPU provider.
+      const placement = engine.nodePlacement()!
+      expect(placement.executionProvider).toBe('cpu')
+      expect(Object.keys(placement.providers)).toEqual(['CPUExecutionProvider'])
+      const ops = placement.providers.CPUExecutionProvider
+      expect(ops.MatMul).toBeGreaterThan(0)
+      const layers = JSON.parse(readFileSync(join(dirs[form], 'genai_config.json'), 'utf8')).model.decoder.num_hidden_layers
+      expect(ops['com.microsoft:GroupQueryAttention'] ?? 0).toBe(form === 'gqa' ? layers : 0)
+      expect(placement.cpuFallback).toBeNull()
     } finally {
       await engine.close()
     }
@@ -391,9 +400,10 @@ describe('Engine.load errors', () => {
     await tiny.close()
   })
 
-  it('the simulated model has no executor stats, and keeps no KV bytes for a budget to bound', async () => {
+  it('the simulated model has no executor stats or node placement, and keeps no KV bytes for a budget to bound', async () => {
     const engine = Engine.simulated()
     expect(engine.executorStats()).toBeNull()
+    expect(engine.nodePlacement()).toBeNull()
     expect(engine.config).toMatchObject({ kvCacheBytes: 0, kvPositionBytes: 0 })
     const budgeted = Engine.simulated({ kvCacheBytes: 1 })
     expect(budgeted.config.numBlocks).toBe(engine.config.numBlocks)

@@ -35,9 +35,9 @@ export function asHalfSpecs<T extends TensorSpec>(specs: readonly T[]): T[] {
   return specs.map((s) => ((s.dataType ?? DataType.FLOAT) === DataType.FLOAT ? { ...s, dataType: DataType.FLOAT16 } : s))
 }
 
-/** A chunk of float32 values as the bytes of tensor `t`: themselves, or their float16 bits. */
-export function floatBytes(t: ExternalTensor, values: Float32Array): Uint8Array {
-  if (t.dataType === DataType.FLOAT16) return new Uint8Array(toHalfArray(values).buffer)
+/** A chunk of float32 values as the bytes of a tensor of `dataType`: themselves, or their float16 bits. */
+export function floatBytes(dataType: DataTypeCode, values: Float32Array): Uint8Array {
+  if (dataType === DataType.FLOAT16) return new Uint8Array(toHalfArray(values).buffer)
   return new Uint8Array(values.buffer, values.byteOffset, values.byteLength)
 }
 
@@ -146,7 +146,7 @@ export async function writeWeights(
       for (let start = 0; start < count; start += CHUNK) {
         const n = Math.min(CHUNK, count - start)
         for (let i = 0; i < n; i++) buf[i] = fill(start + i)
-        await out.append(t, floatBytes(t, buf.subarray(0, n)), s.name)
+        await out.append(t, floatBytes(t.dataType, buf.subarray(0, n)), s.name)
       }
     }
     await out.finish()

@@ -95,6 +95,29 @@ describe('paged folder, reference kernel, float32', () => {
     })
   }
 
+  it('runs in place: each present bound to its past\'s buffer gives the same logits and pool', async () => {
+    const paged = await PagedModel.load(models.dirs['paged block 4'])
+    try {
+      const rows = (past: number) => [
+        { blocks: [4, 1, 6], past, tokens: tinyPrompt(past === 0 ? 7 : 3, past) },
+        { blocks: [0, 5, 2], past, tokens: tinyPrompt(past === 0 ? 5 : 4, past + 1) },
+      ]
+      const copied = paged.pool(7, 1000)
+      const bound = paged.pool(7, 1000)
+      const buffers = [...bound.keys, ...bound.values]
+      for (const past of [0, 7]) {
+        const indices = past === 0 ? [6, 11] : [2, 6]
+        const want = await paged.run(copied, rows(past), indices)
+        const got = await paged.run(bound, rows(past), indices, { inPlace: true })
+        expect(got).toEqual(want)
+      }
+      // The arrays first bound hold the written pool: the graph wrote where they are.
+      expect(buffers.map((b) => Array.from(b))).toEqual([...copied.keys, ...copied.values].map((b) => Array.from(b)))
+    } finally {
+      await paged.release()
+    }
+  })
+
   it('writes each new key at its slot: block_table[row][p / block_size], slot p % block_size', async () => {
     const paged = await PagedModel.load(models.dirs['paged block 4'])
     try {

@@ -779,6 +779,28 @@ describe('imported folders', () => {
       await expect(importGguf({ file: files.qwen2, outDir: dir('bad'), blockSize: 16 })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT', message: /needs the paged attention form/ })
     })
 
+    it('float16 int4 imports pack q/k/v blocks of one type into one MatMulNBits (minimums and zero points), and agree', async () => {
+      // Layer 0's q/k/v are Q4_1 blocks (minimums), layer 1's Q4_0 (zero points); qwen2's mix types
+      // within a layer, so they stay three MatMulNBits.
+      const file = join(root, 'uniform.gguf')
+      writeTinyGguf(file, { ...LLAMA, types: { ...LLAMA.types, layers: [Array(7).fill('Q4_1'), Array(7).fill('Q4_0')] } })
+      const options = { file, weights: 'int4', accuracyLevel: 0 } as const
+      await importGguf({ ...options, outDir: dir('uniform-fp16'), dtype: 'fp16' })
+      await importGguf({ ...options, outDir: dir('uniform-fp32'), kv: 'fp32' })
+      const nodes = decodeModel(dir('uniform-fp16')).graph!.node!
+      for (const l of [0, 1]) {
+        const packed = nodes.find((n) => n.name === `/model/layers.${l}/attn/qkv_proj/MatMulNBits`)!
+        expect(Number(packed.attribute!.find((a) => a.name === 'N')!.i)).toBe(TINY.heads * TINY.headSize + 2 * TINY.kvHeads * TINY.headSize)
+        expect(nodes.some((n) => n.name === `/model/layers.${l}/attn/q_proj/MatMulNBits`)).toBe(false)
+      }
+      expect(nodes.some((n) => n.name === '/model/layers.0/attn/qkv_proj/mins/MatMul')).toBe(true)
+      expect(decodeModel(dir('qwen2-int4-fp16')).graph!.node!.some((n) => n.name!.includes('qkv_proj'))).toBe(false)
+      const got = await folderLogits(dir('uniform-fp16'), PROMPT)
+      const want = await folderLogits(dir('uniform-fp32'), PROMPT)
+      expect(got.map((l) => argmax(l))).toEqual(want.map((l) => argmax(l)))
+      expect(worstError(got, toF64(want)).relativeRms).toBeLessThan(5e-3) // 1.5e-3 here
+    })
+
     it('the cuda paged import: a PagedAttention per layer, the CUDA provider, deterministic bytes', async () => {
       const options = { file: files.qwen2, weights: 'int4', dtype: 'fp16', attention: 'paged' } as const
       const a = await importGguf({ ...options, outDir: dir('cuda-a') })

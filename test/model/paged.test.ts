@@ -272,7 +272,12 @@ describe('the cuda kernel folder (--attention paged --dtype fp16)', () => {
     nodes.forEach((node, l) => {
       expect(node.domain).toBe('com.microsoft')
       const [q, k, v, ...rest] = node.input!
-      expect([q, k, v]).toEqual([`/model/layers.${l}/attn/q_proj/MatMul/output_0`, `/model/layers.${l}/attn/k_proj/MatMul/output_0`, `/model/layers.${l}/attn/v_proj/MatMul/output_0`])
+      // q/k/v packed, as the builder: one MatMul over the three weights concatenated (folded by
+      // ONNX Runtime at load), key and value left empty.
+      expect([q, k, v]).toEqual([`/model/layers.${l}/attn/qkv_proj/MatMul/output_0`, '', ''])
+      expect(graph.node!.find((n) => n.name === `/model/layers.${l}/attn/qkv_proj/weight/Concat`)!.input).toEqual(
+        ['q_proj', 'k_proj', 'v_proj'].map((p) => `model.layers.${l}.self_attn.${p}.weight`),
+      )
       expect(rest).toEqual([
         `past_key_values.${l}.key`,
         `past_key_values.${l}.value`,

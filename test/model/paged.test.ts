@@ -118,6 +118,29 @@ describe('paged folder, reference kernel, float32', () => {
     }
   })
 
+  it('a chunk with no logits wanted still fills the cache; a row with no new tokens is carried along', async () => {
+    const paged = await PagedModel.load(models.dirs['paged block 4'])
+    try {
+      const prompt = tinyPrompt(9, 21)
+      const pool = paged.pool(5)
+      // A prefill chunk mid-prompt samples nothing: num_logits 0.
+      expect(await paged.run(pool, [{ blocks: [3, 1, 4], past: 0, tokens: prompt.slice(0, 6) }], [])).toEqual([])
+      // The rest of the prompt beside a row with nothing new (its block table row still given).
+      const [last] = await paged.run(
+        pool,
+        [
+          { blocks: [2], past: 0, tokens: [] },
+          { blocks: [3, 1, 4], past: 6, tokens: prompt.slice(6) },
+        ],
+        [2],
+      )
+      const want = await teacherForced(models.references.gqa, prompt)
+      expectClose(last!, want.at(-1)!, 1e-3)
+    } finally {
+      await paged.release()
+    }
+  })
+
   it('writes each new key at its slot: block_table[row][p / block_size], slot p % block_size', async () => {
     const paged = await PagedModel.load(models.dirs['paged block 4'])
     try {

@@ -7,14 +7,14 @@
 The same folder as ortex's, the same prompts as token ids, greedy, exactly `generatedTokens` new
 tokens per request (EOS suppressed), every request of a concurrency arriving at once:
 
-- `engine` (the default on cuda): og.Engine. On a paged folder (genai_config.json has
+- `engine` (the default): og.Engine. On a paged folder (genai_config.json has
   engine.dynamic_batching, as the builder writes it with use_paged_attention) it batches
   dynamically with the folder's block size; max_batch_size is raised to the largest concurrency and
   num_blocks set to the workload's `numBlocks` (ortex's pool) so that neither system holds more KV
   than the other. On a past/present folder it batches statically (a batch runs until all its
   requests finish).
-- `generator` (the default on cpu: the dry run's check that the script runs): og.Generator with
-  batch-of-prompts generation, left-padded.
+- `generator`: og.Generator with batch-of-prompts generation, left-padded (0.18's CPU Generator
+  refuses batches above 32: "batch_size (64) must be in [1, 32]").
 
 The closed loops and their arithmetic are bench/genai_throughput.py's (the CPU benchmark's), reused
 here through its Genai class with this script's models and provider.
@@ -40,6 +40,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # bench/
 
 from genai_throughput import Genai, Memory, rss_mb, summarize  # noqa: E402
+from genai_venv import ensure_genai  # noqa: E402
 
 
 def log(message: str) -> None:
@@ -48,6 +49,11 @@ def log(message: str) -> None:
 
 def emit(message: dict) -> None:
     print(json.dumps(message), flush=True)
+
+
+def fail(message: str):
+    log(message)
+    sys.exit(3)
 
 
 def load(og, folder: str, provider: str, overlay: dict):
@@ -138,10 +144,12 @@ def main() -> int:
     ap.add_argument("--workload", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--provider", default="cuda", choices=["cuda", "cpu"])
-    ap.add_argument("--mode", choices=["engine", "generator"], help="default: engine on cuda, generator on cpu")
+    ap.add_argument("--mode", choices=["engine", "generator"], default="engine")
     ap.add_argument("--budget-s", type=float, default=0.0, help="skip a concurrency whose estimated time exceeds what is left")
     args = ap.parse_args()
-    mode = args.mode or ("engine" if args.provider == "cuda" else "generator")
+    # where onnxruntime_genai is missing (a CPU dry run), re-run in .cache/genai-venv (bench/requirements.txt)
+    ensure_genai(__file__, fail=fail, log=log)
+    mode = args.mode
     workload = json.loads(Path(args.workload).read_text())
     deadline = time.perf_counter() + args.budget_s if args.budget_s > 0 else None
     import numpy as np
@@ -172,10 +180,8 @@ def main() -> int:
             row = genai.closed_loop(c, requests)
             per_row = row["tokensPerSecond"] / min(c, requests)
             emit({"row": {"concurrency": c, **row}})
-            log(f"concurrency {c}: {row['tokensPerSecond']:.1f} tokens/s")
         except Exception as e:  # noqa: BLE001 -- reported as the row's error
             emit({"row": {"concurrency": c, "error": f"{type(e).__name__}: {e}"}})
-            log(f"concurrency {c}: failed: {e}")
     emit({"done": True})
     return 0
 

@@ -20,7 +20,8 @@ minutes per batch shape, more than the benchmark's whole device budget, so it is
 
 Output: JSON lines on stdout, `{"info": {...}}` once loaded (versions, device, memory after the load),
 then `{"row": {...}}` per concurrency (requests, tokens, wallMs, tokensPerSecond, ttftMs, itlMs
-p50/p99, memory, firstTokens: request 0's generated ids), `{"done": true}` at the end. Progress goes to stderr.
+p50/p99, memory), `{"done": true}` at the end; the info's firstTokens are request 0's
+generated ids, run alone (the report compares them with ortex's). Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -36,7 +37,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))  # bench/: genai_throughput's arithmetic
 
-from genai_throughput import Record, percentile, rss_mb, summarize  # noqa: E402
+from genai_throughput import Record, rss_mb, summarize  # noqa: E402
+from genai_venv import ROOT, ensure_venv  # noqa: E402
+
+# bench/model_coverage.py's comparison environment (torch, transformers, onnx, onnxruntime-genai)
+VENV = Path.home() / ".cache" / "ortex" / "venv-builder"
 
 
 def log(message: str) -> None:
@@ -45,6 +50,11 @@ def log(message: str) -> None:
 
 def emit(message: dict) -> None:
     print(json.dumps(message), flush=True)
+
+
+def fail(message: str):
+    log(message)
+    sys.exit(3)
 
 
 class StepClock:
@@ -63,7 +73,7 @@ class StepClock:
         tokens = value.reshape(-1).tolist()
         for record, token in zip(self.records, tokens):
             record.token_ms.append(now)
-            record.text.append(int(token))
+            record.text.append(int(token))  # the ids, where the CPU benchmark keeps text
 
     def end(self) -> None:
         pass
@@ -105,13 +115,11 @@ class Hf:
         with torch.no_grad():
             self.model.generate(input_ids=ids, attention_mask=mask, **kwargs)
 
-    def warm_up(self) -> None:
-        record = Record(0, self.prompts[0][:8], 0.0)
-        n, self.n = self.n, 8
-        try:
-            self.generate([record], time.perf_counter())
-        finally:
-            self.n = n
+    def first_tokens(self) -> list[int]:
+        """Request 0 alone: its generated ids (the report compares them across systems); also the warm-up."""
+        record = Record(0, self.prompts[0], 0.0)
+        self.generate([record], time.perf_counter())
+        return record.text
 
     def run(self, concurrency: int, requests: int) -> dict:
         torch = self.torch
@@ -125,9 +133,8 @@ class Hf:
             records.extend(batch)
             self.generate(batch, t0)
             ready_ms = (time.perf_counter() - t0) * 1000.0
-        tokens = [r.text for r in records]  # StepClock keeps the ids in Record.text
         summary = summarize(records, max(r.token_ms[-1] for r in records), self.n)
-        return {**summary, "memory": self.memory(), "firstTokens": tokens[0]}
+        return {**summary, "memory": self.memory()}
 
 
 def main() -> int:
@@ -140,6 +147,8 @@ def main() -> int:
     ap.add_argument("--compile", action="store_true", help="let generate compile the static-cache forward (minutes)")
     ap.add_argument("--budget-s", type=float, default=0.0, help="skip a concurrency whose estimated time exceeds what is left")
     args = ap.parse_args()
+    # where torch or transformers is missing (the CPU dry run), re-run in the builder venv
+    ensure_venv(__file__, VENV, ROOT / "bench" / "requirements-builder.txt", ["torch", "transformers", "onnx"], fail, log)
     args.dtype = args.dtype or ("float16" if args.device == "cuda" else "float32")
     workload = json.loads(Path(args.workload).read_text())
     deadline = time.perf_counter() + args.budget_s if args.budget_s > 0 else None
@@ -149,10 +158,10 @@ def main() -> int:
     if args.device == "cpu":
         torch.set_num_threads(int(workload.get("threads", os.cpu_count() or 1)))
     hf = Hf(args, workload)
-    hf.warm_up()
+    first = hf.first_tokens()
     emit({"info": {"torch": torch.__version__, "transformers": transformers.__version__, "device": args.device,
                    "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None, "dtype": args.dtype,
-                   "compile": args.compile, "loadS": hf.load_s, "memory": hf.memory()}})
+                   "compile": args.compile, "loadS": hf.load_s, "memory": hf.memory(), "firstTokens": first}})
     log(f"loaded {args.model} ({args.dtype} on {args.device}, compile {'on' if args.compile else 'off'}) in {hf.load_s:.1f} s")
     per_row = None  # tokens/s per concurrent request at the last concurrency, for the time estimate
     for c in workload["concurrencies"]:
@@ -167,10 +176,8 @@ def main() -> int:
             row = hf.run(c, requests)
             per_row = row["tokensPerSecond"] / min(c, requests)
             emit({"row": {"concurrency": c, **row}})
-            log(f"concurrency {c}: {row['tokensPerSecond']:.1f} tokens/s")
         except Exception as e:  # noqa: BLE001 -- reported as the row's error
             emit({"row": {"concurrency": c, "error": f"{type(e).__name__}: {e}"}})
-            log(f"concurrency {c}: failed: {e}")
     emit({"done": True})
     return 0
 

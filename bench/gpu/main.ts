@@ -7,6 +7,7 @@
 // in its own process but ortex, so each one's device memory is its own; every row is printed as it
 // comes and the report so far is written after each phase, so a run cut short still says something.
 
+import { spawnSync } from 'node:child_process'
 import { mkdirSync, writeFileSync } from 'node:fs'
 import * as os from 'node:os'
 import { basename, join, resolve } from 'node:path'
@@ -17,7 +18,7 @@ import { Engine } from 'ortex'
 import { readPadTokenId } from '../throughput/genai'
 import { PROMPT_TEXT } from '../throughput/throughput'
 import { FOLDER_FORMS, type FolderForm, folderBlockSize, type ModelSource, prepareModel } from './models'
-import { type GpuEngineClass, type GpuWorkload, firstTokens, runOrtexConcurrency } from './ortex'
+import { type GpuEngineClass, type GpuEngineOptions, type GpuWorkload, firstTokens, runOrtexConcurrency } from './ortex'
 import { gpuMemoryProbe, runPythonPhase } from './python'
 import { type GpuReport, type GpuRow, type GpuSystem, agreementOf, computeGoals, formatReport, goalModel } from './report'
 
@@ -293,6 +294,39 @@ function recordAgreement(report: GpuReport, model: string, system: GpuSystem, ou
   report.agreement.push({ model, system, ...agreementOf(ours, theirs) })
 }
 
+/** The workload when ortex could not load on the provider asked for, so that the other systems
+ *  still run: the prompts come from the folder's tokenizer through a CPU engine, or where the
+ *  folder cannot run on the CPU (a CUDA paged kernel), through Python's tokenizers library (the
+ *  library ortex's tokenizer is); null if neither works. */
+async function workloadWithoutOrtex(
+  dir: string,
+  args: Args,
+  blockSize: number,
+  options: GpuEngineOptions,
+  progress: (line: string) => void,
+): Promise<GpuWorkload | null> {
+  const text = PROMPT_TEXT.repeat(8)
+  const make = (ids: number[]) => workloadFor(ids, args, readPadTokenId(dir), blockSize)
+  try {
+    const cpu = await (Engine as unknown as GpuEngineClass).load(dir, { ...options, executionProvider: 'cpu', maxBatchSize: 1, numBlocks: 16 })
+    try {
+      return make(Array.from(cpu.tokenize(text)))
+    } finally {
+      await cpu.close()
+    }
+  } catch (error) {
+    progress(`${dir}: not loadable on the CPU either (${(error as Error).message.slice(0, 120)}): prompts from Python's tokenizers`)
+  }
+  const code = 'import json, sys; from tokenizers import Tokenizer; t = Tokenizer.from_file(sys.argv[1]); print(json.dumps(t.encode(sys.argv[2], add_special_tokens=False).ids))'
+  const r = spawnSync(args.python, ['-c', code, join(dir, 'tokenizer.json'), text], { encoding: 'utf8' })
+  try {
+    return make(JSON.parse(r.stdout) as number[])
+  } catch {
+    progress(`${dir}: no workload: Python's tokenizers failed too (${r.stderr.trim().split('\n').pop() ?? r.status})`)
+    return null
+  }
+}
+
 /** ortex on one folder: loads it, makes the workload from its tokenizer, runs every concurrency. */
 async function ortexPhase(
   model: string,
@@ -311,21 +345,23 @@ async function ortexPhase(
   const numBlocks = largest * (Math.ceil((Math.max(...PROMPT_LENGTHS) + args.tokens) / blockSize) + 1)
   const loadStarted = performance.now()
   progress(`${model}: loading ${dir} in ortex (${args.provider}, block size ${blockSize}, ${numBlocks} blocks)`)
+  const options: GpuEngineOptions = {
+    executionProvider: args.provider,
+    maxBatchSize: largest,
+    numBlocks,
+    blockSize,
+    maxScheduledTokens: args.provider === 'cuda' ? 2048 : 512,
+    ...(args.provider === 'cpu' ? { intraOpThreads: args.threads } : {}),
+  }
   let engine
   try {
-    engine = await (Engine as unknown as GpuEngineClass).load(dir, {
-      executionProvider: args.provider,
-      maxBatchSize: largest,
-      numBlocks,
-      blockSize,
-      maxScheduledTokens: args.provider === 'cuda' ? 2048 : 512,
-      ...(args.provider === 'cpu' ? { intraOpThreads: args.threads } : {}),
-    })
+    engine = await (Engine as unknown as GpuEngineClass).load(dir, options)
   } catch (error) {
-    systems.ortex = { error: (error as Error).message }
-    progress(`${model}: ortex could not load: ${(error as Error).message}`)
-    for (const c of args.concurrencies) addRow({ model, system: 'ortex', concurrency: c, error: `load failed: ${(error as Error).message}` })
-    return null
+    const why = (error as Error).message
+    systems.ortex = { error: why }
+    progress(`${model}: ortex could not load: ${why}`)
+    for (const c of args.concurrencies) addRow({ model, system: 'ortex', concurrency: c, error: `load failed: ${why.slice(0, 160)}` })
+    return workloadWithoutOrtex(dir, args, blockSize, options, progress)
   }
   try {
     const ids = Array.from(engine.tokenize(PROMPT_TEXT.repeat(8)))

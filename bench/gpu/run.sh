@@ -6,8 +6,8 @@
 # the bundle bench/out/gpu-bench.mjs (built here with esbuild when missing; the device has no
 # esbuild, so pack it: README.md).
 #
-# cuda: onnxruntime-genai-cuda 0.18 comes as a wheel in .whl/ (it travels with the project) and is
-# unpacked into /tmp/ortex-gpu/site; it loads ONNX Runtime through an importable `onnxruntime`
+# cuda: onnxruntime-genai-cuda 0.18 comes as bench/out/genai-cuda.tar.xz (bench/gpu/pack.sh makes it
+# from the wheel; it travels in the project) and is unpacked into /tmp/ortex-gpu/site; it loads ONNX Runtime through an importable `onnxruntime`
 # package (<package>/capi/libonnxruntime.so*, CUDA provider beside it), so a shim package whose
 # capi/ is the device kit's ONNX Runtime 1.31.1 folder (/tmp/ortex-gpu/ort) goes ahead of the
 # machine's CPU onnxruntime on that process's PYTHONPATH only.
@@ -29,16 +29,15 @@ fi
 extra=()
 if [[ $provider == cuda ]]; then
   G=${ORTEX_GPU_DIR:-/tmp/ortex-gpu}
-  wheel=$(ls .whl/onnxruntime_genai_cuda-0.18.*.whl 2>/dev/null | head -n 1 || true)
-  if [[ -n $wheel && -d $G/ort ]]; then
-    [[ -d $G/site/onnxruntime_genai ]] ||
-      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$G/site" "$wheel"
+  genai=bench/out/genai-cuda.tar.xz
+  if [[ -f $genai && -d $G/ort ]]; then
+    [[ -d $G/site/onnxruntime_genai ]] || { mkdir -p "$G/site" && tar -xJf "$genai" -C "$G/site"; }
     mkdir -p "$G/ort-python/onnxruntime"
     echo '__version__ = "1.31.1"  # the device kit'"'"'s ONNX Runtime (CUDA 13), for onnxruntime-genai-cuda' >"$G/ort-python/onnxruntime/__init__.py"
     ln -sfn "$G/ort" "$G/ort-python/onnxruntime/capi"
     export GPU_BENCH_GENAI_PYTHONPATH=$G/site:$G/ort-python
   else
-    echo "run.sh: onnxruntime-genai-cuda not set up (need .whl/onnxruntime_genai_cuda-0.18.*.whl and $G/ort from on-device.sh): its rows will say why" >&2
+    echo "run.sh: onnxruntime-genai-cuda not set up (needs $genai from bench/gpu/pack.sh and $G/ort from on-device.sh): its rows will say why" >&2
   fi
 else
   venv=$HOME/.cache/ortex/venv-builder/bin/python

@@ -90,7 +90,7 @@ describe('GPU benchmark on the CPU (tiny model, ortex alone)', () => {
         join(ROOT, 'bench', 'gpu', 'main.ts'),
         '--bundle', '--platform=node', '--format=esm', '--external:ortex', '--external:onnxruntime-node', '--log-level=warning', `--outfile=${inRepo}`,
       ])
-      const run = spawnSync(process.execPath, [inRepo, '--quick', '--provider', 'cpu', '--size', 'tiny', '--no-hf', '--no-genai', '--concurrency', '1,16,64', '--out', out], {
+      const run = spawnSync(process.execPath, [inRepo, '--quick', '--provider', 'cpu', '--size', 'tiny', '--no-hf', '--no-genai', '--concurrency', '1,16,64', '--out', out, '--models', join(out, 'models')], {
         encoding: 'utf8',
         timeout: 50_000,
       })

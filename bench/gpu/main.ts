@@ -46,7 +46,9 @@ Options:
   --hf-compile     let transformers compile its static-cache forward (minutes per batch shape)
   --threads N      intra-op threads on the cpu (default 2)
   --python EXE     the Python of transformers (default python3); --genai-python EXE for genai
-  --out DIR        where gpu-bench.json and gpu-bench.md go (default bench/out/gpu)
+  --out DIR        where gpu-bench.json, gpu-bench.md and the workloads go (default bench/out/gpu;
+                   on the device $OUT, so that they come back)
+  --models DIR     where the made and imported folders go (default bench/out/gpu-models; reused)
 `
 
 interface Args {
@@ -65,6 +67,7 @@ interface Args {
   python: string
   genaiPython: string
   out: string
+  modelsDir: string
 }
 
 class UsageError extends Error {}
@@ -92,6 +95,7 @@ function parse(argv: string[]): Args | 'help' {
       python: { type: 'string' },
       'genai-python': { type: 'string' },
       out: { type: 'string' },
+      models: { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
   })
@@ -134,6 +138,7 @@ function parse(argv: string[]): Args | 'help' {
     python,
     genaiPython: values['genai-python'] ?? python,
     out: resolve(values.out ?? join('bench', 'out', 'gpu')),
+    modelsDir: resolve(values.models ?? join('bench', 'out', 'gpu-models')),
   }
 }
 
@@ -234,7 +239,7 @@ async function main(argv: string[]): Promise<void> {
   for (const source of args.sources) {
     let model
     try {
-      model = prepareModel(root, join(args.out, 'models'), source, args.form, progress)
+      model = prepareModel(root, args.modelsDir, source, args.form, progress)
     } catch (error) {
       progress(`${source.name}: no folder: ${(error as Error).message}`)
       continue
@@ -249,7 +254,10 @@ async function main(argv: string[]): Promise<void> {
     if (workload === null) continue
     const workloadFile = join(args.out, `workload-${model.name}.json`)
     writeFileSync(workloadFile, JSON.stringify(workload))
-    const python = (system: Exclude<GpuSystem, 'ortex'>, exe: string, script: string, extra: string[], env?: NodeJS.ProcessEnv) => {
+    // The device has no network: a missing package must fail at once there, not make the scripts
+    // create a virtual environment with pip (bench/genai_venv.py's marker says "already tried").
+    const offline: NodeJS.ProcessEnv = args.provider === 'cuda' ? { ...process.env, ORTEX_BENCH_VENV_REEXEC: '1' } : process.env
+    const python = (system: Exclude<GpuSystem, 'ortex'>, exe: string, script: string, extra: string[], env: NodeJS.ProcessEnv = offline) => {
       const share = budget.nextPhase()
       progress(`${model.name}: ${system}${share > 0 ? ` (${share.toFixed(0)} s of the budget)` : ''}`)
       return runPythonPhase({
@@ -258,7 +266,7 @@ async function main(argv: string[]): Promise<void> {
         python: exe,
         script: join(root, 'bench', 'gpu', script),
         args: ['--workload', workloadFile, '--model', model.dir, ...extra, ...(share > 0 ? ['--budget-s', String(share)] : [])],
-        ...(env ? { env } : {}),
+        env,
         concurrencies: args.concurrencies,
         killAfterS: share > 0 ? share + 60 : 24 * 3600,
         onProgress: progress,
@@ -276,7 +284,7 @@ async function main(argv: string[]): Promise<void> {
     if (args.genai) {
       // run.sh points GPU_BENCH_GENAI_PYTHONPATH at onnxruntime-genai-cuda and the onnxruntime shim
       const extraPath = process.env.GPU_BENCH_GENAI_PYTHONPATH
-      const env = extraPath ? { ...process.env, PYTHONPATH: [extraPath, process.env.PYTHONPATH].filter(Boolean).join(':') } : undefined
+      const env = extraPath ? { ...offline, PYTHONPATH: [extraPath, process.env.PYTHONPATH].filter(Boolean).join(':') } : offline
       const genai = await python('genai', args.genaiPython, 'genai_bench.py', ['--provider', args.provider, '--mode', args.genaiMode], env)
       systems.genai = { ...(genai.info ?? {}), ...(genai.error ? { error: genai.error } : {}) }
       recordAgreement(report, model.name, 'genai', firsts.get(model.name), genai.info)

@@ -181,9 +181,13 @@ def load_llama(folder: str | Path, dtype: str = "float32", device: str = "cpu"):
         raise FolderError(f"weights do not map 1:1: missing {missing[:5]}, unexpected {unexpected[:5]}")
     if config.tie_word_embeddings:
         llama.tie_weights()
-    # rotary buffers were created on the meta device: rebuild them on the real one
-    llama.model.rotary_emb = type(llama.model.rotary_emb)(config=config)
-    return llama.to(device=device, dtype=torch_dtype).eval(), config
+    # The rotary frequencies were made on the meta device, and .to(dtype) would round them to the
+    # weights' type: made anew on the device they stay float32, as transformers' own loading keeps them.
+    rotary = type(llama.model.rotary_emb)
+    llama.model.rotary_emb = torch.nn.Identity()
+    llama = llama.to(device=device, dtype=torch_dtype)
+    llama.model.rotary_emb = rotary(config=config).to(device)
+    return llama.eval(), config
 
 
 def onnx_logits(folder: Path, ids: list[int]):

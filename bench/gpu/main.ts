@@ -377,23 +377,33 @@ async function ortexPhase(
     const first = await firstTokens(engine, w) // also the warm-up
     firsts.set(model, first)
     systems.ortex = { loadS: (performance.now() - loadStarted) / 1000, blockSize, numBlocks, gpuMemoryAfterLoadMb: gpuMemory(), firstTokens: first }
+    // A run still going 60 s past the phase's share is cut by closing the engine (its turns end
+    // cancelled), so that a stuck or very slow device path cannot take the other systems' time.
+    let cut = false
+    const open = engine
+    const watchdog = deadline === null ? null : setTimeout(() => ((cut = true), void open.close()), deadline - performance.now() + 60_000)
     let perRow: number | null = null
-    for (const c of args.concurrencies) {
-      const requests = w.requestsByConcurrency[String(c)]!
-      const estimateS = perRow === null ? 0 : (requests * w.generatedTokens) / (perRow * Math.min(c, requests))
-      if (deadline !== null && performance.now() + estimateS * 1000 > deadline) {
-        addRow({ model, system: 'ortex', concurrency: c, error: `skipped: about ${estimateS.toFixed(0)} s, more than the time left` })
-        continue
+    try {
+      for (const c of args.concurrencies) {
+        const requests = w.requestsByConcurrency[String(c)]!
+        const estimateS = perRow === null ? 0 : (requests * w.generatedTokens) / (perRow * Math.min(c, requests))
+        if (cut || (deadline !== null && performance.now() + estimateS * 1000 > deadline)) {
+          addRow({ model, system: 'ortex', concurrency: c, error: cut ? 'not run: the engine was cut at the time budget' : `skipped: about ${estimateS.toFixed(0)} s, more than the time left` })
+          continue
+        }
+        try {
+          const row = await runOrtexConcurrency(engine, w, model, c)
+          row.gpuMemoryMb = gpuMemory()
+          perRow = row.tokensPerSecond! / Math.min(c, requests)
+          addRow(row)
+        } catch (error) {
+          addRow({ model, system: 'ortex', concurrency: c, error: cut ? 'cut: still running 60 s past its share of the time budget' : (error as Error).message })
+        }
       }
-      try {
-        const row = await runOrtexConcurrency(engine, w, model, c)
-        row.gpuMemoryMb = gpuMemory()
-        perRow = row.tokensPerSecond! / Math.min(c, requests)
-        addRow(row)
-      } catch (error) {
-        addRow({ model, system: 'ortex', concurrency: c, error: (error as Error).message })
-      }
+    } finally {
+      if (watchdog !== null) clearTimeout(watchdog)
     }
+    if (cut) return w
     const stats = engine.executorStats()
     if (stats !== null) systems.ortex.kvStoreBytes = stats.kvStoreBytes
     return w

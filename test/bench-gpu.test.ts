@@ -53,6 +53,12 @@ describe('GPU benchmark goals', () => {
     expect(table).toContain('| ortex, concurrency 64 | 29,000.0 | 30,000 | 0.97 | not met |')
   })
 
+  it('describes each system as loaded, without its token ids', () => {
+    const table = formatReport({ ...report(rows, goals), systems: { bench: { genai: { version: '0.18.0', batching: 'dynamic', loadS: 1.234, firstTokens: [1, 2] } } } })
+    expect(table).toContain('- bench, onnxruntime-genai: version 0.18.0, batching dynamic, loadS 1.2')
+    expect(table).not.toContain('firstTokens')
+  })
+
   it('computes the goals on the bench model where the run has it, else on its first model', () => {
     expect(goalModel([{ name: 'tiny', dir: 'a', form: 'gqa-fp32' }, { name: 'bench', dir: 'b', form: 'gqa-fp32' }])).toBe('bench')
     expect(goalModel([{ name: 'tiny', dir: 'a', form: 'gqa-fp32' }])).toBe('tiny')

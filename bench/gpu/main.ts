@@ -38,7 +38,7 @@ Options:
   --no-made        only the --model / --gguf folders
   --concurrency L  a comma-separated list (default 1,16,64,256)
   --tokens N       generated tokens per request (default 128; --quick 16)
-  --budget-s S     seconds for the whole run (default 330 on cuda, none on cpu): each phase gets a
+  --budget-s S     seconds for the whole run (default 270 on cuda, none on cpu): each phase gets a
                    share and skips a concurrency it estimates will not fit
   --no-hf, --no-genai   leave a system out
   --genai-mode M   engine (default: og.Engine, dynamic batching on a paged folder, else static) or
@@ -129,7 +129,7 @@ function parse(argv: string[]): Args | 'help' {
     sources,
     concurrencies,
     tokens: integer('tokens', values.tokens, quick ? 16 : 128),
-    budgetS: integer('budget-s', values['budget-s'], provider === 'cuda' ? 330 : 0),
+    budgetS: integer('budget-s', values['budget-s'], provider === 'cuda' ? 270 : 0),
     hf: values['no-hf'] !== true,
     genai: values['no-genai'] !== true,
     hfCompile: values['hf-compile'] === true,
@@ -374,21 +374,30 @@ async function ortexPhase(
   try {
     const ids = Array.from(engine.tokenize(PROMPT_TEXT.repeat(8)))
     const w = workloadFor(ids, args, readPadTokenId(dir), blockSize)
-    const first = await firstTokens(engine, w) // also the warm-up
-    firsts.set(model, first)
-    systems.ortex = { loadS: (performance.now() - loadStarted) / 1000, blockSize, numBlocks, gpuMemoryAfterLoadMb: gpuMemory(), firstTokens: first }
     // A run still going 60 s past the phase's share is cut by closing the engine (its turns end
     // cancelled), so that a stuck or very slow device path cannot take the other systems' time.
     let cut = false
     const open = engine
     const watchdog = deadline === null ? null : setTimeout(() => ((cut = true), void open.close()), deadline - performance.now() + 60_000)
-    let perRow: number | null = null
+    const cutMessage = 'cut: still running 60 s past its share of the time budget'
     try {
+      let first: number[]
+      try {
+        first = await firstTokens(engine, w) // also the warm-up
+      } catch (error) {
+        const why = cut ? `${cutMessage} (request 0 alone, the warm-up)` : (error as Error).message
+        for (const c of args.concurrencies) addRow({ model, system: 'ortex', concurrency: c, error: why })
+        return w
+      }
+      firsts.set(model, first)
+      systems.ortex = { loadS: (performance.now() - loadStarted) / 1000, blockSize, numBlocks, gpuMemoryAfterLoadMb: gpuMemory(), firstTokens: first }
+      let perRow: number | null = null
       for (const c of args.concurrencies) {
         const requests = w.requestsByConcurrency[String(c)]!
         const estimateS = perRow === null ? 0 : (requests * w.generatedTokens) / (perRow * Math.min(c, requests))
         if (cut || (deadline !== null && performance.now() + estimateS * 1000 > deadline)) {
-          addRow({ model, system: 'ortex', concurrency: c, error: cut ? 'not run: the engine was cut at the time budget' : `skipped: about ${estimateS.toFixed(0)} s, more than the time left` })
+          const why = cut ? 'not run: the engine was cut at the time budget' : `skipped: ${perRow === null ? "the phase's share of the time budget is spent" : `about ${estimateS.toFixed(0)} s, more than the time left`}`
+          addRow({ model, system: 'ortex', concurrency: c, error: why })
           continue
         }
         try {
@@ -397,7 +406,7 @@ async function ortexPhase(
           perRow = row.tokensPerSecond! / Math.min(c, requests)
           addRow(row)
         } catch (error) {
-          addRow({ model, system: 'ortex', concurrency: c, error: cut ? 'cut: still running 60 s past its share of the time budget' : (error as Error).message })
+          addRow({ model, system: 'ortex', concurrency: c, error: cut ? cutMessage : (error as Error).message })
         }
       }
     } finally {

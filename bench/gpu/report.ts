@@ -133,6 +133,14 @@ function bytes(value: number | null | undefined): string {
   return `${(value / 1024 ** 2).toFixed(1)} MiB`
 }
 
+/** A system's self-description (versions, provider, batching, load time), without its token ids. */
+export function describeSystem(info: Record<string, unknown>): string {
+  return Object.entries(info)
+    .filter(([key, value]) => key !== 'firstTokens' && value !== null && value !== undefined && typeof value !== 'object')
+    .map(([key, value]) => `${key} ${typeof value === 'number' && !Number.isInteger(value) ? value.toFixed(1) : String(value).slice(0, 200)}`)
+    .join(', ')
+}
+
 /** The markdown report: a banner for a CPU dry run, one table per model, agreement and the goals. */
 export function formatReport(report: GpuReport): string {
   const lines: string[] = []
@@ -161,6 +169,10 @@ export function formatReport(report: GpuReport): string {
       )
     }
   }
+  const described = report.models.flatMap((m) =>
+    Object.entries(report.systems[m.name] ?? {}).map(([system, info]) => `- ${m.name}, ${SYSTEM_LABELS[system as GpuSystem]}: ${describeSystem(info ?? {})}`),
+  )
+  if (described.length > 0) lines.push('', 'Systems as loaded:', ...described)
   if (report.agreement.length > 0) {
     lines.push('', "Greedy tokens of request 0 equal to ortex's:")
     for (const a of report.agreement) lines.push(`- ${a.model}, ${SYSTEM_LABELS[a.system]}: ${a.same} of ${a.of}`)

@@ -22,7 +22,9 @@ for ((i = 1; i <= $#; i++)); do
 done
 
 bundle=bench/out/gpu-bench.mjs
-if [[ ! -f $bundle || -n ${GPU_BENCH_REBUNDLE:-} ]]; then
+# rebuilt where esbuild is (not on the device) when missing or older than its sources
+if [[ -x node_modules/.bin/esbuild ]] &&
+  [[ ! -f $bundle || -n ${GPU_BENCH_REBUNDLE:-} || -n $(find bench/gpu bench/throughput ts -name '*.ts' -newer $bundle | head -n 1) ]]; then
   npx esbuild bench/gpu/main.ts --bundle --platform=node --format=esm --external:ortex --external:onnxruntime-node --log-level=warning --outfile=$bundle
 fi
 

@@ -24,7 +24,7 @@ node dist/cli.js make-model --out "$tmp/tiny-fp16kv" --size tiny --kv fp16 >/dev
 check 'converter, float32 folder' python3 bench/gpu/check_hf.py "$tmp/tiny"
 check 'converter, float16-KV folder' python3 bench/gpu/check_hf.py "$tmp/tiny-fp16kv" --tolerance 2e-2
 
-GPU_BENCH_REBUNDLE=1 bash bench/gpu/run.sh --quick --provider cpu --size tiny --out "$tmp/out" --models "$tmp/models" >"$tmp/stdout" 2>"$tmp/stderr"
+bash bench/gpu/run.sh --quick --provider cpu --size tiny --out "$tmp/out" --models "$tmp/models" >"$tmp/stdout" 2>"$tmp/stderr"
 check 'run.sh --quick --provider cpu exits 0' test $? -eq 0 || tail -20 "$tmp/stderr"
 check 'the report says it is a CPU dry run' grep -q 'CPU DRY RUN' "$tmp/stdout"
 check 'every system, every concurrency, greedy tokens equal, every goal valued' node -e '

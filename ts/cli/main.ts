@@ -22,7 +22,7 @@ Usage:
   ortex generate (--model DIR | --simulated) [--prompt TEXT]... [--max-tokens N] [--concurrency K]
   ortex serve    (--model DIR | --simulated) [--port N] [--max-sessions N]
   ortex import <file.gguf> --out DIR [--weights fp32|int4] [--kv fp32|fp16]
-  ortex make-model --out DIR [--size tiny|bench] [--attention mha|gqa] [--seed N]
+  ortex make-model --out DIR [--size tiny|bench] [--attention mha|gqa|paged] [--seed N]
   ortex <command> --help
 
 Commands:

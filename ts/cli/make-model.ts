@@ -6,8 +6,9 @@ import { parseArgs } from 'node:util'
 
 import { UsageError, choiceFlag, integerFlag, progressBar } from './args'
 
-export const MAKE_MODEL_HELP = `Usage: ortex make-model --out DIR [--size tiny|bench] [--attention mha|gqa] [--seed N]
+export const MAKE_MODEL_HELP = `Usage: ortex make-model --out DIR [--size tiny|bench] [--attention mha|gqa|paged] [--seed N]
                         [--kv fp32|fp16] [--window N [--window-form cache|config|graph]]
+                        [--paged-kernel cuda|reference] [--block-size N]
 
 Writes a deterministic random-weight Llama-style model folder (genai_config.json, model.onnx,
 model.onnx.data, tokenizer.json) that ortex and onnxruntime-genai load. The same size, attention
@@ -18,7 +19,8 @@ Options:
   --size NAME          'tiny' (default: 0.16M parameters, under 1 MB, for tests) or 'bench'
                        (62M parameters, 250 MB, for benchmarks)
   --attention NAME     'gqa' (default: com.microsoft.GroupQueryAttention, as onnxruntime-genai's
-                       builder emits for CPU) or 'mha' (plain ONNX operators)
+                       builder emits for CPU), 'mha' (plain ONNX operators) or 'paged' (packed
+                       rows over a block-paged KV cache, the builder's use_paged_attention form)
   --seed N             the weights' seed, an integer in [0, 4294967295] (default 0)
   --kv TYPE            past, present and logits in 'fp32' (default) or 'fp16' (weights stay float32)
   --window N           a sliding window of N positions (gqa only)
@@ -26,6 +28,9 @@ Options:
                        cache, as the builder makes Gemma-2), 'config' (only genai_config.json has
                        the window, as the builder makes Mistral) or 'graph' (every layer's
                        GroupQueryAttention has it over a plain cache)
+  --paged-kernel NAME  paged only: 'cuda' (default: com.microsoft.PagedAttention, CUDA float16
+                       only) or 'reference' (standard operators that run on the CPU, for tests)
+  --block-size N       paged only: positions a KV cache block (default 16 tiny, 256 bench)
   -h, --help           show this help
 `
 
@@ -42,6 +47,8 @@ export async function runMakeModelCommand(argv: string[]): Promise<void> {
       kv: { type: 'string' },
       window: { type: 'string' },
       'window-form': { type: 'string' },
+      'paged-kernel': { type: 'string' },
+      'block-size': { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
   })
@@ -51,13 +58,15 @@ export async function runMakeModelCommand(argv: string[]): Promise<void> {
   }
   if (values.out === undefined || values.out === '') throw new UsageError('give --out DIR')
   const size = choiceFlag('size', values.size, ['tiny', 'bench'] as const)
-  const attention = choiceFlag('attention', values.attention, ['mha', 'gqa'] as const)
+  const attention = choiceFlag('attention', values.attention, ['mha', 'gqa', 'paged'] as const)
   const seed = integerFlag('seed', values.seed, undefined, 0, 0xffffffff)
   const kv = choiceFlag('kv', values.kv, ['fp32', 'fp16'] as const)
   const windowForm = choiceFlag('window-form', values['window-form'], ['cache', 'config', 'graph'] as const)
   if (values['window-form'] !== undefined && values.window === undefined) throw new UsageError('--window-form needs --window N')
   const windowSize = integerFlag('window', values.window, undefined, 1, 1 << 20)
   const window = windowSize === undefined ? undefined : { size: windowSize, form: windowForm ?? 'cache' }
+  const pagedKernel = choiceFlag('paged-kernel', values['paged-kernel'], ['cuda', 'reference'] as const)
+  const blockSize = integerFlag('block-size', values['block-size'], undefined, 1, 1 << 20)
   const { makeModel } = await import('../modelkit/make-model')
   const bar = progressBar('weights')
   let summary
@@ -69,6 +78,8 @@ export async function runMakeModelCommand(argv: string[]): Promise<void> {
       seed,
       ...(kv ? { kv } : {}),
       ...(window ? { window } : {}),
+      ...(pagedKernel ? { pagedKernel } : {}),
+      ...(blockSize !== undefined ? { blockSize } : {}),
       onProgress: (done, total) => bar.update(done, total),
     })
   } finally {
@@ -76,7 +87,8 @@ export async function runMakeModelCommand(argv: string[]): Promise<void> {
   }
   process.stdout.write(
     `${summary.outDir}: ${summary.size} ${summary.attention} seed ${summary.seed}` +
-      `${summary.kv === 'fp32' ? '' : ` kv ${summary.kv}`}${summary.window ? ` window ${summary.window.form} ${summary.window.size}` : ''}, ` +
+      `${summary.kv === 'fp32' ? '' : ` kv ${summary.kv}`}${summary.window ? ` window ${summary.window.form} ${summary.window.size}` : ''}` +
+      `${summary.paged ? ` ${summary.paged.kernel} kernel block ${summary.paged.blockSize}` : ''}, ` +
       `${summary.parameters.toLocaleString('en-US')} parameters, ${(summary.totalBytes / 1e6).toFixed(2)} MB ` +
       `in ${(summary.elapsedMs / 1000).toFixed(1)} s\n`,
   )

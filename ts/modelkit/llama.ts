@@ -20,8 +20,18 @@
 // See docs/model-format.md for the input/output contract.
 
 import { DataType, F, GraphBuilder, I, Is, type ExternalTensor } from './onnx-builder'
+import {
+  LOGITS_INDICES,
+  type PagedGraph,
+  type PagedKernel,
+  type PagedShared,
+  cudaPagedAttention,
+  declarePagedInputsOutputs,
+  pagedShared,
+  referencePagedAttention,
+} from './paged'
 
-export type AttentionForm = 'mha' | 'gqa'
+export type AttentionForm = 'mha' | 'gqa' | 'paged'
 
 export interface LlamaDims {
   vocabSize: number
@@ -156,6 +166,8 @@ export interface LlamaGraphOptions {
   logits?: KvType
   /** gqa only; default none. */
   window?: GraphWindow
+  /** paged only (required there): the attention kernel and the cache's block size (paged.ts). */
+  paged?: { kernel: PagedKernel; blockSize: number }
   /**
    * mha only. `'square'`: the causal mask is an S x S triangle expanded over the whole key range,
    * as onnxruntime-genai's builder makes it for its MultiHeadAttention folders (CPU float16): it
@@ -175,7 +187,8 @@ export function windowedLayers(numLayers: number, window: GraphWindow | undefine
 interface GraphContext {
   g: GraphBuilder
   d: LlamaDims
-  options: Required<Omit<LlamaGraphOptions, 'window' | 'causalMask' | 'logits'>> & Pick<LlamaGraphOptions, 'window' | 'causalMask'>
+  options: Required<Omit<LlamaGraphOptions, 'window' | 'causalMask' | 'logits' | 'paged'>> &
+    Pick<LlamaGraphOptions, 'window' | 'causalMask' | 'paged'>
   /** The element type of past and present. */
   kvType: ElementType
   /** The element type of the logits. */
@@ -199,6 +212,7 @@ interface SharedInputs {
   sinCache: string
   mha?: { mask: string; cos: string; sin: string }
   gqa?: { seqlensK: string; totalSeqLen: string; cosCache: string; sinCache: string }
+  paged?: { graph: PagedGraph; tensors: PagedShared }
 }
 
 /** Builds the decoder graph; `weights` maps each weight name to its place in the data file. */
@@ -219,6 +233,7 @@ export function buildLlamaGraph(
   }
   if (options.window && options.attention !== 'gqa') throw new Error('a sliding window needs the gqa attention form')
   if (options.causalMask === 'square' && options.attention !== 'mha') throw new Error('a square causal mask needs the mha form')
+  if ((options.attention === 'paged') !== (options.paged !== undefined)) throw new Error('the paged form needs its kernel and block size (and only it)')
   const g = new GraphBuilder(`ortex-llama-${options.attention}`)
   const added = new Set<string>()
   const w = (name: string): string => {
@@ -240,16 +255,40 @@ export function buildLlamaGraph(
     blockSums: new Set(),
   }
 
-  declareInputsOutputs(ctx)
-  const shared: SharedInputs = { cosCache: w('cos_cache'), sinCache: w('sin_cache') }
+  const shared: SharedInputs = { cosCache: '', sinCache: '' }
+  if (options.attention === 'paged') {
+    shared.paged = { graph: pagedGraph(ctx), tensors: { cosCache: '', sinCache: '' } }
+    declarePaged(ctx, shared.paged.graph)
+  } else {
+    declareInputsOutputs(ctx)
+  }
+  shared.cosCache = w('cos_cache')
+  shared.sinCache = w('sin_cache')
   if (options.attention === 'mha') shared.mha = mhaMaskAndRotary(ctx, shared)
-  else shared.gqa = gqaSequenceLengths(ctx, shared)
+  else if (options.attention === 'gqa') shared.gqa = gqaSequenceLengths(ctx, shared)
+  else shared.paged!.tensors = pagedShared(shared.paged!.graph, options.paged!.kernel, INPUT_IDS, shared.cosCache, shared.sinCache)
 
   let x = g.op('Gather', [w('model.embed_tokens.weight'), INPUT_IDS], { axis: I(0) }, { name: '/model/embed_tokens/Gather' })
   for (let l = 0; l < d.numLayers; l++) x = decoderLayer(ctx, shared, x, l)
   const final = rmsNorm(ctx, x, 'model.norm.weight', '/model/norm')
   lmHead(ctx, final)
   return g
+}
+
+/** The paged kernels' view of the graph (float32 arithmetic; caches of the KV type). */
+function pagedGraph({ g, d, options, kvType }: GraphContext): PagedGraph {
+  const { blockSize } = options.paged!
+  if (!Number.isInteger(blockSize) || blockSize < 1) throw new Error(`block size must be a positive integer, got ${blockSize}`)
+  return { g, numHeads: d.numHeads, numKvHeads: d.numKvHeads, headSize: d.headSize, blockSize, kvType, computeType: DataType.FLOAT }
+}
+
+function declarePaged({ d, logitsType }: GraphContext, p: PagedGraph): void {
+  declarePagedInputsOutputs(p, d.numLayers, d.vocabSize, logitsType, {
+    inputIds: INPUT_IDS,
+    logits: LOGITS,
+    past: (l, kind) => (kind === 'key' ? pastKeyName(l) : pastValueName(l)),
+    present: (l, kind) => (kind === 'key' ? presentKeyName(l) : presentValueName(l)),
+  })
 }
 
 /** The bits of a block weight `[N, K/32, 32 * bits / 8]`. */
@@ -350,6 +389,11 @@ function decoderLayer(ctx: GraphContext, shared: SharedInputs, x: string, l: num
   const attn = attention(ctx, shared, h, l)
   const o = linear(ctx, attn, `${p}.self_attn.o_proj`, `${base}/attn/o_proj`)
   x = g.op('Add', [x, o], undefined, { name: `${base}/attn/residual` })
+  // paged: past the last attention every row only feeds the lm_head, so only the rows whose
+  // logits are wanted go on (the builder's prune_lm_head, base.py make_layer).
+  if (shared.paged && l === ctx.d.numLayers - 1) {
+    x = g.op('Gather', [x, LOGITS_INDICES], { axis: I(0) }, { name: '/model/selected_rows/Gather' })
+  }
   const h2 = rmsNorm(ctx, x, `${p}.post_attention_layernorm.weight`, `${base}/post_attention_layernorm`)
   const down = mlp(ctx, h2, l)
   return g.op('Add', [x, down], undefined, { name: `${base}/mlp/residual` })
@@ -372,7 +416,16 @@ function attention(ctx: GraphContext, shared: SharedInputs, h: string, l: number
   const q = linear(ctx, h, `${p}.q_proj`, `${base}/q_proj`, bias)
   const k = linear(ctx, h, `${p}.k_proj`, `${base}/k_proj`, bias)
   const v = linear(ctx, h, `${p}.v_proj`, `${base}/v_proj`, bias)
+  if (ctx.options.attention === 'paged') return pagedCore(ctx, shared, q, k, v, l)
   return ctx.options.attention === 'gqa' ? gqaCore(ctx, shared, q, k, v, l) : mhaCore(ctx, shared, q, k, v, l)
+}
+
+function pagedCore(ctx: GraphContext, shared: SharedInputs, q: string, k: string, v: string, l: number): string {
+  const { graph, tensors } = shared.paged!
+  const cache = { pastKey: pastKeyName(l), pastValue: pastValueName(l), presentKey: presentKeyName(l), presentValue: presentValueName(l) }
+  const base = `/model/layers.${l}/attn`
+  const kernel = ctx.options.paged!.kernel === 'cuda' ? cudaPagedAttention : referencePagedAttention
+  return kernel(graph, tensors, q, k, v, cache, base)
 }
 
 function gqaCore(ctx: GraphContext, shared: SharedInputs, q: string, k: string, v: string, l: number): string {
@@ -523,6 +576,8 @@ function blockSums(ctx: GraphContext, x: string, K: number): string {
   const name = `${x}/block_sums`
   if (ctx.blockSums.has(name)) return name
   ctx.blockSums.add(name)
-  const blocks = g.op('Reshape', [x, g.int64([0, 0, K / 32, 32])], undefined, { name: `${x}/block_sums/Reshape` })
+  // The paged form's activations are [num_tokens, K], the others' [batch, sequence, K].
+  const shape = ctx.options.attention === 'paged' ? [0, K / 32, 32] : [0, 0, K / 32, 32]
+  const blocks = g.op('Reshape', [x, g.int64(shape)], undefined, { name: `${x}/block_sums/Reshape` })
   return g.op('ReduceSum', [blocks, g.int64([-1])], { keepdims: I(0) }, { name: `${x}/block_sums/ReduceSum`, outputs: [name] })
 }

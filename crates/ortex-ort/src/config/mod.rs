@@ -270,14 +270,16 @@ fn read_names(r: &Reader<'_>) -> Result<TensorNames> {
     })
 }
 
-/// `engine.dynamic_batching.block_size`: a power of two of at least 16, as ONNX Runtime's
-/// PagedAttention accepts (and onnxruntime-genai's builder checks).
+/// `engine.dynamic_batching.block_size`, at least 1 and at most the engine's largest block.
+/// (ONNX Runtime's PagedAttention wants a power of two of at least 16, which its session checks;
+/// a reference-kernel folder runs any size.)
 fn read_paged_block_size(r: &Reader<'_>) -> Result<Option<u32>> {
     const PATH: &str = "engine.dynamic_batching.block_size";
+    const MAX_BLOCK_SIZE: u32 = 4096;
     let Some(value) = r.get(PATH) else { return Ok(None) };
-    let block_size = r.count(PATH, value, 16)?;
-    if !block_size.is_power_of_two() {
-        return Err(load_error(r.file, format!("{PATH} must be a power of two, got {block_size}")));
+    let block_size = r.count(PATH, value, 1)?;
+    if block_size > MAX_BLOCK_SIZE {
+        return Err(load_error(r.file, format!("{PATH} must be at most {MAX_BLOCK_SIZE}, got {block_size}")));
     }
     Ok(Some(block_size))
 }
@@ -711,10 +713,10 @@ mod tests {
             load_json(&value)
         };
         expect_error(
-            paged_with(|v| v["engine"]["dynamic_batching"]["block_size"] = json!(24)),
-            "engine.dynamic_batching.block_size must be a power of two",
+            paged_with(|v| v["engine"]["dynamic_batching"]["block_size"] = json!(8192)),
+            "engine.dynamic_batching.block_size must be at most 4096",
         );
-        expect_error(paged_with(|v| v["engine"]["dynamic_batching"]["block_size"] = json!(8)), "at least 16");
+        expect_error(paged_with(|v| v["engine"]["dynamic_batching"]["block_size"] = json!(0)), "at least 1");
         expect_error(
             paged_with(|v| v["model"]["decoder"]["inputs"]["block_table_windowed"] = json!("block_table_windowed")),
             "block_table_windowed: sliding-window layers served from a ring of blocks",

@@ -4,14 +4,16 @@
 // a fresh one, logits only where asked. The oracle is the gqa folder of the same seed (the same
 // weights), teacher-forced over each row's whole sequence in one run.
 
+import onnxProto from 'onnx-proto'
 import ort from 'onnxruntime-node'
 import type { Tensor } from 'onnxruntime-node'
 import { spawnSync } from 'node:child_process'
 import { readFileSync, readdirSync } from 'node:fs'
 import { dirname, join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { describe, expect, it } from 'vitest'
+import { beforeAll, describe, expect, it } from 'vitest'
 import { readModelConfig } from '../../ts/modelkit/genai-config'
+import { makeModel, type ModelSummary } from '../../ts/modelkit/make-model'
 import { tinyPrompt, useTinyModels } from '../helpers/tiny-models'
 import { PagedModel, type PagedPool } from '../reference/paged'
 import { ReferenceModel, argmax, floatData } from '../reference/reference'
@@ -21,6 +23,8 @@ const models = useTinyModels('paged', {
   gqa: { attention: 'gqa', seed: SEED },
   paged: { attention: 'paged', pagedKernel: 'reference', seed: SEED },
   'paged block 4': { attention: 'paged', pagedKernel: 'reference', blockSize: 4, seed: SEED },
+  'gqa fp16': { attention: 'gqa', dtype: 'fp16', seed: SEED },
+  'paged fp16': { attention: 'paged', pagedKernel: 'reference', dtype: 'fp16', seed: SEED },
 })
 
 /** Every position's logits of `tokens` run alone from an empty past ([S][vocab]). */
@@ -138,5 +142,155 @@ describe('ortex make-model --attention paged', () => {
     expect(run.stdout).toMatch(/tiny paged seed 5 reference kernel block 4,/)
     const made = models.dirs['paged block 4']
     for (const file of readdirSync(made)) expect(readFileSync(join(out, file)).equals(readFileSync(join(made, file))), file).toBe(true)
+  })
+})
+
+/** Top-1 agreement of two lists of logits, and the largest difference. */
+function agreement(a: Float32Array[], b: Float32Array[]): { agree: number; worst: number } {
+  let agree = 0
+  let worst = 0
+  a.forEach((row, i) => {
+    if (argmax(row) === argmax(b[i]!)) agree++
+    for (let j = 0; j < row.length; j++) worst = Math.max(worst, Math.abs(row[j]! - b[i]![j]!))
+  })
+  return { agree: agree / a.length, worst }
+}
+
+describe('float16 folders (--dtype fp16) on the CPU provider', () => {
+  // onnxruntime-node's CPU provider runs them: nodes without a float16 CPU kernel (MatMul on x86,
+  // ...) get float32 Casts inserted around them at load (its InsertCastTransformer).
+  const prompt = tinyPrompt(60, 11)
+
+  it('the paged reference kernel in float16 picks what the float32 folder picks', async () => {
+    const [f16, f32] = await Promise.all([PagedModel.load(models.dirs['paged fp16']), PagedModel.load(models.dirs.paged)])
+    try {
+      expect(f16.kvType).toBe('float16')
+      const all = prompt.map((_, i) => i)
+      const rows = [{ blocks: [3, 1, 0, 2], past: 0, tokens: prompt }]
+      const half = await f16.run(f16.pool(4), rows, all)
+      const full = await f32.run(f32.pool(4), rows, all)
+      const { agree, worst } = agreement(half, full)
+      expect(agree).toBeGreaterThanOrEqual(0.95)
+      expect(worst).toBeLessThan(0.2)
+    } finally {
+      await Promise.all([f16.release(), f32.release()])
+    }
+  })
+
+  it('the gqa folder in float16 picks what the float32 folder picks', async () => {
+    const half = await teacherForced(models.references['gqa fp16'], prompt)
+    const full = await teacherForced(models.references.gqa, prompt)
+    const { agree, worst } = agreement(half, full)
+    expect(agree).toBeGreaterThanOrEqual(0.95)
+    expect(worst).toBeLessThan(0.2)
+  })
+})
+
+/**
+ * The cuda kernel's folder, held against onnxruntime-genai 0.18's builder (`-p fp16 -e cuda
+ * --extra_options use_paged_attention=true prune_lm_head=true`), builders/base.py:
+ *   input names, types, shapes          163-220 (input_names / input_types / input_shapes),
+ *                                       581-592 (make_inputs_init: paged shapes, no attention_mask),
+ *                                       638-644 (make_outputs_init: caches, logits [num_logits, vocab]),
+ *                                       2200-2217 (make_inputs_and_outputs: every key, then every value)
+ *   PagedAttention inputs, domain       4515-4580 (make_paged_attention: slot 16 attention_metadata)
+ *   its attributes                      4259-4270 (get_attention_op_attributes), 744-746 (do_rotary
+ *                                       on CUDA: is_fused_rope_supported)
+ *   genai_config inputs, engine         1324-1333, 1473-1486 (make_genai_config), 144-146 (cuda
+ *                                       provider options), 1537-1577 (state_groups)
+ */
+describe('the cuda kernel folder (--attention paged --dtype fp16)', () => {
+  const { onnx } = onnxProto
+  const T = onnx.TensorProto.DataType
+  let dir = ''
+  let summary: ModelSummary
+  beforeAll(async () => {
+    dir = join(models.root(), 'paged-cuda')
+    summary = await makeModel({ outDir: dir, size: 'tiny', attention: 'paged', dtype: 'fp16', seed: SEED })
+  })
+  const model = () => onnx.ModelProto.decode(readFileSync(join(dir, 'model.onnx')))
+  const config = () => JSON.parse(readFileSync(join(dir, 'genai_config.json'), 'utf8'))
+
+  it('is made with the cuda kernel by default', () => {
+    expect(summary.paged).toEqual({ kernel: 'cuda', blockSize: 16 })
+    const meta = Object.fromEntries(model().metadataProps!.map((p) => [p.key, p.value]))
+    expect(meta).toMatchObject({ 'ortex.attention': 'paged', 'ortex.paged_kernel': 'cuda', 'ortex.block_size': '16', 'ortex.dtype': 'fp16', 'ortex.kv': 'fp16' })
+  })
+
+  it("has the builder's inputs and outputs", () => {
+    const shape = (v: onnxProto.onnx.IValueInfoProto) => v.type!.tensorType!.shape!.dim!.map((d) => d.dimParam || Number(d.dimValue))
+    const io = (list: onnxProto.onnx.IValueInfoProto[]) => list.map((v) => [v.name, v.type!.tensorType!.elemType, shape(v)])
+    const cache = ['num_blocks', 'block_size', 2, 16]
+    expect(io(model().graph!.input!)).toEqual([
+      ['input_ids', T.INT64, ['num_tokens']],
+      ['past_key_values.0.key', T.FLOAT16, cache],
+      ['past_key_values.1.key', T.FLOAT16, cache],
+      ['past_key_values.0.value', T.FLOAT16, cache],
+      ['past_key_values.1.value', T.FLOAT16, cache],
+      ['block_table', T.INT32, ['batch_size', 'max_num_blocks']],
+      ['cumulative_sequence_lengths', T.INT32, ['batch_size + 1']],
+      ['past_sequence_lengths', T.INT32, ['batch_size']],
+      ['attention_metadata', T.INT32, [3]],
+      ['logits_indices', T.INT32, ['num_logits']],
+    ])
+    expect(io(model().graph!.output!)).toEqual([
+      ['logits', T.FLOAT16, ['num_logits', 512]],
+      ['present.0.key', T.FLOAT16, cache],
+      ['present.1.key', T.FLOAT16, cache],
+      ['present.0.value', T.FLOAT16, cache],
+      ['present.1.value', T.FLOAT16, cache],
+    ])
+  })
+
+  it("each layer's com.microsoft.PagedAttention has the builder's inputs and attributes", () => {
+    const graph = model().graph!
+    const nodes = graph.node!.filter((n) => n.opType === 'PagedAttention')
+    expect(nodes).toHaveLength(2)
+    nodes.forEach((node, l) => {
+      expect(node.domain).toBe('com.microsoft')
+      const [q, k, v, ...rest] = node.input!
+      expect([q, k, v]).toEqual([`/model/layers.${l}/attn/q_proj/MatMul/output_0`, `/model/layers.${l}/attn/k_proj/MatMul/output_0`, `/model/layers.${l}/attn/v_proj/MatMul/output_0`])
+      expect(rest).toEqual([
+        `past_key_values.${l}.key`,
+        `past_key_values.${l}.value`,
+        'cumulative_sequence_lengths',
+        'past_sequence_lengths',
+        'block_table',
+        'cos_cache',
+        'sin_cache',
+        '', // slot_mapping
+        '', // head_sink
+        '', // q_norm_weight
+        '', // k_norm_weight
+        '', // k_scale
+        '', // v_scale
+        'attention_metadata',
+      ])
+      expect(node.output!.slice(1)).toEqual([`present.${l}.key`, `present.${l}.value`])
+      const attrs = Object.fromEntries(node.attribute!.map((a) => [a.name, a.type === onnx.AttributeProto.AttributeType.FLOAT ? a.f : Number(a.i)]))
+      expect(attrs).toEqual({ num_heads: 4, kv_num_heads: 2, scale: 0.25, local_window_size: -1, softcap: 0, do_rotary: 1, rotary_interleaved: 0 })
+    })
+    // The rotary tables and every weight are float16 initializers (the kernel takes one type).
+    const types = new Map(graph.initializer!.map((t) => [t.name, t.dataType]))
+    expect(types.get('cos_cache')).toBe(T.FLOAT16)
+    expect(types.get('model.layers.0.self_attn.q_proj.weight')).toBe(T.FLOAT16)
+    // Rows are selected by logits_indices after the last attention, before the final norm.
+    expect(graph.node!.find((n) => n.input!.includes('logits_indices'))!.name).toBe('/model/selected_rows/Gather')
+  })
+
+  it("genai_config.json names the CUDA provider as the builder's -e cuda does", () => {
+    const c = config()
+    expect(c.model.decoder.session_options.provider_options).toEqual([{ cuda: { enable_cuda_graph: '0' } }])
+    expect(c.model.decoder.inputs.block_table).toBe('block_table')
+    expect(c.engine.dynamic_batching.block_size).toBe(16)
+  })
+
+  it("does not load on onnxruntime-node's CPU provider (PagedAttention has a CUDA kernel only)", async () => {
+    await expect(ort.InferenceSession.create(join(dir, 'model.onnx'), { executionProviders: ['cpu'] })).rejects.toThrow(/PagedAttention/)
+  })
+
+  it('the reference kernel is standard operators only', () => {
+    const reference = onnx.ModelProto.decode(readFileSync(join(models.dirs.paged, 'model.onnx')))
+    expect(reference.graph!.node!.filter((n) => n.domain).map((n) => n.opType)).toEqual([])
   })
 })

@@ -164,6 +164,13 @@ export interface LlamaGraphOptions {
   kv?: KvType
   /** The logits' element type; default `kv`'s. */
   logits?: KvType
+  /**
+   * The weights' and the arithmetic's element type; default fp32. fp16 (gqa and paged): every
+   * float weight is float16 in the data file and the graph computes in float16, RMSNorm as
+   * SimplifiedLayerNormalization with float32 statistics (stash_type 1), as onnxruntime-genai's
+   * builder makes `-p fp16` folders; past and present must then be fp16.
+   */
+  dtype?: KvType
   /** gqa only; default none. */
   window?: GraphWindow
   /** paged only (required there): the attention kernel and the cache's block size (paged.ts). */
@@ -187,8 +194,10 @@ export function windowedLayers(numLayers: number, window: GraphWindow | undefine
 interface GraphContext {
   g: GraphBuilder
   d: LlamaDims
-  options: Required<Omit<LlamaGraphOptions, 'window' | 'causalMask' | 'logits' | 'paged'>> &
+  options: Required<Omit<LlamaGraphOptions, 'window' | 'causalMask' | 'logits' | 'paged' | 'dtype'>> &
     Pick<LlamaGraphOptions, 'window' | 'causalMask' | 'paged'>
+  /** The element type of the weights and the arithmetic. */
+  computeType: ElementType
   /** The element type of past and present. */
   kvType: ElementType
   /** The element type of the logits. */
@@ -223,7 +232,7 @@ export function buildLlamaGraph(
 ): GraphBuilder {
   if (d.numHeads % d.numKvHeads !== 0) throw new Error('num_heads must be a multiple of num_kv_heads')
   if (d.headSize % 2 !== 0) throw new Error('head_size must be even (rotary embedding)')
-  const { logits, ...given } = typeof attentionOrOptions === 'string' ? { attention: attentionOrOptions } : attentionOrOptions
+  const { logits, dtype, ...given } = typeof attentionOrOptions === 'string' ? { attention: attentionOrOptions } : attentionOrOptions
   const options: GraphContext['options'] = {
     attentionBias: false,
     tiedEmbeddings: false,
@@ -234,6 +243,7 @@ export function buildLlamaGraph(
   if (options.window && options.attention !== 'gqa') throw new Error('a sliding window needs the gqa attention form')
   if (options.causalMask === 'square' && options.attention !== 'mha') throw new Error('a square causal mask needs the mha form')
   if ((options.attention === 'paged') !== (options.paged !== undefined)) throw new Error('the paged form needs its kernel and block size (and only it)')
+  if (dtype === 'fp16' && (options.attention === 'mha' || options.kv !== 'fp16')) throw new Error('float16 weights need the gqa or paged form and float16 KV')
   const g = new GraphBuilder(`ortex-llama-${options.attention}`)
   const added = new Set<string>()
   const w = (name: string): string => {
@@ -247,6 +257,7 @@ export function buildLlamaGraph(
     g,
     d,
     options,
+    computeType: elementType(dtype ?? 'fp32'),
     kvType: elementType(options.kv),
     logitsType: elementType(logits ?? options.kv),
     w,
@@ -276,10 +287,10 @@ export function buildLlamaGraph(
 }
 
 /** The paged kernels' view of the graph (float32 arithmetic; caches of the KV type). */
-function pagedGraph({ g, d, options, kvType }: GraphContext): PagedGraph {
+function pagedGraph({ g, d, options, kvType, computeType }: GraphContext): PagedGraph {
   const { blockSize } = options.paged!
   if (!Number.isInteger(blockSize) || blockSize < 1) throw new Error(`block size must be a positive integer, got ${blockSize}`)
-  return { g, numHeads: d.numHeads, numKvHeads: d.numKvHeads, headSize: d.headSize, blockSize, kvType, computeType: DataType.FLOAT }
+  return { g, numHeads: d.numHeads, numKvHeads: d.numKvHeads, headSize: d.headSize, blockSize, kvType, computeType }
 }
 
 function declarePaged({ d, logitsType }: GraphContext, p: PagedGraph): void {
@@ -366,7 +377,7 @@ function squareCausal(g: GraphBuilder, Sn: string, T: string, qCol: string, b: s
 
 /** gqa: seqlens_k and total_sequence_length from attention_mask, as the builder computes them;
  *  the rotary tables in the KV type (GroupQueryAttention takes every float input in one type). */
-function gqaSequenceLengths({ g, kvType }: GraphContext, shared: SharedInputs): NonNullable<SharedInputs['gqa']> {
+function gqaSequenceLengths({ g, kvType, computeType }: GraphContext, shared: SharedInputs): NonNullable<SharedInputs['gqa']> {
   const b = '/model/attn_mask_reformat/attn_mask_subgraph'
   const sum = g.op('ReduceSum', [ATTENTION_MASK, g.int64([1])], { keepdims: I(0) }, { name: `${b}/ReduceSum` })
   const sub = g.op('Sub', [sum, g.int64([1], [])], undefined, { name: `${b}/Sub` })
@@ -374,7 +385,7 @@ function gqaSequenceLengths({ g, kvType }: GraphContext, shared: SharedInputs): 
   const shape = g.op('Shape', [ATTENTION_MASK], undefined, { name: `${b}/Shape` })
   const total = g.op('Gather', [shape, g.int64([1], [])], { axis: I(0) }, { name: `${b}/Gather` })
   const totalSeqLen = g.op('Cast', [total], { to: I(DataType.INT32) }, { name: `${b}/Gather/Cast` })
-  if (kvType === DataType.FLOAT) return { seqlensK, totalSeqLen, cosCache: shared.cosCache, sinCache: shared.sinCache }
+  if (kvType === computeType) return { seqlensK, totalSeqLen, cosCache: shared.cosCache, sinCache: shared.sinCache }
   const to = { to: I(kvType) }
   const cosCache = g.op('Cast', [shared.cosCache], to, { name: '/model/rotary/cos_cache/Cast' })
   const sinCache = g.op('Cast', [shared.sinCache], to, { name: '/model/rotary/sin_cache/Cast' })
@@ -399,7 +410,13 @@ function decoderLayer(ctx: GraphContext, shared: SharedInputs, x: string, l: num
   return g.op('Add', [x, down], undefined, { name: `${base}/mlp/residual` })
 }
 
-function rmsNorm({ g, d, w }: GraphContext, x: string, weight: string, base: string): string {
+function rmsNorm({ g, d, w, computeType }: GraphContext, x: string, weight: string, base: string): string {
+  if (computeType !== DataType.FLOAT) {
+    // float16: x^2 overflows past |x| = 256 (real models' residual streams get there), so the
+    // statistics are float32 inside the operator, as the builder's float16 folders do it.
+    const attrs = { axis: I(-1), epsilon: F(d.rmsNormEps), stash_type: I(1) }
+    return g.op('SimplifiedLayerNormalization', [x, w(weight)], attrs, { name: `${base}/SimplifiedLayerNormalization` })
+  }
   const sq = g.op('Pow', [x, g.float([2], [])], undefined, { name: `${base}/Pow` })
   const mean = g.op('ReduceMean', [sq, g.int64([-1])], { keepdims: I(1) }, { name: `${base}/ReduceMean` })
   const eps = g.op('Add', [mean, g.float([d.rmsNormEps], [])], undefined, { name: `${base}/Add` })
@@ -429,10 +446,10 @@ function pagedCore(ctx: GraphContext, shared: SharedInputs, q: string, k: string
 }
 
 function gqaCore(ctx: GraphContext, shared: SharedInputs, q: string, k: string, v: string, l: number): string {
-  const { g, d, kvType, options } = ctx
+  const { g, d, kvType, computeType, options } = ctx
   const base = `/model/layers.${l}/attn`
   const { seqlensK, totalSeqLen, cosCache, sinCache } = shared.gqa!
-  const half = kvType !== DataType.FLOAT
+  const half = kvType !== computeType
   const toKv = (x: string, tag: string) => (half ? g.op('Cast', [x], { to: I(kvType) }, { name: `${base}/${tag}/Cast` }) : x)
   const windowed = windowedLayers(d.numLayers, options.window).includes(l)
   const attrs: Record<string, ReturnType<typeof I>> = {
@@ -455,7 +472,7 @@ function gqaCore(ctx: GraphContext, shared: SharedInputs, q: string, k: string, 
       attrs,
     },
   ) as [string]
-  return half ? g.op('Cast', [out], { to: I(DataType.FLOAT) }, { name: `${base}/GroupQueryAttention/Cast` }) : out
+  return half ? g.op('Cast', [out], { to: I(computeType) }, { name: `${base}/GroupQueryAttention/Cast` }) : out
 }
 
 function mhaCore(ctx: GraphContext, shared: SharedInputs, q: string, k: string, v: string, l: number): string {
@@ -522,8 +539,8 @@ function mlp(ctx: GraphContext, h: string, l: number): string {
 
 function lmHead(ctx: GraphContext, x: string): void {
   const { g, options, w } = ctx
-  // float16 logits: computed in float32, cast at the end.
-  const half = ctx.logitsType !== DataType.FLOAT
+  // Logits of another type than the arithmetic's (float16 logits of a float32 model): cast at the end.
+  const half = ctx.logitsType !== ctx.computeType
   const out = half ? '/lm_head/output_float' : LOGITS
   if (options.linear.kind === 'fp32' && options.tiedEmbeddings) {
     const t = g.op('Transpose', [w('model.embed_tokens.weight')], { perm: Is([1, 0]) }, { name: '/lm_head/Transpose' })

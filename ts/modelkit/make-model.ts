@@ -16,7 +16,7 @@ import {
 import type { PagedKernel } from './paged'
 import { CONFIG_FILE, DATA_FILE, MODEL_FILE, fileSizes, writeConfigLast, writeModelFile } from './model-folder'
 import { BOS_TOKEN_ID, EOS_TOKEN_ID, PAD_TOKEN_ID, tokenizerFiles, trainBpe } from './tokenizer'
-import { layoutWeights, writeWeights } from './weights'
+import { asHalfSpecs, layoutWeights, writeWeights } from './weights'
 
 export type ModelSize = 'tiny' | 'bench'
 export type { AttentionForm, KvType, LlamaDims } from './llama'
@@ -74,8 +74,12 @@ export interface MakeModelOptions {
   size?: ModelSize
   attention?: AttentionForm
   seed?: number
-  /** past, present and logits; default fp32 (weights and arithmetic stay float32). */
+  /** past, present and logits; default fp32 (weights and arithmetic stay float32), or `dtype`'s. */
   kv?: KvType
+  /** Weights, arithmetic, KV and logits (gqa and paged): fp32 (default) or fp16, as
+   *  onnxruntime-genai's builder writes `-p fp16 -e cuda` folders (the CUDA provider named in
+   *  genai_config.json, but for the paged reference kernel, a CPU form). */
+  dtype?: KvType
   window?: WindowOption
   /** mha only: `'square'` builds the causal mask as the builder's MultiHeadAttention folders do
    *  (a chunk after a past fails inside the graph; see llama.ts). Default `'full'`. */
@@ -98,6 +102,7 @@ export interface ModelSummary {
   attention: AttentionForm
   seed: number
   kv: KvType
+  dtype: KvType
   window?: WindowOption
   /** The paged form's kernel and block size. */
   paged?: { kernel: PagedKernel; blockSize: number }
@@ -111,7 +116,7 @@ export interface ModelSummary {
 
 export async function makeModel(options: MakeModelOptions): Promise<ModelSummary> {
   const started = Date.now()
-  const { size, attention, seed, kv, window, paged } = checkOptions(options)
+  const { size, attention, seed, kv, dtype, window, paged } = checkOptions(options)
   const causalMask = options.causalMask ?? 'full'
   if (causalMask === 'square' && attention !== 'mha') throw new Error('a square causal mask needs the mha attention form')
   const outDir = resolve(options.outDir)
@@ -119,14 +124,18 @@ export async function makeModel(options: MakeModelOptions): Promise<ModelSummary
   await mkdir(outDir, { recursive: true })
   await writeTokenizer(outDir, dims)
   // Weights (independent of the attention form), streamed to the external data file.
-  const specs = weightSpecs(dims)
+  const specs = dtype === 'fp16' ? asHalfSpecs(weightSpecs(dims)) : weightSpecs(dims)
   const layout = layoutWeights(specs, DATA_FILE)
   await writeWeights(join(outDir, DATA_FILE), specs, layout, dims, seed, options.onProgress)
   const parameters = countParameters(dims)
   const graphWindow = window && { size: window.size, form: window.form === 'config' ? ('none' as const) : window.form }
   await writeModelFile(
     outDir,
-    buildLlamaGraph(dims, { attention, kv, causalMask, ...(graphWindow ? { window: graphWindow } : {}), ...(paged ? { paged } : {}) }, layout.tensors),
+    buildLlamaGraph(
+      dims,
+      { attention, kv, causalMask, ...(graphWindow ? { window: graphWindow } : {}), ...(paged ? { paged } : {}), ...(dtype === 'fp16' ? { dtype } : {}) },
+      layout.tensors,
+    ),
     { name: 'ortex make-model', version: String(GENERATOR_VERSION) },
     {
       'ortex.attention': attention,
@@ -136,6 +145,7 @@ export async function makeModel(options: MakeModelOptions): Promise<ModelSummary
       'ortex.generator_version': String(GENERATOR_VERSION),
       // Only the variants carry these, so that the default folders' bytes stay as they were.
       ...(kv === 'fp32' ? {} : { 'ortex.kv': kv }),
+      ...(dtype === 'fp32' ? {} : { 'ortex.dtype': dtype }),
       ...(window ? { 'ortex.window': `${window.form} ${window.size}` } : {}),
       ...(causalMask === 'full' ? {} : { 'ortex.causal_mask': causalMask }),
       ...(paged ? { 'ortex.paged_kernel': paged.kernel, 'ortex.block_size': String(paged.blockSize) } : {}),
@@ -156,10 +166,11 @@ export async function makeModel(options: MakeModelOptions): Promise<ModelSummary
       padTokenId: PAD_TOKEN_ID,
       ...(slidingWindow ? { slidingWindow } : {}),
       ...(paged ? { blockSize: paged.blockSize } : {}),
+      provider: dtype === 'fp16' && paged?.kernel !== 'reference' ? 'cuda' : 'cpu',
     }),
   )
   const { files, totalBytes } = await fileSizes(outDir, FOLDER_FILES)
-  const summary = { outDir, size, attention, seed, kv, parameters, dims, files, totalBytes, elapsedMs: Date.now() - started }
+  const summary = { outDir, size, attention, seed, kv, dtype, parameters, dims, files, totalBytes, elapsedMs: Date.now() - started }
   return { ...summary, ...(window ? { window } : {}), ...(paged ? { paged } : {}) }
 }
 
@@ -170,13 +181,15 @@ function checkOptions(options: MakeModelOptions): {
   attention: AttentionForm
   seed: number
   kv: KvType
+  dtype: KvType
   window: WindowOption | undefined
   paged: { kernel: PagedKernel; blockSize: number } | undefined
 } {
   const size = options.size ?? 'tiny'
   const attention = options.attention ?? 'gqa'
   const seed = options.seed ?? 0
-  const kv = options.kv ?? 'fp32'
+  const dtype = options.dtype ?? 'fp32'
+  const kv = options.kv ?? dtype
   const window = options.window
   if (!(size in SIZES)) throw new Error(`unknown size "${size}" (tiny or bench)`)
   if (attention !== 'mha' && attention !== 'gqa' && attention !== 'paged') throw new Error(`unknown attention "${attention}" (mha, gqa or paged)`)
@@ -184,6 +197,9 @@ function checkOptions(options: MakeModelOptions): {
     throw new Error(`seed must be an integer in [0, 4294967295], got ${seed}`)
   }
   if (kv !== 'fp32' && kv !== 'fp16') throw new Error(`unknown kv "${kv}" (fp32 or fp16)`)
+  if (dtype !== 'fp32' && dtype !== 'fp16') throw new Error(`unknown dtype "${dtype}" (fp32 or fp16)`)
+  if (dtype === 'fp16' && attention === 'mha') throw new Error('float16 weights (dtype fp16) need the gqa or paged attention form')
+  if (dtype === 'fp16' && kv !== 'fp16') throw new Error('float16 weights (dtype fp16) keep float16 KV')
   if (window) {
     if (attention !== 'gqa') throw new Error('a sliding window needs the gqa attention form')
     if (!['cache', 'config', 'graph'].includes(window.form)) throw new Error(`unknown window form "${window.form}" (cache, config or graph)`)
@@ -193,10 +209,10 @@ function checkOptions(options: MakeModelOptions): {
     }
   }
   if (!options.outDir) throw new Error('outDir is required')
-  return { size, attention, seed, kv, window, paged: checkPaged(options, size, attention) }
+  return { size, attention, seed, kv, dtype, window, paged: checkPaged(options, size, attention, dtype) }
 }
 
-function checkPaged(options: MakeModelOptions, size: ModelSize, attention: AttentionForm): { kernel: PagedKernel; blockSize: number } | undefined {
+function checkPaged(options: MakeModelOptions, size: ModelSize, attention: AttentionForm, dtype: KvType): { kernel: PagedKernel; blockSize: number } | undefined {
   if (attention !== 'paged') {
     if (options.pagedKernel !== undefined || options.blockSize !== undefined) throw new Error('a paged kernel or block size needs the paged attention form')
     return undefined
@@ -209,7 +225,7 @@ function checkPaged(options: MakeModelOptions, size: ModelSize, attention: Atten
   }
   // ONNX Runtime's PagedAttention runs on CUDA in float16 or bfloat16 only (the builder refuses
   // any other type for it, base.py make_attention_init).
-  if (kernel === 'cuda') throw new Error('the cuda paged kernel needs float16 (--dtype fp16); the reference kernel runs float32')
+  if (kernel === 'cuda' && dtype !== 'fp16') throw new Error('the cuda paged kernel needs float16 (--dtype fp16); the reference kernel runs float32')
   return { kernel, blockSize }
 }
 

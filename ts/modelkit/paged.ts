@@ -95,13 +95,9 @@ export function declarePagedInputsOutputs(
   }
 }
 
-/** The tensors the layers share; `cosCache`/`sinCache` are the float32 [context, D/2] tables. */
+/** The tensors the layers share; `cosCache`/`sinCache` are the [context, D/2] tables in the compute type. */
 export function pagedShared(p: PagedGraph, kernel: PagedKernel, inputIds: string, cosCache: string, sinCache: string): PagedShared {
-  const { g } = p
-  const castTables = p.computeType !== DataType.FLOAT
-  const cast = (t: string, tag: string) =>
-    castTables ? g.op('Cast', [t], { to: I(p.computeType) }, { name: `/model/rotary/${tag}/Cast` }) : t
-  const shared: PagedShared = { cosCache: cast(cosCache, 'cos_cache'), sinCache: cast(sinCache, 'sin_cache') }
+  const shared: PagedShared = { cosCache, sinCache }
   if (kernel === 'reference') shared.reference = referenceShared(p, inputIds, shared)
   return shared
 }

@@ -9,6 +9,7 @@ import { readFileSync, writeFileSync, cpSync } from 'node:fs'
 import { join } from 'node:path'
 import { Engine } from 'ortex'
 import { describe, expect, it } from 'vitest'
+import { makeModel } from '../../ts/modelkit/make-model'
 import { expectModelLoad, tinyPrompt, useTinyModels } from '../helpers/tiny-models'
 
 const SEED = 7
@@ -16,6 +17,8 @@ const models = useTinyModels('paged-engine', {
   gqa: { attention: 'gqa', seed: SEED },
   paged: { attention: 'paged', pagedKernel: 'reference', seed: SEED },
   'paged block 4': { attention: 'paged', pagedKernel: 'reference', blockSize: 4, seed: SEED },
+  'gqa fp16': { attention: 'gqa', dtype: 'fp16', seed: SEED },
+  'paged fp16': { attention: 'paged', pagedKernel: 'reference', dtype: 'fp16', seed: SEED },
 })
 
 type NativeEngine = Awaited<ReturnType<typeof Engine.load>>
@@ -72,6 +75,19 @@ describe('paged folder, reference kernel, on the CPU provider', () => {
     })
   }
 
+  it('a prompt prefilled alone in chunks (steps that sample no row) gives the gqa folder\'s tokens', async () => {
+    const prompt = [tinyPrompt(41, 61)]
+    const expected = await withEngine(models.dirs.gqa, options, (e) => staggered(e, prompt, 6))
+    await withEngine(models.dirs.paged, options, async (engine) => {
+      expect(await staggered(engine, prompt, 6)).toEqual(expected)
+      // ceil(41 / 16) = 3 prefill steps, 2 of them sampling nothing, then 5 decodes: the logits of
+      // the 6 sampled rows and of the index the 2 others asked for (dropped).
+      const stats = engine.executorStats()!
+      expect(stats.steps).toBe(8)
+      expect(stats.logitsBytes).toBe(8 * 512 * 4)
+    })
+  })
+
   it("the gqa folder's stats count the KV it copies, the paged folder's none", async () => {
     await withEngine(models.dirs.gqa, options, async (engine) => {
       await staggered(engine, PROMPTS.slice(0, 2), 4)
@@ -108,7 +124,23 @@ describe('paged folder, reference kernel, on the CPU provider', () => {
     expect(error.message).toContain('block size 4')
   })
 
-  it('a folder whose kernel is CUDA PagedAttention fails to load on the CPU, saying what runs there', async () => {
+  it("a float16 folder keeps its pool in float16 and gives the float16 gqa folder's tokens", async () => {
+    const expected = await withEngine(models.dirs['gqa fp16'], options, (e) => staggered(e, PROMPTS, 12))
+    await withEngine(models.dirs['paged fp16'], options, async (engine) => {
+      expect(engine.config.kvPositionBytes).toBe(256) // 2 layers x (keys, values) x 2 heads x 16 x 2 bytes
+      expect(await staggered(engine, PROMPTS, 12)).toEqual(expected)
+      expect(engine.executorStats()!.kvCopiedBytes).toBe(0)
+    })
+  })
+
+  it("a folder with com.microsoft.PagedAttention fails to load on 'cpu', saying what runs there", async () => {
+    // Made here: useTinyModels opens a plain CPU session on each folder, which this one cannot have.
+    const dir = join(models.root(), 'cuda-kernel')
+    await makeModel({ attention: 'paged', pagedKernel: 'cuda', dtype: 'fp16', seed: SEED, size: 'tiny', outDir: dir })
+    await expectModelLoad(dir, {}, 'model.onnx', 'PagedAttention', 'CUDA only', "executionProvider: 'cuda'")
+  })
+
+  it('a folder whose metadata says the cuda kernel fails to load on the CPU, saying what runs there', async () => {
     // The reference folder with its metadata saying the cuda kernel: metadata_props is a
     // top-level field of the model, so the entry is rewritten in place with its own length.
     const dir = join(models.root(), 'says-cuda')

@@ -131,7 +131,8 @@ fn check_paged_kernel(plan: &AttentionPlan, declared: Option<&str>, provider: Ex
 pub struct LoadedEngine {
     pub engine: Engine,
     pub stats: Arc<ExecutorStats>,
-    /// The model's files (the weights ONNX Runtime holds) plus the KV pool, in bytes.
+    /// The model's files (the weights ONNX Runtime holds) plus the KV pool when it is in host
+    /// memory, in bytes.
     pub memory_bytes: u64,
 }
 
@@ -143,7 +144,10 @@ pub fn load_engine(dir: &Path, options: &LoadOptions, library: Option<&Path>) ->
     };
     let model = Model::load(dir, settings, library)?;
     let stats = model.executor.stats();
-    let kv_bytes_per_token = model.executor.kv_bytes_per_position();
+    // A paged folder's pool under CUDA is device memory, which is no pressure on the host's heap.
+    let kv_on_device = model.executor.attention_form() == AttentionForm::Paged
+        && settings.execution_provider == ExecutionProvider::Cuda;
+    let kv_bytes_per_token = if kv_on_device { 0 } else { model.executor.kv_bytes_per_position() };
     let engine = Engine::new(&options.engine, Box::new(model.executor), Box::new(model.codec), 0)?;
     let kv_tokens = u64::from(engine.config().num_blocks) * u64::from(engine.config().block_size);
     let memory_bytes = folder_bytes(dir) + kv_tokens * kv_bytes_per_token;

@@ -95,6 +95,52 @@ describe('paged folder, reference kernel, float32', () => {
     })
   }
 
+  it('runs in place: each present bound to its past\'s buffer gives the same logits and pool', async () => {
+    const paged = await PagedModel.load(models.dirs['paged block 4'])
+    try {
+      const rows = (past: number) => [
+        { blocks: [4, 1, 6], past, tokens: tinyPrompt(past === 0 ? 7 : 3, past) },
+        { blocks: [0, 5, 2], past, tokens: tinyPrompt(past === 0 ? 5 : 4, past + 1) },
+      ]
+      const copied = paged.pool(7, 1000)
+      const bound = paged.pool(7, 1000)
+      const buffers = [...bound.keys, ...bound.values]
+      for (const past of [0, 7]) {
+        const indices = past === 0 ? [6, 11] : [2, 6]
+        const want = await paged.run(copied, rows(past), indices)
+        const got = await paged.run(bound, rows(past), indices, { inPlace: true })
+        expect(got).toEqual(want)
+      }
+      // The arrays first bound hold the written pool: the graph wrote where they are.
+      expect(buffers.map((b) => Array.from(b))).toEqual([...copied.keys, ...copied.values].map((b) => Array.from(b)))
+    } finally {
+      await paged.release()
+    }
+  })
+
+  it('a chunk with no logits wanted still fills the cache; a row with no new tokens is carried along', async () => {
+    const paged = await PagedModel.load(models.dirs['paged block 4'])
+    try {
+      const prompt = tinyPrompt(9, 21)
+      const pool = paged.pool(5)
+      // A prefill chunk mid-prompt samples nothing: num_logits 0.
+      expect(await paged.run(pool, [{ blocks: [3, 1, 4], past: 0, tokens: prompt.slice(0, 6) }], [])).toEqual([])
+      // The rest of the prompt beside a row with nothing new (its block table row still given).
+      const [last] = await paged.run(
+        pool,
+        [
+          { blocks: [2], past: 0, tokens: [] },
+          { blocks: [3, 1, 4], past: 6, tokens: prompt.slice(6) },
+        ],
+        [2],
+      )
+      const want = await teacherForced(models.references.gqa, prompt)
+      expectClose(last!, want.at(-1)!, 1e-3)
+    } finally {
+      await paged.release()
+    }
+  })
+
   it('writes each new key at its slot: block_table[row][p / block_size], slot p % block_size', async () => {
     const paged = await PagedModel.load(models.dirs['paged block 4'])
     try {
@@ -249,7 +295,12 @@ describe('the cuda kernel folder (--attention paged --dtype fp16)', () => {
     nodes.forEach((node, l) => {
       expect(node.domain).toBe('com.microsoft')
       const [q, k, v, ...rest] = node.input!
-      expect([q, k, v]).toEqual([`/model/layers.${l}/attn/q_proj/MatMul/output_0`, `/model/layers.${l}/attn/k_proj/MatMul/output_0`, `/model/layers.${l}/attn/v_proj/MatMul/output_0`])
+      // q/k/v packed, as the builder: one MatMul over the three weights concatenated (folded by
+      // ONNX Runtime at load), key and value left empty.
+      expect([q, k, v]).toEqual([`/model/layers.${l}/attn/qkv_proj/MatMul/output_0`, '', ''])
+      expect(graph.node!.find((n) => n.name === `/model/layers.${l}/attn/qkv_proj/weight/Concat`)!.input).toEqual(
+        ['q_proj', 'k_proj', 'v_proj'].map((p) => `model.layers.${l}.self_attn.${p}.weight`),
+      )
       expect(rest).toEqual([
         `past_key_values.${l}.key`,
         `past_key_values.${l}.value`,

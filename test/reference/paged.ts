@@ -58,18 +58,28 @@ export class PagedModel {
 
   /**
    * One invocation over `rows`; returns the logits of the packed positions `logitsIndices`
-   * ([num_logits][vocab]) and writes the presents back into `pool`.
+   * ([num_logits][vocab]) and writes the presents back into `pool`. `inPlace`: each present is
+   * bound to its past's own tensor (one buffer, as the executor binds them), so the graph writes
+   * the pool where it is; otherwise the presents come back as new arrays that replace the pool's.
    */
-  async run(pool: PagedPool, rows: PagedRow[], logitsIndices: number[]): Promise<Float32Array[]> {
+  async run(pool: PagedPool, rows: PagedRow[], logitsIndices: number[], options: { inPlace?: boolean } = {}): Promise<Float32Array[]> {
     const c = this.config
     const feeds: Record<string, Tensor> = { ...packedInputs(rows, logitsIndices, this.blockSize) }
+    const fetches: Record<string, Tensor | null> = { [c.logits]: null }
     const dims = [pool.numBlocks, this.blockSize, c.numKvHeads, c.headSize]
     for (let l = 0; l < c.numLayers; l++) {
-      feeds[layerName(c.pastKeyNames, l)] = new ort.Tensor(this.kvType, pool.keys[l]!, dims)
-      feeds[layerName(c.pastValueNames, l)] = new ort.Tensor(this.kvType, pool.values[l]!, dims)
+      for (const [past, present, data] of [
+        [c.pastKeyNames, c.presentKeyNames, pool.keys[l]!],
+        [c.pastValueNames, c.presentValueNames, pool.values[l]!],
+      ] as const) {
+        const tensor = new ort.Tensor(this.kvType, data, dims)
+        feeds[layerName(past, l)] = tensor
+        fetches[layerName(present, l)] = options.inPlace ? tensor : null
+      }
     }
-    const result = await this.session.run(feeds)
-    for (let l = 0; l < c.numLayers; l++) {
+    const result = await this.session.run(feeds, fetches)
+    // In place the pool's own arrays were written (onnxruntime-node hands back copies of them).
+    for (let l = 0; l < c.numLayers && !options.inPlace; l++) {
       pool.keys[l] = result[layerName(c.presentKeyNames, l)]!.data as KvData
       pool.values[l] = result[layerName(c.presentValueNames, l)]!.data as KvData
     }

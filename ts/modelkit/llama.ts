@@ -430,11 +430,61 @@ function attention(ctx: GraphContext, shared: SharedInputs, h: string, l: number
   const p = `model.layers.${l}.self_attn`
   const base = `/model/layers.${l}/attn`
   const bias = ctx.options.attentionBias
+  // The CUDA folders take q, k and v from one MatMul, as the builder packs them (the kernels take
+  // a packed query with key and value left empty): one GEMM launch a layer instead of three.
+  const packed = packsQkv(ctx) ? packedQkvLinear(ctx, h, l) : undefined
+  if (packed !== undefined) {
+    return ctx.options.attention === 'paged' ? pagedCore(ctx, shared, packed, '', '', l) : gqaCore(ctx, shared, packed, '', '', l)
+  }
   const q = linear(ctx, h, `${p}.q_proj`, `${base}/q_proj`, bias)
   const k = linear(ctx, h, `${p}.k_proj`, `${base}/k_proj`, bias)
   const v = linear(ctx, h, `${p}.v_proj`, `${base}/v_proj`, bias)
   if (ctx.options.attention === 'paged') return pagedCore(ctx, shared, q, k, v, l)
   return ctx.options.attention === 'gqa' ? gqaCore(ctx, shared, q, k, v, l) : mhaCore(ctx, shared, q, k, v, l)
+}
+
+/** Float16 folders for CUDA (gqa, and paged with the cuda kernel) pack q/k/v; the float32 folders
+ *  and the reference kernel keep three MatMuls (their bytes and graphs stay as they were). */
+function packsQkv({ computeType, options }: GraphContext): boolean {
+  if (computeType !== DataType.FLOAT16) return false
+  return options.attention === 'gqa' || options.paged?.kernel === 'cuda'
+}
+
+/**
+ * h [.., in] -> [.., q + 2 kv] through q/k/v weights concatenated along the output in the graph
+ * (`/model/layers.{l}/attn/qkv_proj/MatMul`, the builder's name). The Concats have only
+ * initializer inputs, so ONNX Runtime folds them into one packed weight when it loads the
+ * session; the data file keeps q, k and v apart (the same weights as the unpacked folders).
+ * int4 blocks concatenate along N (qweight, scales, zero points; minimums along their N axis);
+ * undefined where the three are not stored alike (different block types), as the builder packs
+ * only projections of one type.
+ */
+function packedQkvLinear(ctx: GraphContext, h: string, l: number): string | undefined {
+  const { g, w } = ctx
+  const p = `model.layers.${l}.self_attn`
+  const base = `/model/layers.${l}/attn/qkv_proj`
+  const projs = ['q_proj', 'k_proj', 'v_proj'].map((name) => `${p}.${name}`)
+  const concat = (suffix: string, axis: number) =>
+    g.op('Concat', projs.map((proj) => w(`${proj}.${suffix}`)), { axis: I(axis) }, { name: `${base}/${suffix}/Concat` })
+  let y: string
+  if (ctx.options.linear.kind === 'fp32') {
+    y = g.op('MatMul', [h, concat('weight', 1)], undefined, { name: `${base}/MatMul` })
+  } else {
+    const kinds = projs.map((proj) => [blockBitsOf(ctx, `${proj}.qweight`), ctx.has(`${proj}.qzeros`), ctx.has(`${proj}.mins`)].join())
+    if (new Set(kinds).size !== 1) return undefined
+    const [, blocks = 0] = ctx.weightDims(`${projs[0]}.qweight`)
+    const N = projs.reduce((n, proj) => n + (ctx.weightDims(`${proj}.qweight`)[0] ?? 0), 0)
+    const K = blocks * 32
+    const attrs = { K: I(K), N: I(N), bits: I(blockBitsOf(ctx, `${projs[0]}.qweight`)), block_size: I(32), accuracy_level: I((ctx.options.linear as { accuracyLevel: number }).accuracyLevel) }
+    const zeros = ctx.has(`${projs[0]}.qzeros`) ? [concat('qzeros', 0)] : []
+    y = g.op('MatMulNBits', [h, concat('qweight', 0), concat('scales', 0), ...zeros], attrs, { name: `${base}/MatMulNBits`, domain: 'com.microsoft' })
+    if (ctx.has(`${projs[0]}.mins`)) {
+      const offsets = g.op('MatMul', [blockSums(ctx, h, K), concat('mins', 1)], undefined, { name: `${base}/mins/MatMul` })
+      y = g.op('Add', [y, offsets], undefined, { name: `${base}/mins/Add` })
+    }
+  }
+  if (!ctx.options.attentionBias) return y
+  return g.op('Add', [y, concat('bias', 0)], undefined, { name: `${base}/Add` })
 }
 
 function pagedCore(ctx: GraphContext, shared: SharedInputs, q: string, k: string, v: string, l: number): string {

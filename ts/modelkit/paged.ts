@@ -22,7 +22,7 @@
 //   cumulative      0                   n_0                 n_0 + n_1
 //   positions       past_0 ... past_0 + n_0 - 1 | past_1 ...
 
-import { DataType, F, type GraphBuilder, I, Is } from './onnx-builder'
+import { DataType, type DataTypeCode, F, type GraphBuilder, I, Is } from './onnx-builder'
 
 export type PagedKernel = 'cuda' | 'reference'
 
@@ -41,9 +41,9 @@ export interface PagedGraph {
   headSize: number
   blockSize: number
   /** The caches' element type (FLOAT or FLOAT16). */
-  kvType: number
+  kvType: DataTypeCode
   /** The element type q, k and v arrive in (the arithmetic's: FLOAT, or FLOAT16 in a float16 folder). */
-  computeType: number
+  computeType: DataTypeCode
 }
 
 /** What every layer's kernel shares: the cos/sin tables in the kernel's type, and for the
@@ -73,14 +73,14 @@ export function declarePagedInputsOutputs(
   p: PagedGraph,
   numLayers: number,
   vocabSize: number,
-  logitsType: number,
+  logitsType: DataTypeCode,
   names: { inputIds: string; logits: string; past: (l: number, kind: 'key' | 'value') => string; present: (l: number, kind: 'key' | 'value') => string },
 ): void {
   const { g } = p
   const cache = ['num_blocks', 'block_size', p.numKvHeads, p.headSize]
   g.input(names.inputIds, DataType.INT64, ['num_tokens'])
   for (const kind of ['key', 'value'] as const) {
-    for (let l = 0; l < numLayers; l++) g.input(names.past(l, kind), p.kvType as never, cache)
+    for (let l = 0; l < numLayers; l++) g.input(names.past(l, kind), p.kvType, cache)
   }
   g.input(BLOCK_TABLE, DataType.INT32, ['batch_size', 'max_num_blocks'])
   g.input(CUMULATIVE_SEQUENCE_LENGTHS, DataType.INT32, ['batch_size + 1'])
@@ -89,9 +89,9 @@ export function declarePagedInputsOutputs(
   // the CUDA kernel sizes its launch from them without reading the lengths back from the device.
   g.input(ATTENTION_METADATA, DataType.INT32, [3])
   g.input(LOGITS_INDICES, DataType.INT32, ['num_logits'])
-  g.output(names.logits, logitsType as never, ['num_logits', vocabSize])
+  g.output(names.logits, logitsType, ['num_logits', vocabSize])
   for (const kind of ['key', 'value'] as const) {
-    for (let l = 0; l < numLayers; l++) g.output(names.present(l, kind), p.kvType as never, cache)
+    for (let l = 0; l < numLayers; l++) g.output(names.present(l, kind), p.kvType, cache)
   }
 }
 

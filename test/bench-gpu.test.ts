@@ -78,11 +78,10 @@ describe('GPU benchmark measures', () => {
     expect(agreementOf([1, 2], [])).toEqual({ same: 0, of: 2 })
   })
 
-  it('divides the bus byte counters by the steps between two snapshots, null where the executor has none', () => {
-    const stats = (steps: number, extra: Record<string, number> = {}) => ({ steps, ...extra }) as unknown as ExecutorStats
-    expect(busBytesPerStep(stats(10), stats(30))).toEqual({ hostToDevice: null, deviceToHost: null })
-    const moved = busBytesPerStep(stats(10, { hostToDeviceBytes: 1000, deviceToHostBytes: 0 }), stats(30, { hostToDeviceBytes: 5000, deviceToHostBytes: 2000 }))
-    expect(moved).toEqual({ hostToDevice: 200, deviceToHost: 100 })
+  it('divides the executor\'s byte counters by the steps between two snapshots', () => {
+    const stats = (steps: number, hostInputBytes: number, logitsBytes: number, kvCopiedBytes: number) =>
+      ({ steps, hostInputBytes, logitsBytes, kvCopiedBytes }) as unknown as ExecutorStats
+    expect(busBytesPerStep(stats(10, 1000, 0, 7), stats(30, 5000, 2000, 7))).toEqual({ hostInputs: 200, logits: 100, kvCopied: 0 })
   })
 })
 
@@ -108,7 +107,10 @@ describe('GPU benchmark on the CPU (tiny model, ortex alone)', () => {
       expect(json.rows.map((r) => [r.system, r.concurrency, r.error])).toEqual([['ortex', 1, undefined], ['ortex', 16, undefined], ['ortex', 64, undefined]])
       for (const r of json.rows) {
         expect(r.tokens).toBe(r.concurrency === 1 ? 2 * 16 : r.concurrency * 16)
-        expect(r.busBytesPerStep).toEqual({ hostToDevice: null, deviceToHost: null })
+        // the gqa folder on the CPU: inputs and logits every step, KV copied between the store and its tensors
+        expect(r.busBytesPerStep!.hostInputs).toBeGreaterThan(0)
+        expect(r.busBytesPerStep!.logits).toBeGreaterThan(0)
+        expect(r.busBytesPerStep!.kvCopied).toBeGreaterThan(0)
         expect(r.steps).toBeGreaterThan(0)
       }
       expect(json.goals.find((g) => g.name === 'ortex, concurrency 1')?.value).toBe(json.rows[0]!.tokensPerSecond)

@@ -36,25 +36,13 @@ export interface GpuWorkload {
   threads: number
 }
 
-/** Host->device and device->host byte counters, as the executor's report names them (camelCase,
- *  ending in Bytes). Engines without them (before device-resident KV) report null: "n/a". */
-const HOST_TO_DEVICE = /^(hostToDevice|h2d)\w*Bytes$/i
-const DEVICE_TO_HOST = /^(deviceToHost|d2h)\w*Bytes$/i
-
-function counter(stats: ExecutorStats, pattern: RegExp): number | null {
-  const key = Object.keys(stats).find((k) => pattern.test(k))
-  return key === undefined ? null : Number((stats as unknown as Record<string, number>)[key])
-}
-
-/** Bytes moved per step between two executor snapshots; null where the counter does not exist. */
+/** Bytes the executor moved per step between two snapshots (docs/api.md, `executorStats()`):
+ *  host inputs sent (ids, lengths, block tables, logits indices), logits received, and KV copied
+ *  between the host KV store and the model's tensors (0 on a paged folder: its pool never moves). */
 export function busBytesPerStep(before: ExecutorStats, after: ExecutorStats): BusBytes {
   const steps = Math.max(1, after.steps - before.steps)
-  const per = (pattern: RegExp): number | null => {
-    const a = counter(after, pattern)
-    const b = counter(before, pattern)
-    return a === null || b === null ? null : (a - b) / steps
-  }
-  return { hostToDevice: per(HOST_TO_DEVICE), deviceToHost: per(DEVICE_TO_HOST) }
+  const per = (key: 'hostInputBytes' | 'logitsBytes' | 'kvCopiedBytes'): number => (after[key] - before[key]) / steps
+  return { hostInputs: per('hostInputBytes'), logits: per('logitsBytes'), kvCopied: per('kvCopiedBytes') }
 }
 
 /** Runs request 0 alone and returns its generated ids (the report compares the systems' greedy tokens). */

@@ -13,8 +13,12 @@ export const SYSTEM_LABELS: Readonly<Record<GpuSystem, string>> = {
 
 /** Bytes that crossed the bus per engine step, where the executor counts them (null: not counted). */
 export interface BusBytes {
-  hostToDevice: number | null
-  deviceToHost: number | null
+  /** Host inputs sent to the model per step (host -> device on CUDA). */
+  hostInputs: number
+  /** Logits received per step (device -> host on CUDA). */
+  logits: number
+  /** KV copied between the host KV store and the model's tensors per step (both ways). */
+  kvCopied: number
 }
 
 /** One system at one concurrency on one model: its numbers, or why it has none. */
@@ -154,7 +158,7 @@ export function formatReport(report: GpuReport): string {
   )
   for (const model of report.models) {
     lines.push('', `### ${model.name}: ${model.dir} (${model.form})${model.note ? `; ${model.note}` : ''}`, '')
-    lines.push('| system | concurrency | requests | tokens/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | GPU MiB | bus bytes/step H2D / D2H |')
+    lines.push('| system | concurrency | requests | tokens/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | GPU MiB | bytes/step inputs / logits / KV |')
     lines.push('|---|---:|---:|---:|---:|---:|---:|---:|')
     for (const r of report.rows.filter((row) => row.model === model.name)) {
       const label = SYSTEM_LABELS[r.system]
@@ -162,7 +166,7 @@ export function formatReport(report: GpuReport): string {
         lines.push(`| ${label} | ${r.concurrency} | | ${r.error.replace(/\|/g, '/').slice(0, 160)} | | | | |`)
         continue
       }
-      const bus = r.system === 'ortex' ? `${bytes(r.busBytesPerStep?.hostToDevice)} / ${bytes(r.busBytesPerStep?.deviceToHost)}` : ''
+      const bus = r.system === 'ortex' ? `${bytes(r.busBytesPerStep?.hostInputs)} / ${bytes(r.busBytesPerStep?.logits)} / ${bytes(r.busBytesPerStep?.kvCopied)}` : ''
       lines.push(
         `| ${label} | ${r.concurrency} | ${r.requests} | ${fmt(r.tokensPerSecond)} | ${fmt(r.ttftMs?.p50)} / ${fmt(r.ttftMs?.p99)} | ` +
           `${fmt(r.itlMs?.p50, 2)} / ${fmt(r.itlMs?.p99, 2)} | ${fmt(r.gpuMemoryMb, 0)} | ${bus} |`,

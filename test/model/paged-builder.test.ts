@@ -3,10 +3,9 @@
 // without `use_paged_attention=true prune_lm_head=true paged_block_size=16`: the same
 // genai_config.json, the paged graph's inputs and outputs (names, types, shapes, order), each
 // layer's PagedAttention inputs (q/k/v packed into one MatMul of the same name), its attributes
-// and domain, the rotary tables, and as many MatMuls. What differs: ours concatenates the q/k/v
-// weights in the graph (ONNX Runtime folds the Concat at load) where the builder stores them
-// packed, and adds residuals beside SimplifiedLayerNormalization where the builder fuses them
-// into SkipSimplifiedLayerNormalization. Needs the builder's Python
+// and domain, the rotary tables, and the same operators as often. What differs: ours concatenates
+// the q/k/v weights in the graph (ONNX Runtime folds the Concat at load) where the builder stores
+// them packed. Needs the builder's Python
 // environment (bench/model_coverage.py makes it: ~/.cache/ortex/venv-builder); skipped, with a line
 // saying why, without it. No GPU needed: the builder writes CUDA folders on any machine. The
 // builder's folders are made once (about 30 s) and kept in the cache beside the environment.
@@ -101,8 +100,19 @@ describe.skipIf(!available)("make-model's GPU folders against onnxruntime-genai'
       expect(attrs(node)).toEqual(attrs(theirs[l]!))
       expect(node.input!.slice(0, 3)).toEqual([`/model/layers.${l}/attn/qkv_proj/MatMul/output_0`, '', ''])
     })
-    const matMuls = (dir: string) => model(dir).node!.filter((n) => n.opType === 'MatMul').length
-    expect(matMuls(dirs.paged)).toBe(matMuls(dirs.builderPaged))
+  })
+
+  it('the same operators as often, but for the Concats of the q/k/v weights', () => {
+    for (const [ours, theirs] of [[dirs.paged, dirs.builderPaged], [dirs.gqa, dirs.builderGqa]] as const) {
+      const count = (dir: string) => {
+        const ops: Record<string, number> = {}
+        for (const n of model(dir).node!) if (n.opType !== 'Concat') ops[`${n.domain || 'ai.onnx'}.${n.opType}`] = (ops[`${n.domain || 'ai.onnx'}.${n.opType}`] ?? 0) + 1
+        return ops
+      }
+      // The builder's gqa graph has two Constant nodes (its mask subgraph) where ours has initializers.
+      const { 'ai.onnx.Constant': _, ...builder } = count(theirs)
+      expect(count(ours)).toEqual(builder)
+    }
     const table = (dir: string, name: string) => {
       const t = model(dir).initializer!.find((i) => i.name === name)!
       return [t.dataType, t.dims!.map(Number)]

@@ -325,8 +325,13 @@ describe('the cuda kernel folder (--attention paged --dtype fp16)', () => {
     const types = new Map(graph.initializer!.map((t) => [t.name, t.dataType]))
     expect(types.get('cos_cache')).toBe(T.FLOAT16)
     expect(types.get('model.layers.0.self_attn.q_proj.weight')).toBe(T.FLOAT16)
-    // Rows are selected by logits_indices after the last attention, before the final norm.
-    expect(graph.node!.find((n) => n.input!.includes('logits_indices'))!.name).toBe('/model/selected_rows/Gather')
+    // Rows are selected by logits_indices after the last attention: both inputs of the fused
+    // residual norm (the builder's make_selected_hidden_rows).
+    expect(graph.node!.filter((n) => n.input!.includes('logits_indices')).map((n) => n.name)).toEqual([
+      '/model/selected_rows/root_input/Gather',
+      '/model/selected_rows/skip_input/Gather',
+    ])
+    expect(graph.node!.filter((n) => n.opType === 'SkipSimplifiedLayerNormalization' && n.domain === 'com.microsoft')).toHaveLength(4)
   })
 
   it("genai_config.json names the CUDA provider as the builder's -e cuda does", () => {

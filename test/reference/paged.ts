@@ -102,7 +102,8 @@ export interface PagedPool {
 const i32 = (values: number[], dims: number[]) => new ort.Tensor('int32', Int32Array.from(values), dims)
 
 /** input_ids, block_table (unused entries 0), cumulative_sequence_lengths, past_sequence_lengths,
- *  attention_metadata [max new tokens, max past + new, min past + new], logits_indices. */
+ *  attention_metadata (exact bounds for this one invocation: [max new tokens of a row, max past
+ *  + new, the same as the largest's lower bound]), logits_indices. */
 export function packedInputs(rows: PagedRow[], logitsIndices: number[], blockSize: number): Record<string, Tensor> {
   const width = Math.max(...rows.map((r) => r.blocks.length))
   for (const r of rows) {
@@ -117,7 +118,7 @@ export function packedInputs(rows: PagedRow[], logitsIndices: number[], blockSiz
     block_table: i32(table, [rows.length, width]),
     cumulative_sequence_lengths: i32(cumulative, [rows.length + 1]),
     past_sequence_lengths: i32(rows.map((r) => r.past), [rows.length]),
-    attention_metadata: i32([Math.max(...rows.map((r) => r.tokens.length)), Math.max(...totals), Math.min(...totals)], [3]),
+    attention_metadata: i32([Math.max(...rows.map((r) => r.tokens.length)), Math.max(...totals), Math.max(...totals)], [3]),
     logits_indices: i32(logitsIndices, [logitsIndices.length]),
   }
 }

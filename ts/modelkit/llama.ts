@@ -279,11 +279,58 @@ export function buildLlamaGraph(
   else if (options.attention === 'gqa') shared.gqa = gqaSequenceLengths(ctx, shared)
   else shared.paged!.tensors = pagedShared(shared.paged!.graph, options.paged!.kernel, INPUT_IDS, shared.cosCache, shared.sinCache)
 
-  let x = g.op('Gather', [w('model.embed_tokens.weight'), INPUT_IDS], { axis: I(0) }, { name: '/model/embed_tokens/Gather' })
-  for (let l = 0; l < d.numLayers; l++) x = decoderLayer(ctx, shared, x, l)
-  const final = rmsNorm(ctx, x, 'model.norm.weight', '/model/norm')
-  lmHead(ctx, final)
+  const embedded = g.op('Gather', [w('model.embed_tokens.weight'), INPUT_IDS], { axis: I(0) }, { name: '/model/embed_tokens/Gather' })
+  lmHead(ctx, ctx.computeType === DataType.FLOAT16 ? fusedLayers(ctx, shared, embedded) : layers(ctx, shared, embedded))
   return g
+}
+
+/** Every decoder layer and the final norm, the residual stream added where it is made. */
+function layers(ctx: GraphContext, shared: SharedInputs, embedded: string): string {
+  let x = embedded
+  for (let l = 0; l < ctx.d.numLayers; l++) x = decoderLayer(ctx, shared, x, l)
+  return rmsNorm(ctx, x, 'model.norm.weight', '/model/norm')
+}
+
+/**
+ * The float16 folders' layers as the builder makes them: each residual add fused into the next
+ * norm, com.microsoft.SkipSimplifiedLayerNormalization(residual, delta, weight) -> (normed, sum),
+ * so a layer hands on (residual, delta) and the first norm is a plain one:
+ *
+ *   embedded -> SLN -> attn -> o ─┐
+ *       └──── residual ─────── SkipSLN -> mlp -> down ─┐
+ *                                  └─ sum ──────────── SkipSLN (next layer's input norm) ...
+ */
+function fusedLayers(ctx: GraphContext, shared: SharedInputs, embedded: string): string {
+  const { g, d, w } = ctx
+  let residual = embedded
+  let h = rmsNorm(ctx, embedded, 'model.layers.0.input_layernorm.weight', '/model/layers.0/input_layernorm')
+  const skipNorm = (delta: string, skip: string, weight: string, base: string, sum = true): [string, string] => {
+    const outputs = [`${base}/output_0`, '', '', ...(sum ? [`${base}/output_3`] : [])]
+    const [normed, , , added] = g.node('SkipSimplifiedLayerNormalization', [skip, delta, w(weight)], {
+      name: base,
+      domain: 'com.microsoft',
+      outputs,
+      attrs: { epsilon: F(d.rmsNormEps) },
+    })
+    return [normed!, added ?? '']
+  }
+  for (let l = 0; l < d.numLayers; l++) {
+    const p = `model.layers.${l}`
+    const base = `/model/layers.${l}`
+    let o = linear(ctx, attention(ctx, shared, h, l), `${p}.self_attn.o_proj`, `${base}/attn/o_proj`)
+    if (shared.paged && l === d.numLayers - 1) {
+      // As the builder's make_selected_hidden_rows: both of the norm's inputs, the wanted rows only.
+      const select = (x: string, tag: string) => g.op('Gather', [x, LOGITS_INDICES], { axis: I(0) }, { name: `/model/selected_rows/${tag}/Gather` })
+      residual = select(residual, 'root_input')
+      o = select(o, 'skip_input')
+    }
+    const [h2, sum] = skipNorm(o, residual, `${p}.post_attention_layernorm.weight`, `${base}/post_attention_layernorm/SkipLayerNorm`)
+    const down = mlp(ctx, h2, l)
+    const last = l === d.numLayers - 1
+    const next = last ? ['model.norm.weight', '/model/norm/SkipLayerNorm'] : [`model.layers.${l + 1}.input_layernorm.weight`, `/model/layers.${l + 1}/input_layernorm/SkipLayerNorm`]
+    ;[h, residual] = skipNorm(down, sum, next[0]!, next[1]!, !last)
+  }
+  return h
 }
 
 /** The paged kernels' view of the graph (float32 arithmetic; caches of the KV type). */

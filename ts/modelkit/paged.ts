@@ -85,8 +85,11 @@ export function declarePagedInputsOutputs(
   g.input(BLOCK_TABLE, DataType.INT32, ['batch_size', 'max_num_blocks'])
   g.input(CUMULATIVE_SEQUENCE_LENGTHS, DataType.INT32, ['batch_size + 1'])
   g.input(PAST_SEQUENCE_LENGTHS, DataType.INT32, ['batch_size'])
-  // [max_query_len, max_kv_len, min_kv_len] bounds in CPU memory (base.py make_paged_attention):
-  // the CUDA kernel sizes its launch from them without reading the lengths back from the device.
+  // [max_query_len_bound, max_kv_len_bound, max_kv_len_lower_bound] in CPU memory (base.py
+  // make_paged_attention; the op's schema in ONNX Runtime 1.31): upper bounds on any row's new
+  // tokens and on past + new, and a lower bound on the largest past + new, 0 = unknown. The CUDA
+  // kernel sizes its launch from them instead of reading the lengths back from the device; an
+  // upper bound too small breaks the contract (attention work is skipped).
   g.input(ATTENTION_METADATA, DataType.INT32, [3])
   g.input(LOGITS_INDICES, DataType.INT32, ['num_logits'])
   g.output(names.logits, logitsType, ['num_logits', vocabSize])

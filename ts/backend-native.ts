@@ -272,12 +272,18 @@ function warnOfCpuFallback(modelDir: string, cpuFallback: string | null): void {
   )
 }
 
-/** A model's default KV pool is held to a quarter of the machine's memory, so that a long
- *  context does not make it reserve more than the machine has (options naming the pool's size
- *  or budget are kept as they are). */
+/** Under CUDA a paged-attention folder's pool is device memory, whose size ONNX Runtime does not
+ *  tell: 4 GiB fits beside the weights of a small model on any 8 GB GPU and holds the bench
+ *  model's float16 KV for 256 rows of its whole context (docs/api.md, kvCacheBytes). */
+const CUDA_KV_BUDGET_BYTES = 4 * 2 ** 30
+
+/** A model's default KV pool is held to a quarter of the machine's memory (under CUDA, to at
+ *  most CUDA_KV_BUDGET_BYTES too), so that a long context does not make it reserve more than the
+ *  machine has (options naming the pool's size or budget are kept as they are). */
 function withKvBudget(options: ModelOptionsInput): ModelOptionsInput {
   if (options.numBlocks !== undefined || options.kvCacheBytes !== undefined) return options
-  return { ...options, kvCacheBytes: Math.floor(os.totalmem() / 4) }
+  const host = Math.floor(os.totalmem() / 4)
+  return { ...options, kvCacheBytes: options.executionProvider === 'cuda' ? Math.min(host, CUDA_KV_BUDGET_BYTES) : host }
 }
 
 export const nativeBackend: Backend = {

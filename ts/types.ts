@@ -283,6 +283,14 @@ export interface ExecutorStats {
   /** Rounds of steps run one position per model run (a graph that cannot run a prefill chunk
    *  after a past). */
   positionRounds: number
+  /** Host inputs sent to the model (ids, masks, positions, block tables, lengths, logits
+   *  indices); under CUDA, what crosses to the device besides any KV. */
+  hostInputBytes: number
+  /** Logits the model returned. */
+  logitsBytes: number
+  /** KV copied between the host KV store and the model's tensors (0 for a paged-attention
+   *  folder, whose KV pool the model reads and writes in place). */
+  kvCopiedBytes: number
 }
 
 /** 'created' | 'queued' | 'active' | 'turn-complete' | 'closed' */

@@ -430,7 +430,8 @@ export function turnOrder(index: number, k: number, systems: number): number {
 }
 
 /** One ortex request, streamed (as a server would consume it); `onToken` runs at each chunk. */
-async function ortexRequest(engine: BenchEngine, prompt: number[], n: number, onToken: () => void): Promise<void> {
+/** One greedy request on ortex, EOS ignored: `onToken` at each streamed token. */
+export async function ortexRequest(engine: BenchEngine, prompt: number[], n: number, onToken: () => void): Promise<void> {
   const turn = engine.generate(prompt, { maxGeneratedTokens: n, ignoreEos: true })
   for await (const _chunk of turn) onToken()
   const result = await turn.done

@@ -25,7 +25,8 @@ import { CHAT_TOKENS, TINY, tinySentencePieceVocabulary, type TinyGgufOptions, t
 import { type MetaValue, TestRng, f32s, ggufBytes, ggufHeader, i32s, randomTensorData, str, strings, u32, writeSparse } from '../helpers/gguf-writer'
 import { ggufLogits } from '../reference/gguf-forward'
 import { LlamaCppBpe, LlamaCppSpm } from '../reference/llama-vocab'
-import { ReferenceModel, emptyCache, forwardBatch, naiveGenerate } from '../reference/reference'
+import { PagedModel } from '../reference/paged'
+import { ReferenceModel, argmax, emptyCache, forwardBatch, naiveGenerate } from '../reference/reference'
 
 const { onnx } = onnxProto
 
@@ -713,6 +714,109 @@ describe('imported folders', () => {
       })
     }
   }
+
+  /** Every position's logits of `tokens` from a paged folder: two runs (the second with past), blocks out of order. */
+  async function pagedFolderLogits(dir: string, tokens: number[]): Promise<Float32Array[]> {
+    const paged = await PagedModel.load(dir)
+    try {
+      const pool = paged.pool(8)
+      const blocks = [5, 2, 7, 0]
+      const head = tokens.slice(0, 6)
+      const tail = tokens.slice(6)
+      const first = await paged.run(pool, [{ blocks, past: 0, tokens: head }], head.map((_, i) => i))
+      return [...first, ...(await paged.run(pool, [{ blocks, past: head.length, tokens: tail }], tail.map((_, i) => i)))]
+    } finally {
+      await paged.release()
+    }
+  }
+
+  describe('the GPU forms: --dtype fp16 and --attention paged', () => {
+    const dir = (name: string) => join(root, `gpu-${name}`)
+    const toF64 = (logits: Float32Array[]) => logits.map((l) => Float64Array.from(l))
+
+    // qwen2 fp32: biases and a tied lm_head; llama int4 (float32 activations, accuracy level 0, so
+    // that int8 rounding does not amplify float differences): MatMulNBits over [num_tokens, K]
+    // activations with block sums for the Q4_1/Q4_K minimums, and float32 or float16 KV (casts
+    // around the scatter and the gather).
+    const CASES = [
+      { arch: 'qwen2', weights: 'fp32', kv: 'fp32', within: 1e-5 }, // 6e-7 here
+      { arch: 'llama', weights: 'int4', kv: 'fp32', within: 1e-5 },
+      // GroupQueryAttention rounds q and its output to float16 too; the reference kernel only the cache.
+      { arch: 'llama', weights: 'int4', kv: 'fp16', within: 2e-3 }, // 5e-4 here
+    ] as const
+    for (const { arch, weights, kv, within } of CASES) {
+      it(`${arch} ${weights} ${kv} KV: the paged reference import gives the gqa import's logits`, async () => {
+        const options = { file: files[arch], weights, kv, ...(weights === 'int4' ? { accuracyLevel: 0 as const } : {}) }
+        const name = `${arch}-${weights}-${kv}`
+        await importGguf({ ...options, outDir: dir(`${name}-gqa`) })
+        const summary = await importGguf({ ...options, outDir: dir(`${name}-paged`), attention: 'paged', pagedKernel: 'reference', blockSize: 4 })
+        expect(summary.paged).toEqual({ kernel: 'reference', blockSize: 4 })
+        const got = await pagedFolderLogits(dir(`${name}-paged`), PROMPT)
+        const want = await folderLogits(dir(`${name}-gqa`), PROMPT)
+        expect(got.map((l) => argmax(l))).toEqual(want.map((l) => argmax(l)))
+        expect(worstError(got, toF64(want)).relativeRms).toBeLessThan(within)
+      })
+    }
+
+    it('float16 imports stay close to the float32 ones (fp32 and int4 weights; MatMulNBits scales in float16)', async () => {
+      for (const weights of ['fp32', 'int4'] as const) {
+        // int4 at accuracy level 0 on both sides, as above.
+        const level = weights === 'int4' ? { accuracyLevel: 0 as const } : {}
+        const summary = await importGguf({ file: files.qwen2, outDir: dir(`qwen2-${weights}-fp16`), weights, dtype: 'fp16', ...level })
+        expect([summary.dtype, summary.kv]).toEqual(['fp16', 'fp16'])
+        const graph = decodeModel(dir(`qwen2-${weights}-fp16`)).graph!
+        const types = new Set(graph.initializer!.filter((t) => t.dataLocation === onnx.TensorProto.DataLocation.EXTERNAL).map((t) => t.dataType))
+        expect(types).toEqual(weights === 'fp32' ? new Set([10]) : new Set([10, 2])) // float16 (and uint8 blocks)
+        expect(graph.output!.find((o) => o.name === 'logits')!.type!.tensorType!.elemType).toBe(10)
+        await importGguf({ file: files.qwen2, outDir: dir(`qwen2-${weights}-fp32`), weights, kv: 'fp32', ...level })
+        const got = await folderLogits(dir(`qwen2-${weights}-fp16`), PROMPT)
+        const want = await folderLogits(dir(`qwen2-${weights}-fp32`), PROMPT)
+        expect(got.map((l) => argmax(l))).toEqual(want.map((l) => argmax(l)))
+        expect(worstError(got, toF64(want)).relativeRms).toBeLessThan(5e-3) // 1e-3 (fp32 weights), 2e-3 (int4) here
+      }
+      await expect(importGguf({ file: files.qwen2, outDir: dir('bad'), dtype: 'fp16', kv: 'fp32' })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT', message: /keep float16 KV/ })
+      await expect(importGguf({ file: files.qwen2, outDir: dir('bad'), attention: 'paged' })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT', message: /needs float16/ })
+      await expect(importGguf({ file: files.qwen2, outDir: dir('bad'), blockSize: 16 })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT', message: /needs the paged attention form/ })
+    })
+
+    it('float16 int4 imports pack q/k/v blocks of one type into one MatMulNBits (minimums and zero points), and agree', async () => {
+      // Layer 0's q/k/v are Q4_1 blocks (minimums), layer 1's Q4_0 (zero points); qwen2's mix types
+      // within a layer, so they stay three MatMulNBits.
+      const file = join(root, 'uniform.gguf')
+      writeTinyGguf(file, { ...LLAMA, types: { ...LLAMA.types, layers: [Array(7).fill('Q4_1'), Array(7).fill('Q4_0')] } })
+      const options = { file, weights: 'int4', accuracyLevel: 0 } as const
+      await importGguf({ ...options, outDir: dir('uniform-fp16'), dtype: 'fp16' })
+      await importGguf({ ...options, outDir: dir('uniform-fp32'), kv: 'fp32' })
+      const nodes = decodeModel(dir('uniform-fp16')).graph!.node!
+      for (const l of [0, 1]) {
+        const packed = nodes.find((n) => n.name === `/model/layers.${l}/attn/qkv_proj/MatMulNBits`)!
+        expect(Number(packed.attribute!.find((a) => a.name === 'N')!.i)).toBe(TINY.heads * TINY.headSize + 2 * TINY.kvHeads * TINY.headSize)
+        expect(nodes.some((n) => n.name === `/model/layers.${l}/attn/q_proj/MatMulNBits`)).toBe(false)
+      }
+      expect(nodes.some((n) => n.name === '/model/layers.0/attn/qkv_proj/mins/MatMul')).toBe(true)
+      expect(decodeModel(dir('qwen2-int4-fp16')).graph!.node!.some((n) => n.name!.includes('qkv_proj'))).toBe(false)
+      const got = await folderLogits(dir('uniform-fp16'), PROMPT)
+      const want = await folderLogits(dir('uniform-fp32'), PROMPT)
+      expect(got.map((l) => argmax(l))).toEqual(want.map((l) => argmax(l)))
+      expect(worstError(got, toF64(want)).relativeRms).toBeLessThan(5e-3) // 1.5e-3 here
+    })
+
+    it('the cuda paged import: a PagedAttention per layer, the CUDA provider, deterministic bytes', async () => {
+      const options = { file: files.qwen2, weights: 'int4', dtype: 'fp16', attention: 'paged' } as const
+      const a = await importGguf({ ...options, outDir: dir('cuda-a') })
+      await importGguf({ ...options, outDir: dir('cuda-b') })
+      expect(a.paged).toEqual({ kernel: 'cuda', blockSize: 256 })
+      for (const file of readdirSync(dir('cuda-a'))) expect(readFileSync(join(dir('cuda-b'), file)).equals(readFileSync(join(dir('cuda-a'), file))), file).toBe(true)
+      const graph = decodeModel(dir('cuda-a')).graph!
+      expect(graph.node!.filter((n) => n.opType === 'PagedAttention' && n.domain === 'com.microsoft')).toHaveLength(TINY.layers)
+      expect(graph.node!.filter((n) => n.opType === 'GroupQueryAttention')).toHaveLength(0)
+      const config = json(dir('cuda-a'), 'genai_config.json')
+      expect(config.model.decoder.session_options.provider_options).toEqual([{ cuda: { enable_cuda_graph: '0' } }])
+      expect(config.engine.dynamic_batching.block_size).toBe(256)
+      const meta = Object.fromEntries(decodeModel(dir('cuda-a')).metadataProps!.map((p) => [p.key, p.value]))
+      expect(meta).toMatchObject({ 'ortex.attention': 'paged', 'ortex.paged_kernel': 'cuda', 'ortex.block_size': '256', 'ortex.dtype': 'fp16' })
+    })
+  })
 
   it('keep an lm_head tied to a Q8_0 embedding at 8 bits (int4), with float16 KV unless told', async () => {
     const file = join(root, 'tied-q8.gguf')

@@ -1,6 +1,6 @@
 // The model variants of `ortex make-model` that the executor must handle beyond the default
 // float32 folders (docs/model-format.md, "Variants"): float16 past, present and logits in both
-// attention forms, a windowed GroupQueryAttention cache (as onnxruntime-genai's builder makes
+// attention forms (and float16 weights in the gqa form), a windowed GroupQueryAttention cache (as onnxruntime-genai's builder makes
 // Gemma-2), and a window given only in genai_config.json (as it makes Mistral). The oracle is the
 // plain onnxruntime-node loop (test/reference/reference.ts), one request at a time; the engine
 // runs the same prompts alone, concurrently (batched decodes of rows with different past
@@ -19,6 +19,9 @@ const WINDOW = 16
 const VARIANTS = {
   'gqa fp16': { attention: 'gqa', kv: 'fp16' },
   'mha fp16': { attention: 'mha', kv: 'fp16' },
+  // Float16 weights and arithmetic too, as the builder's `-p fp16 -e cuda` folders (on the CPU,
+  // onnxruntime inserts float32 casts around nodes without a float16 kernel).
+  'gqa dtype fp16': { attention: 'gqa', dtype: 'fp16' },
   // As the builder's CPU float16 folders: a chunk after a past fails inside the graph, so the
   // executor runs such rows one position per invocation.
   'mha fp16 square mask': { attention: 'mha', kv: 'fp16', causalMask: 'square' },

@@ -4,10 +4,11 @@
 
 import { parseArgs } from 'node:util'
 
-import { UsageError, choiceFlag, progressBar } from './args'
+import { UsageError, choiceFlag, integerFlag, progressBar } from './args'
 
 export const IMPORT_HELP = `Usage: ortex import <file.gguf> --out DIR [--weights fp32|int4] [--kv fp32|fp16]
-                    [--accuracy-level 0|4]
+                    [--accuracy-level 0|4] [--dtype fp32|fp16] [--attention gqa|paged]
+                    [--paged-kernel cuda|reference] [--block-size N]
 
 Converts a GGUF file (llama.cpp's format) into a model folder that ortex and onnxruntime-genai load:
 genai_config.json, model.onnx with its weights in model.onnx.data, tokenizer.json,
@@ -27,6 +28,13 @@ Options:
                        quantized to int8 blocks and integer dot products, as onnxruntime-genai's
                        builder sets for CPU and as llama.cpp does for 4-bit types) or 0 (float32
                        activations); docs/model-format.md measures both
+  --dtype TYPE         'fp32' (default) or 'fp16': float weights, arithmetic, KV and logits in
+                       float16, as onnxruntime-genai's builder writes -p fp16 -e cuda folders
+  --attention NAME     'gqa' (default: com.microsoft.GroupQueryAttention) or 'paged' (packed
+                       rows over a block-paged KV cache, the builder's use_paged_attention form)
+  --paged-kernel NAME  paged only: 'cuda' (default: com.microsoft.PagedAttention, CUDA float16
+                       only) or 'reference' (standard operators that run on the CPU, for tests)
+  --block-size N       paged only: positions a KV cache block (default 256, the builder's)
   -h, --help           show this help
 `
 
@@ -40,6 +48,10 @@ export async function runImportCommand(argv: string[]): Promise<void> {
       weights: { type: 'string' },
       kv: { type: 'string' },
       'accuracy-level': { type: 'string' },
+      dtype: { type: 'string' },
+      attention: { type: 'string' },
+      'paged-kernel': { type: 'string' },
+      'block-size': { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
   })
@@ -53,11 +65,26 @@ export async function runImportCommand(argv: string[]): Promise<void> {
   const kv = choiceFlag('kv', values.kv, ['fp32', 'fp16'] as const)
   const level = choiceFlag('accuracy-level', values['accuracy-level'], ['0', '4'] as const)
   if (level !== undefined && weights !== 'int4') throw new UsageError('--accuracy-level applies to --weights int4 only')
+  const dtype = choiceFlag('dtype', values.dtype, ['fp32', 'fp16'] as const)
+  const attention = choiceFlag('attention', values.attention, ['gqa', 'paged'] as const)
+  const pagedKernel = choiceFlag('paged-kernel', values['paged-kernel'], ['cuda', 'reference'] as const)
+  const blockSize = integerFlag('block-size', values['block-size'], undefined, 1, 1 << 16)
   const { importGguf, describeImport } = await import('../modelkit/gguf/import')
   const bar = progressBar('importing')
   let summary
   try {
-    summary = await importGguf({ file: positionals[0]!, outDir: values.out, weights, kv, accuracyLevel: level === undefined ? undefined : (Number(level) as 0 | 4), onProgress: (done, total) => bar.update(done, total) })
+    summary = await importGguf({
+      file: positionals[0]!,
+      outDir: values.out,
+      weights,
+      kv,
+      accuracyLevel: level === undefined ? undefined : (Number(level) as 0 | 4),
+      dtype,
+      attention,
+      pagedKernel,
+      blockSize,
+      onProgress: (done, total) => bar.update(done, total),
+    })
   } finally {
     bar.end()
   }

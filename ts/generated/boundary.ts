@@ -129,6 +129,9 @@ export interface ExecutorStatsView {
   kvStoreBytes: number
   kvPositionBytes: number
   positionRounds: number
+  hostInputBytes: number
+  logitsBytes: number
+  kvCopiedBytes: number
 }
 
 /**

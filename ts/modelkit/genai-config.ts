@@ -20,20 +20,43 @@ export interface GenaiConfigOptions {
   /** model.decoder.sliding_window, as the builder writes it: the window and its layers (none
    *  listed: every layer). */
   slidingWindow?: { windowSize: number; layers: number[] }
+  /** The paged form's cache block size (engine.dynamic_batching.block_size). */
+  blockSize?: number
+  /** session_options.provider_options as the builder's `-e cuda` writes them; default the CPU's (none). */
+  provider?: 'cpu' | 'cuda'
 }
+
+/**
+ * The paged form's defaults as the builder writes them (base.py make_genai_config:
+ * max_batch_size 100, gpu_utilization_factor 0.6 when num_blocks is not given).
+ */
+const PAGED_MAX_BATCH_SIZE = 100
+const PAGED_GPU_UTILIZATION_FACTOR = 0.6
 
 export function genaiConfig(o: GenaiConfigOptions): object {
   const d = o.dims
-  const inputs: Record<string, string> = { input_ids: 'input_ids', attention_mask: 'attention_mask' }
+  const paged = o.attention === 'paged'
+  if (paged && o.blockSize === undefined) throw new Error('the paged form needs its block size')
+  const inputs: Record<string, string> = { input_ids: 'input_ids' }
+  if (!paged) inputs.attention_mask = 'attention_mask'
   if (o.attention === 'mha') inputs.position_ids = 'position_ids'
+  if (paged) {
+    // base.py make_genai_config: the paged inputs in this order, no attention_mask and (rotary in
+    // the kernel) no position_ids.
+    for (const name of ['block_table', 'cumulative_sequence_lengths', 'past_sequence_lengths', 'attention_metadata', 'logits_indices']) {
+      inputs[name] = name
+    }
+  }
   inputs.past_key_names = 'past_key_values.%d.key'
   inputs.past_value_names = 'past_key_values.%d.value'
-  return {
+  // base.py ep_attrs["cuda"]: the builder's `-e cuda` folders name the CUDA provider.
+  const providerOptions = o.provider === 'cuda' ? [{ cuda: { enable_cuda_graph: '0' } }] : []
+  const config = {
     model: {
       bos_token_id: o.bosTokenId,
       context_length: d.contextLength,
       decoder: {
-        session_options: { log_id: 'onnxruntime-genai', provider_options: [] },
+        session_options: { log_id: 'onnxruntime-genai', provider_options: providerOptions },
         filename: o.filename,
         head_size: d.headSize,
         hidden_size: d.hiddenSize,
@@ -57,6 +80,8 @@ export function genaiConfig(o: GenaiConfigOptions): object {
               },
             }
           : {}),
+        // base.py make_decoder_state_groups: every attention layer in one paged KV group.
+        ...(paged ? { state_groups: [{ kind: 'paged_kv', layer_ids: Array.from({ length: d.numLayers }, (_, l) => l) }] } : {}),
       },
       eos_token_id: o.eosTokenId,
       pad_token_id: o.padTokenId,
@@ -73,15 +98,22 @@ export function genaiConfig(o: GenaiConfigOptions): object {
       no_repeat_ngram_size: 0,
       num_beams: 1,
       num_return_sequences: 1,
-      // The builder sets this for GroupQueryAttention models (onnxruntime-genai then gives past and
-      // present one max_length buffer); a plain-operator model concatenates, so it cannot share.
-      past_present_share_buffer: o.attention === 'gqa',
+      // The builder sets this for GroupQueryAttention and PagedAttention models (onnxruntime-genai
+      // then gives past and present one buffer); a plain-operator model concatenates, so it cannot share.
+      past_present_share_buffer: o.attention !== 'mha',
       repetition_penalty: 1.0,
       temperature: 1.0,
       top_k: 50,
       top_p: 1.0,
     },
   }
+  if (!paged) return config
+  const dynamic_batching = {
+    block_size: o.blockSize,
+    max_batch_size: PAGED_MAX_BATCH_SIZE,
+    gpu_utilization_factor: PAGED_GPU_UTILIZATION_FACTOR,
+  }
+  return { ...config, engine: { dynamic_batching } }
 }
 
 /** What a reader (the reference loop, tests) needs from a model folder's genai_config.json. */
@@ -111,6 +143,8 @@ export interface ModelConfig {
   pastPresentShareBuffer: boolean
   /** model.decoder.sliding_window: the window and its layers (empty: every layer). */
   slidingWindow?: { windowSize: number; layers: number[] }
+  /** The paged form (decoder.inputs has block_table): its cache block size. */
+  paged?: { blockSize: number }
 }
 
 export function readModelConfig(dir: string): ModelConfig {
@@ -166,6 +200,7 @@ export function readModelConfig(dir: string): ModelConfig {
           },
         }
       : {}),
+    ...(inputs.block_table ? { paged: { blockSize: int(j?.engine?.dynamic_batching?.block_size, 'engine.dynamic_batching.block_size') } } : {}),
   }
 }
 

@@ -20,8 +20,18 @@
 // See docs/model-format.md for the input/output contract.
 
 import { DataType, F, GraphBuilder, I, Is, type ExternalTensor } from './onnx-builder'
+import {
+  LOGITS_INDICES,
+  type PagedGraph,
+  type PagedKernel,
+  type PagedShared,
+  cudaPagedAttention,
+  declarePagedInputsOutputs,
+  pagedShared,
+  referencePagedAttention,
+} from './paged'
 
-export type AttentionForm = 'mha' | 'gqa'
+export type AttentionForm = 'mha' | 'gqa' | 'paged'
 
 export interface LlamaDims {
   vocabSize: number
@@ -154,8 +164,17 @@ export interface LlamaGraphOptions {
   kv?: KvType
   /** The logits' element type; default `kv`'s. */
   logits?: KvType
+  /**
+   * The weights' and the arithmetic's element type; default fp32. fp16 (gqa and paged): every
+   * float weight is float16 in the data file and the graph computes in float16, RMSNorm as
+   * SimplifiedLayerNormalization with float32 statistics (stash_type 1), as onnxruntime-genai's
+   * builder makes `-p fp16` folders; past and present must then be fp16.
+   */
+  dtype?: KvType
   /** gqa only; default none. */
   window?: GraphWindow
+  /** paged only (required there): the attention kernel and the cache's block size (paged.ts). */
+  paged?: { kernel: PagedKernel; blockSize: number }
   /**
    * mha only. `'square'`: the causal mask is an S x S triangle expanded over the whole key range,
    * as onnxruntime-genai's builder makes it for its MultiHeadAttention folders (CPU float16): it
@@ -175,7 +194,10 @@ export function windowedLayers(numLayers: number, window: GraphWindow | undefine
 interface GraphContext {
   g: GraphBuilder
   d: LlamaDims
-  options: Required<Omit<LlamaGraphOptions, 'window' | 'causalMask' | 'logits'>> & Pick<LlamaGraphOptions, 'window' | 'causalMask'>
+  options: Required<Omit<LlamaGraphOptions, 'window' | 'causalMask' | 'logits' | 'paged' | 'dtype'>> &
+    Pick<LlamaGraphOptions, 'window' | 'causalMask' | 'paged'>
+  /** The element type of the weights and the arithmetic. */
+  computeType: ElementType
   /** The element type of past and present. */
   kvType: ElementType
   /** The element type of the logits. */
@@ -199,6 +221,7 @@ interface SharedInputs {
   sinCache: string
   mha?: { mask: string; cos: string; sin: string }
   gqa?: { seqlensK: string; totalSeqLen: string; cosCache: string; sinCache: string }
+  paged?: { graph: PagedGraph; tensors: PagedShared }
 }
 
 /** Builds the decoder graph; `weights` maps each weight name to its place in the data file. */
@@ -209,7 +232,7 @@ export function buildLlamaGraph(
 ): GraphBuilder {
   if (d.numHeads % d.numKvHeads !== 0) throw new Error('num_heads must be a multiple of num_kv_heads')
   if (d.headSize % 2 !== 0) throw new Error('head_size must be even (rotary embedding)')
-  const { logits, ...given } = typeof attentionOrOptions === 'string' ? { attention: attentionOrOptions } : attentionOrOptions
+  const { logits, dtype, ...given } = typeof attentionOrOptions === 'string' ? { attention: attentionOrOptions } : attentionOrOptions
   const options: GraphContext['options'] = {
     attentionBias: false,
     tiedEmbeddings: false,
@@ -219,6 +242,8 @@ export function buildLlamaGraph(
   }
   if (options.window && options.attention !== 'gqa') throw new Error('a sliding window needs the gqa attention form')
   if (options.causalMask === 'square' && options.attention !== 'mha') throw new Error('a square causal mask needs the mha form')
+  if ((options.attention === 'paged') !== (options.paged !== undefined)) throw new Error('the paged form needs its kernel and block size (and only it)')
+  if (dtype === 'fp16' && (options.attention === 'mha' || options.kv !== 'fp16')) throw new Error('float16 weights need the gqa or paged form and float16 KV')
   const g = new GraphBuilder(`ortex-llama-${options.attention}`)
   const added = new Set<string>()
   const w = (name: string): string => {
@@ -232,6 +257,7 @@ export function buildLlamaGraph(
     g,
     d,
     options,
+    computeType: elementType(dtype ?? 'fp32'),
     kvType: elementType(options.kv),
     logitsType: elementType(logits ?? options.kv),
     w,
@@ -240,16 +266,87 @@ export function buildLlamaGraph(
     blockSums: new Set(),
   }
 
-  declareInputsOutputs(ctx)
-  const shared: SharedInputs = { cosCache: w('cos_cache'), sinCache: w('sin_cache') }
+  const shared: SharedInputs = { cosCache: '', sinCache: '' }
+  if (options.attention === 'paged') {
+    shared.paged = { graph: pagedGraph(ctx), tensors: { cosCache: '', sinCache: '' } }
+    declarePaged(ctx, shared.paged.graph)
+  } else {
+    declareInputsOutputs(ctx)
+  }
+  shared.cosCache = w('cos_cache')
+  shared.sinCache = w('sin_cache')
   if (options.attention === 'mha') shared.mha = mhaMaskAndRotary(ctx, shared)
-  else shared.gqa = gqaSequenceLengths(ctx, shared)
+  else if (options.attention === 'gqa') shared.gqa = gqaSequenceLengths(ctx, shared)
+  else shared.paged!.tensors = pagedShared(shared.paged!.graph, options.paged!.kernel, INPUT_IDS, shared.cosCache, shared.sinCache)
 
-  let x = g.op('Gather', [w('model.embed_tokens.weight'), INPUT_IDS], { axis: I(0) }, { name: '/model/embed_tokens/Gather' })
-  for (let l = 0; l < d.numLayers; l++) x = decoderLayer(ctx, shared, x, l)
-  const final = rmsNorm(ctx, x, 'model.norm.weight', '/model/norm')
-  lmHead(ctx, final)
+  const embedded = g.op('Gather', [w('model.embed_tokens.weight'), INPUT_IDS], { axis: I(0) }, { name: '/model/embed_tokens/Gather' })
+  lmHead(ctx, ctx.computeType === DataType.FLOAT16 ? fusedLayers(ctx, shared, embedded) : layers(ctx, shared, embedded))
   return g
+}
+
+/** Every decoder layer and the final norm, the residual stream added where it is made. */
+function layers(ctx: GraphContext, shared: SharedInputs, embedded: string): string {
+  let x = embedded
+  for (let l = 0; l < ctx.d.numLayers; l++) x = decoderLayer(ctx, shared, x, l)
+  return rmsNorm(ctx, x, 'model.norm.weight', '/model/norm')
+}
+
+/**
+ * The float16 folders' layers as the builder makes them: each residual add fused into the next
+ * norm, com.microsoft.SkipSimplifiedLayerNormalization(residual, delta, weight) -> (normed, sum),
+ * so a layer hands on (residual, delta) and the first norm is a plain one:
+ *
+ *   embedded -> SLN -> attn -> o ─┐
+ *       └──── residual ─────── SkipSLN -> mlp -> down ─┐
+ *                                  └─ sum ──────────── SkipSLN (next layer's input norm) ...
+ */
+function fusedLayers(ctx: GraphContext, shared: SharedInputs, embedded: string): string {
+  const { g, d, w } = ctx
+  let residual = embedded
+  let h = rmsNorm(ctx, embedded, 'model.layers.0.input_layernorm.weight', '/model/layers.0/input_layernorm')
+  const skipNorm = (delta: string, skip: string, weight: string, base: string, sum = true): [string, string] => {
+    const outputs = [`${base}/output_0`, '', '', ...(sum ? [`${base}/output_3`] : [])]
+    const [normed, , , added] = g.node('SkipSimplifiedLayerNormalization', [skip, delta, w(weight)], {
+      name: base,
+      domain: 'com.microsoft',
+      outputs,
+      attrs: { epsilon: F(d.rmsNormEps) },
+    })
+    return [normed!, added ?? '']
+  }
+  for (let l = 0; l < d.numLayers; l++) {
+    const p = `model.layers.${l}`
+    const base = `/model/layers.${l}`
+    let o = linear(ctx, attention(ctx, shared, h, l), `${p}.self_attn.o_proj`, `${base}/attn/o_proj`)
+    if (shared.paged && l === d.numLayers - 1) {
+      // As the builder's make_selected_hidden_rows: both of the norm's inputs, the wanted rows only.
+      const select = (x: string, tag: string) => g.op('Gather', [x, LOGITS_INDICES], { axis: I(0) }, { name: `/model/selected_rows/${tag}/Gather` })
+      residual = select(residual, 'root_input')
+      o = select(o, 'skip_input')
+    }
+    const [h2, sum] = skipNorm(o, residual, `${p}.post_attention_layernorm.weight`, `${base}/post_attention_layernorm/SkipLayerNorm`)
+    const down = mlp(ctx, h2, l)
+    const last = l === d.numLayers - 1
+    const next = last ? ['model.norm.weight', '/model/norm/SkipLayerNorm'] : [`model.layers.${l + 1}.input_layernorm.weight`, `/model/layers.${l + 1}/input_layernorm/SkipLayerNorm`]
+    ;[h, residual] = skipNorm(down, sum, next[0]!, next[1]!, !last)
+  }
+  return h
+}
+
+/** The paged kernels' view of the graph (float32 arithmetic; caches of the KV type). */
+function pagedGraph({ g, d, options, kvType, computeType }: GraphContext): PagedGraph {
+  const { blockSize } = options.paged!
+  if (!Number.isInteger(blockSize) || blockSize < 1) throw new Error(`block size must be a positive integer, got ${blockSize}`)
+  return { g, numHeads: d.numHeads, numKvHeads: d.numKvHeads, headSize: d.headSize, blockSize, kvType, computeType }
+}
+
+function declarePaged({ d, logitsType }: GraphContext, p: PagedGraph): void {
+  declarePagedInputsOutputs(p, d.numLayers, d.vocabSize, logitsType, {
+    inputIds: INPUT_IDS,
+    logits: LOGITS,
+    past: (l, kind) => (kind === 'key' ? pastKeyName(l) : pastValueName(l)),
+    present: (l, kind) => (kind === 'key' ? presentKeyName(l) : presentValueName(l)),
+  })
 }
 
 /** The bits of a block weight `[N, K/32, 32 * bits / 8]`. */
@@ -327,7 +424,7 @@ function squareCausal(g: GraphBuilder, Sn: string, T: string, qCol: string, b: s
 
 /** gqa: seqlens_k and total_sequence_length from attention_mask, as the builder computes them;
  *  the rotary tables in the KV type (GroupQueryAttention takes every float input in one type). */
-function gqaSequenceLengths({ g, kvType }: GraphContext, shared: SharedInputs): NonNullable<SharedInputs['gqa']> {
+function gqaSequenceLengths({ g, kvType, computeType }: GraphContext, shared: SharedInputs): NonNullable<SharedInputs['gqa']> {
   const b = '/model/attn_mask_reformat/attn_mask_subgraph'
   const sum = g.op('ReduceSum', [ATTENTION_MASK, g.int64([1])], { keepdims: I(0) }, { name: `${b}/ReduceSum` })
   const sub = g.op('Sub', [sum, g.int64([1], [])], undefined, { name: `${b}/Sub` })
@@ -335,7 +432,7 @@ function gqaSequenceLengths({ g, kvType }: GraphContext, shared: SharedInputs): 
   const shape = g.op('Shape', [ATTENTION_MASK], undefined, { name: `${b}/Shape` })
   const total = g.op('Gather', [shape, g.int64([1], [])], { axis: I(0) }, { name: `${b}/Gather` })
   const totalSeqLen = g.op('Cast', [total], { to: I(DataType.INT32) }, { name: `${b}/Gather/Cast` })
-  if (kvType === DataType.FLOAT) return { seqlensK, totalSeqLen, cosCache: shared.cosCache, sinCache: shared.sinCache }
+  if (kvType === computeType) return { seqlensK, totalSeqLen, cosCache: shared.cosCache, sinCache: shared.sinCache }
   const to = { to: I(kvType) }
   const cosCache = g.op('Cast', [shared.cosCache], to, { name: '/model/rotary/cos_cache/Cast' })
   const sinCache = g.op('Cast', [shared.sinCache], to, { name: '/model/rotary/sin_cache/Cast' })
@@ -350,12 +447,23 @@ function decoderLayer(ctx: GraphContext, shared: SharedInputs, x: string, l: num
   const attn = attention(ctx, shared, h, l)
   const o = linear(ctx, attn, `${p}.self_attn.o_proj`, `${base}/attn/o_proj`)
   x = g.op('Add', [x, o], undefined, { name: `${base}/attn/residual` })
+  // paged: past the last attention every row only feeds the lm_head, so only the rows whose
+  // logits are wanted go on (the builder's prune_lm_head, base.py make_layer).
+  if (shared.paged && l === ctx.d.numLayers - 1) {
+    x = g.op('Gather', [x, LOGITS_INDICES], { axis: I(0) }, { name: '/model/selected_rows/Gather' })
+  }
   const h2 = rmsNorm(ctx, x, `${p}.post_attention_layernorm.weight`, `${base}/post_attention_layernorm`)
   const down = mlp(ctx, h2, l)
   return g.op('Add', [x, down], undefined, { name: `${base}/mlp/residual` })
 }
 
-function rmsNorm({ g, d, w }: GraphContext, x: string, weight: string, base: string): string {
+function rmsNorm({ g, d, w, computeType }: GraphContext, x: string, weight: string, base: string): string {
+  if (computeType !== DataType.FLOAT) {
+    // float16: x^2 overflows past |x| = 256 (real models' residual streams get there), so the
+    // statistics are float32 inside the operator, as the builder's float16 folders do it.
+    const attrs = { axis: I(-1), epsilon: F(d.rmsNormEps), stash_type: I(1) }
+    return g.op('SimplifiedLayerNormalization', [x, w(weight)], attrs, { name: `${base}/SimplifiedLayerNormalization` })
+  }
   const sq = g.op('Pow', [x, g.float([2], [])], undefined, { name: `${base}/Pow` })
   const mean = g.op('ReduceMean', [sq, g.int64([-1])], { keepdims: I(1) }, { name: `${base}/ReduceMean` })
   const eps = g.op('Add', [mean, g.float([d.rmsNormEps], [])], undefined, { name: `${base}/Add` })
@@ -369,17 +477,76 @@ function attention(ctx: GraphContext, shared: SharedInputs, h: string, l: number
   const p = `model.layers.${l}.self_attn`
   const base = `/model/layers.${l}/attn`
   const bias = ctx.options.attentionBias
+  // The CUDA folders take q, k and v from one MatMul, as the builder packs them (the kernels take
+  // a packed query with key and value left empty): one GEMM launch a layer instead of three.
+  const packed = packsQkv(ctx) ? packedQkvLinear(ctx, h, l) : undefined
+  if (packed !== undefined) {
+    return ctx.options.attention === 'paged' ? pagedCore(ctx, shared, packed, '', '', l) : gqaCore(ctx, shared, packed, '', '', l)
+  }
   const q = linear(ctx, h, `${p}.q_proj`, `${base}/q_proj`, bias)
   const k = linear(ctx, h, `${p}.k_proj`, `${base}/k_proj`, bias)
   const v = linear(ctx, h, `${p}.v_proj`, `${base}/v_proj`, bias)
+  if (ctx.options.attention === 'paged') return pagedCore(ctx, shared, q, k, v, l)
   return ctx.options.attention === 'gqa' ? gqaCore(ctx, shared, q, k, v, l) : mhaCore(ctx, shared, q, k, v, l)
 }
 
+/** Float16 folders for CUDA (gqa, and paged with the cuda kernel) pack q/k/v; the float32 folders
+ *  and the reference kernel keep three MatMuls (their bytes and graphs stay as they were). */
+function packsQkv({ computeType, options }: GraphContext): boolean {
+  if (computeType !== DataType.FLOAT16) return false
+  return options.attention === 'gqa' || options.paged?.kernel === 'cuda'
+}
+
+/**
+ * h [.., in] -> [.., q + 2 kv] through q/k/v weights concatenated along the output in the graph
+ * (`/model/layers.{l}/attn/qkv_proj/MatMul`, the builder's name). The Concats have only
+ * initializer inputs, so ONNX Runtime folds them into one packed weight when it loads the
+ * session; the data file keeps q, k and v apart (the same weights as the unpacked folders).
+ * int4 blocks concatenate along N (qweight, scales, zero points; minimums along their N axis);
+ * undefined where the three are not stored alike (different block types), as the builder packs
+ * only projections of one type.
+ */
+function packedQkvLinear(ctx: GraphContext, h: string, l: number): string | undefined {
+  const { g, w } = ctx
+  const p = `model.layers.${l}.self_attn`
+  const base = `/model/layers.${l}/attn/qkv_proj`
+  const projs = ['q_proj', 'k_proj', 'v_proj'].map((name) => `${p}.${name}`)
+  const concat = (suffix: string, axis: number) =>
+    g.op('Concat', projs.map((proj) => w(`${proj}.${suffix}`)), { axis: I(axis) }, { name: `${base}/${suffix}/Concat` })
+  let y: string
+  if (ctx.options.linear.kind === 'fp32') {
+    y = g.op('MatMul', [h, concat('weight', 1)], undefined, { name: `${base}/MatMul` })
+  } else {
+    const kinds = projs.map((proj) => [blockBitsOf(ctx, `${proj}.qweight`), ctx.has(`${proj}.qzeros`), ctx.has(`${proj}.mins`)].join())
+    if (new Set(kinds).size !== 1) return undefined
+    const [, blocks = 0] = ctx.weightDims(`${projs[0]}.qweight`)
+    const N = projs.reduce((n, proj) => n + (ctx.weightDims(`${proj}.qweight`)[0] ?? 0), 0)
+    const K = blocks * 32
+    const attrs = { K: I(K), N: I(N), bits: I(blockBitsOf(ctx, `${projs[0]}.qweight`)), block_size: I(32), accuracy_level: I((ctx.options.linear as { accuracyLevel: number }).accuracyLevel) }
+    const zeros = ctx.has(`${projs[0]}.qzeros`) ? [concat('qzeros', 0)] : []
+    y = g.op('MatMulNBits', [h, concat('qweight', 0), concat('scales', 0), ...zeros], attrs, { name: `${base}/MatMulNBits`, domain: 'com.microsoft' })
+    if (ctx.has(`${projs[0]}.mins`)) {
+      const offsets = g.op('MatMul', [blockSums(ctx, h, K), concat('mins', 1)], undefined, { name: `${base}/mins/MatMul` })
+      y = g.op('Add', [y, offsets], undefined, { name: `${base}/mins/Add` })
+    }
+  }
+  if (!ctx.options.attentionBias) return y
+  return g.op('Add', [y, concat('bias', 0)], undefined, { name: `${base}/Add` })
+}
+
+function pagedCore(ctx: GraphContext, shared: SharedInputs, q: string, k: string, v: string, l: number): string {
+  const { graph, tensors } = shared.paged!
+  const cache = { pastKey: pastKeyName(l), pastValue: pastValueName(l), presentKey: presentKeyName(l), presentValue: presentValueName(l) }
+  const base = `/model/layers.${l}/attn`
+  const kernel = ctx.options.paged!.kernel === 'cuda' ? cudaPagedAttention : referencePagedAttention
+  return kernel(graph, tensors, q, k, v, cache, base)
+}
+
 function gqaCore(ctx: GraphContext, shared: SharedInputs, q: string, k: string, v: string, l: number): string {
-  const { g, d, kvType, options } = ctx
+  const { g, d, kvType, computeType, options } = ctx
   const base = `/model/layers.${l}/attn`
   const { seqlensK, totalSeqLen, cosCache, sinCache } = shared.gqa!
-  const half = kvType !== DataType.FLOAT
+  const half = kvType !== computeType
   const toKv = (x: string, tag: string) => (half ? g.op('Cast', [x], { to: I(kvType) }, { name: `${base}/${tag}/Cast` }) : x)
   const windowed = windowedLayers(d.numLayers, options.window).includes(l)
   const attrs: Record<string, ReturnType<typeof I>> = {
@@ -402,7 +569,7 @@ function gqaCore(ctx: GraphContext, shared: SharedInputs, q: string, k: string, 
       attrs,
     },
   ) as [string]
-  return half ? g.op('Cast', [out], { to: I(DataType.FLOAT) }, { name: `${base}/GroupQueryAttention/Cast` }) : out
+  return half ? g.op('Cast', [out], { to: I(computeType) }, { name: `${base}/GroupQueryAttention/Cast` }) : out
 }
 
 function mhaCore(ctx: GraphContext, shared: SharedInputs, q: string, k: string, v: string, l: number): string {
@@ -469,8 +636,8 @@ function mlp(ctx: GraphContext, h: string, l: number): string {
 
 function lmHead(ctx: GraphContext, x: string): void {
   const { g, options, w } = ctx
-  // float16 logits: computed in float32, cast at the end.
-  const half = ctx.logitsType !== DataType.FLOAT
+  // Logits of another type than the arithmetic's (float16 logits of a float32 model): cast at the end.
+  const half = ctx.logitsType !== ctx.computeType
   const out = half ? '/lm_head/output_float' : LOGITS
   if (options.linear.kind === 'fp32' && options.tiedEmbeddings) {
     const t = g.op('Transpose', [w('model.embed_tokens.weight')], { perm: Is([1, 0]) }, { name: '/lm_head/Transpose' })
@@ -523,6 +690,8 @@ function blockSums(ctx: GraphContext, x: string, K: number): string {
   const name = `${x}/block_sums`
   if (ctx.blockSums.has(name)) return name
   ctx.blockSums.add(name)
-  const blocks = g.op('Reshape', [x, g.int64([0, 0, K / 32, 32])], undefined, { name: `${x}/block_sums/Reshape` })
+  // The paged form's activations are [num_tokens, K], the others' [batch, sequence, K].
+  const shape = ctx.options.attention === 'paged' ? [0, K / 32, 32] : [0, 0, K / 32, 32]
+  const blocks = g.op('Reshape', [x, g.int64(shape)], undefined, { name: `${x}/block_sums/Reshape` })
   return g.op('ReduceSum', [blocks, g.int64([-1])], { keepdims: I(0) }, { name: `${x}/block_sums/ReduceSum`, outputs: [name] })
 }

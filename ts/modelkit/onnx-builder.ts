@@ -4,6 +4,7 @@
 
 import onnxProto from 'onnx-proto'
 import type { onnx as P } from 'onnx-proto'
+import { toHalfArray } from './half'
 
 const { onnx } = onnxProto
 
@@ -125,6 +126,21 @@ export class GraphBuilder {
       const raw = new Float32Array(values)
       this.initializers.push(
         onnx.TensorProto.create({ name, dataType: DataType.FLOAT, dims, rawData: new Uint8Array(raw.buffer) }),
+      )
+      this.constants.set(key, name)
+    }
+    return name
+  }
+
+  /** A float16 constant initializer (deduplicated). Scalar when `dims` is []. */
+  half(values: number[], dims: number[] = [values.length]): string {
+    const key = `f16:${dims.join('x')}:${values.join(',')}`
+    let name = this.constants.get(key)
+    if (!name) {
+      name = `/constants/FLOAT16/${dims.length ? `[${values.join(',')}]` : values[0]}`
+      const raw = toHalfArray(values)
+      this.initializers.push(
+        onnx.TensorProto.create({ name, dataType: DataType.FLOAT16, dims, rawData: new Uint8Array(raw.buffer) }),
       )
       this.constants.set(key, name)
     }

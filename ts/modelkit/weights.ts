@@ -7,6 +7,7 @@ import { open, type FileHandle } from 'node:fs/promises'
 import type { DataTypeCode, ExternalTensor } from './onnx-builder'
 import { DataType } from './onnx-builder'
 import type { LlamaDims, WeightSpec } from './llama'
+import { toHalfArray } from './half'
 import { tensorStream } from './random'
 import { BOS_TOKEN_ID, FIRST_BYTE_TOKEN_ID, PAD_TOKEN_ID } from './tokenizer'
 
@@ -27,7 +28,18 @@ export interface TensorSpec {
   dataType?: DataTypeCode
 }
 
-const ELEMENT_BYTES: Readonly<Record<number, number>> = { [DataType.FLOAT]: 4, [DataType.UINT8]: 1 }
+const ELEMENT_BYTES: Readonly<Record<number, number>> = { [DataType.FLOAT]: 4, [DataType.FLOAT16]: 2, [DataType.UINT8]: 1 }
+
+/** `specs` with every float32 tensor stored as float16 (a float16 folder's data file). */
+export function asHalfSpecs<T extends TensorSpec>(specs: readonly T[]): T[] {
+  return specs.map((s) => ((s.dataType ?? DataType.FLOAT) === DataType.FLOAT ? { ...s, dataType: DataType.FLOAT16 } : s))
+}
+
+/** A chunk of float32 values as the bytes of a tensor of `dataType`: themselves, or their float16 bits. */
+export function floatBytes(dataType: DataTypeCode, values: Float32Array): Uint8Array {
+  if (dataType === DataType.FLOAT16) return new Uint8Array(toHalfArray(values).buffer)
+  return new Uint8Array(values.buffer, values.byteOffset, values.byteLength)
+}
 
 /** Places the tensors one after another, each on a DATA_ALIGNMENT boundary. */
 export function layoutWeights(specs: readonly TensorSpec[], location: string): WeightLayout {
@@ -114,7 +126,8 @@ export class DataFileWriter {
   }
 }
 
-/** Writes every tensor of `specs` at its place in `layout`; reports progress in bytes. */
+/** Writes every tensor of `specs` at its place in `layout` (float32, or float16 where the layout
+ *  says so: the same values rounded); reports progress in bytes. */
 export async function writeWeights(
   file: string,
   specs: WeightSpec[],
@@ -126,15 +139,14 @@ export async function writeWeights(
   const out = await DataFileWriter.create(file, layout, onProgress)
   try {
     const buf = new Float32Array(CHUNK)
-    const bytes = new Uint8Array(buf.buffer)
     for (const s of specs) {
       const t = layout.tensors.get(s.name)!
-      const count = t.length / 4
+      const count = t.dims.reduce((a, b) => a * b, 1)
       const fill = valueSource(s, dims, seed)
       for (let start = 0; start < count; start += CHUNK) {
         const n = Math.min(CHUNK, count - start)
         for (let i = 0; i < n; i++) buf[i] = fill(start + i)
-        await out.append(t, bytes.subarray(0, n * 4), s.name)
+        await out.append(t, floatBytes(t.dataType, buf.subarray(0, n)), s.name)
       }
     }
     await out.finish()

@@ -15,6 +15,9 @@ pub struct ModelInfo {
     /// Bytes the executor's KV store takes per token position (all layers, keys and values);
     /// 0 when it keeps none (the simulated model): a `kvCacheBytes` budget then bounds nothing.
     pub kv_position_bytes: u64,
+    /// The block size the model's own graph is built for (a paged-attention folder's KV tensors
+    /// are blocks of this many positions): the engine uses it and refuses another. None: any.
+    pub required_block_size: Option<u32>,
 }
 
 /// Shape of the paged KV pool the executor must back with storage.

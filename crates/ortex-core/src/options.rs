@@ -169,9 +169,24 @@ fn default_num_blocks(model: &ModelInfo, block_size: u32, max_batch_size: u32, b
     full.min(affordable).clamp(1, u64::from(MAX_NUM_BLOCKS)) as u32
 }
 
+/// `blockSize`: the model's own block size when it requires one (a paged-attention graph reads
+/// its KV in blocks of that size), which an explicit other value contradicts; else the option.
+fn resolve_block_size(given: Option<u32>, required: Option<u32>) -> Result<u32> {
+    match (given, required) {
+        (Some(given), Some(required)) if given != required => Err(OrtexError::invalid(format!(
+            "blockSize {given} conflicts with the model's block size {required} (its paged-attention graph \
+             reads the KV cache in blocks of {required}); leave blockSize out or give {required}"
+        ))),
+        (None, Some(required)) => {
+            positive("the model's block size", Some(required), DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE)
+        }
+        (given, _) => positive("blockSize", given, DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE),
+    }
+}
+
 impl EngineConfig {
     pub fn resolve(options: &EngineOptions, model: &ModelInfo) -> Result<EngineConfig> {
-        let block_size = positive("blockSize", options.block_size, DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE)?;
+        let block_size = resolve_block_size(options.block_size, model.required_block_size)?;
         let max_batch_size = positive("maxBatchSize", options.max_batch_size, DEFAULT_MAX_BATCH_SIZE, 65_536)?;
         let max_scheduled_tokens =
             positive("maxScheduledTokens", options.max_scheduled_tokens, DEFAULT_MAX_SCHEDULED_TOKENS, MAX_COUNT)?;
@@ -306,7 +321,13 @@ mod tests {
     use super::*;
 
     fn model(kv_position_bytes: u64) -> ModelInfo {
-        ModelInfo { vocab_size: 100, eos_token_ids: vec![2], max_length: 1000, kv_position_bytes }
+        ModelInfo {
+            vocab_size: 100,
+            eos_token_ids: vec![2],
+            max_length: 1000,
+            kv_position_bytes,
+            required_block_size: None,
+        }
     }
 
     fn resolve(num_blocks: Option<u32>, kv_cache_bytes: Option<u64>, kv_position_bytes: u64) -> Result<EngineConfig> {
@@ -334,5 +355,28 @@ mod tests {
             let error = resolve(blocks, budget, 100).unwrap_err();
             assert_eq!(error.code, crate::ErrorCode::InvalidArgument, "{blocks:?} {budget:?}");
         }
+    }
+
+    #[test]
+    fn a_model_that_requires_a_block_size_gets_it_and_refuses_another() {
+        let paged = ModelInfo { required_block_size: Some(256), ..model(100) };
+        let with_block = |block_size| EngineOptions { block_size, max_batch_size: Some(4), ..EngineOptions::default() };
+        let config = EngineConfig::resolve(&with_block(None), &paged).unwrap();
+        // 4 rows of ceil(1000 / 256) = 4 blocks.
+        assert_eq!((config.block_size, config.num_blocks), (256, 16));
+        assert_eq!(EngineConfig::resolve(&with_block(Some(256)), &paged).unwrap(), config);
+        let error = EngineConfig::resolve(&with_block(Some(16)), &paged).unwrap_err();
+        assert_eq!(error.code, crate::ErrorCode::InvalidArgument);
+        assert!(
+            error.message.contains("blockSize 16") && error.message.contains("block size 256"),
+            "{}",
+            error.message
+        );
+        // A model without a requirement keeps the option's default and bounds.
+        assert_eq!(EngineConfig::resolve(&with_block(None), &model(100)).unwrap().block_size, 16);
+        assert_eq!(
+            EngineConfig::resolve(&with_block(Some(0)), &paged).unwrap_err().code,
+            crate::ErrorCode::InvalidArgument
+        );
     }
 }

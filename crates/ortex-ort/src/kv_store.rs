@@ -13,6 +13,7 @@
 //! (`block_size * head_size` elements each) and the model's `[batch, kv_heads, seq, head]` tensors
 //! are filled with one copy per (head, block).
 
+use std::cell::Cell;
 use std::ops::Range;
 
 use ortex_core::executor::KvGeometry;
@@ -57,6 +58,9 @@ pub struct KvStore {
     element: KvElement,
     /// `arenas[2 * layer]` = keys, `arenas[2 * layer + 1]` = values.
     arenas: Vec<Box<[u8]>>,
+    /// Bytes gathered out of and scattered into the arenas since the last
+    /// [`KvStore::take_copied_bytes`] (the executor's `kvCopiedBytes`).
+    copied_bytes: Cell<u64>,
 }
 
 /// A zeroed arena of `len` bytes, or an error when memory cannot be had (never an abort: the
@@ -109,7 +113,7 @@ impl KvStore {
         for _ in 0..2 * num_layers {
             arenas.push(zeroed_arena(per_arena).ok_or_else(too_big)?);
         }
-        Ok(KvStore { block_size, kv_heads, row_bytes, num_blocks, element, arenas })
+        Ok(KvStore { block_size, kv_heads, row_bytes, num_blocks, element, arenas, copied_bytes: Cell::new(0) })
     }
 
     pub fn element(&self) -> KvElement {
@@ -129,6 +133,15 @@ impl KvStore {
         self.arenas.iter().map(|a| a.len()).sum()
     }
 
+    /// The bytes copied since the last call, and starts counting again.
+    pub fn take_copied_bytes(&self) -> u64 {
+        self.copied_bytes.take()
+    }
+
+    fn count_copied(&self, positions: usize) {
+        self.copied_bytes.set(self.copied_bytes.get() + (positions * self.kv_heads * self.row_bytes) as u64);
+    }
+
     fn block_stride(&self) -> usize {
         self.kv_heads * self.block_size * self.row_bytes
     }
@@ -146,6 +159,7 @@ impl KvStore {
     /// `len..dst_len` untouched).
     pub fn gather(&self, arena: KvArena, blocks: &[BlockId], len: usize, dst: &mut [u8], dst_len: usize) {
         let (bs, d, stride) = (self.block_size, self.row_bytes, self.block_stride());
+        self.count_copied(len);
         let arena = self.arena(arena);
         for (i, block) in blocks.iter().take(len.div_ceil(bs)).enumerate() {
             let run = (len - i * bs).min(bs) * d;
@@ -172,6 +186,7 @@ impl KvStore {
     ) {
         let (bs, d, stride, heads) = (self.block_size, self.row_bytes, self.block_stride(), self.kv_heads);
         let (start, count) = (positions.start, positions.len());
+        self.count_copied(count);
         let arena = self.arena_mut(arena);
         let mut j = 0;
         while j < count {
@@ -232,6 +247,7 @@ mod tests {
             let geometry = KvGeometry { num_blocks: 8, block_size: bs as u32 };
             let mut store = KvStore::new(geometry, 2, heads, d, element).unwrap();
             assert_eq!(store.bytes(), 2 * 2 * 8 * bs * heads * d * e);
+            assert_eq!(store.take_copied_bytes(), 0);
             let blocks = [BlockId(5), BlockId(1), BlockId(7)];
             // Positions 0..6 in one write (a prefill spanning two blocks), then 6..10 in two writes.
             for (start, count) in [(0, 6), (6, 1), (7, 3)] {
@@ -249,6 +265,8 @@ mod tests {
                     }
                 }
             }
+            // 10 positions of 2 heads of d elements, into 4 arenas.
+            assert_eq!(store.take_copied_bytes(), (4 * 10 * heads * d * e) as u64);
             for layer in 0..2 {
                 for kind in [KvKind::Key, KvKind::Value] {
                     let len = 10;

@@ -28,6 +28,8 @@ pub enum AttentionOp {
     MultiHead,
     /// `com.microsoft.Attention` (packed).
     Packed,
+    /// `com.microsoft.PagedAttention`: ONNX Runtime has it on CUDA only.
+    Paged,
     /// Plain ONNX operators (the past goes into a Concat).
     Plain,
 }
@@ -38,6 +40,7 @@ impl AttentionOp {
             ("com.microsoft", "GroupQueryAttention") => Some(AttentionOp::GroupQuery),
             ("com.microsoft", "MultiHeadAttention") => Some(AttentionOp::MultiHead),
             ("com.microsoft", "Attention") => Some(AttentionOp::Packed),
+            ("com.microsoft", "PagedAttention") => Some(AttentionOp::Paged),
             _ => None,
         }
     }
@@ -47,6 +50,7 @@ impl AttentionOp {
             AttentionOp::GroupQuery => "GroupQueryAttention",
             AttentionOp::MultiHead => "MultiHeadAttention",
             AttentionOp::Packed => "Attention",
+            AttentionOp::Paged => "PagedAttention",
             AttentionOp::Plain => "plain ONNX operators",
         }
     }

@@ -144,6 +144,29 @@ pub fn read_nodes(model: &[u8]) -> Result<Vec<Node>> {
     Ok(nodes)
 }
 
+/// The value of metadata entry `key` (ModelProto.metadata_props (14) -> StringStringEntryProto
+/// {key 1, value 2}), when the model has it.
+pub fn read_metadata(model: &[u8], key: &str) -> Result<Option<String>> {
+    for field in fields(model)? {
+        if field.number != 14 || field.wire != LEN {
+            continue;
+        }
+        let entry = &model[field.value];
+        let (mut k, mut v) = (None, None);
+        for part in fields(entry)? {
+            match (part.number, part.wire) {
+                (1, LEN) => k = Some(string(entry, &part)?),
+                (2, LEN) => v = Some(string(entry, &part)?),
+                _ => {}
+            }
+        }
+        if k.as_deref() == Some(key) {
+            return Ok(v);
+        }
+    }
+    Ok(None)
+}
+
 fn read_node(bytes: &[u8]) -> Result<Node> {
     let mut node = Node {
         name: String::new(),
@@ -273,8 +296,8 @@ mod tests {
         attr
     }
 
-    /// A model with a producer name (field 2), a graph of two nodes and an initializer, and an
-    /// opset import (field 8) after the graph.
+    /// A model with a producer name (field 2), two metadata entries (field 14), a graph of two
+    /// nodes and an initializer, and an opset import (field 8) after the graph.
     fn model() -> Vec<u8> {
         let mut gqa = Vec::new();
         for input in ["q", "past_key_values.0.key"] {
@@ -298,9 +321,23 @@ mod tests {
         write_varint(&mut model, 1 << 3);
         write_varint(&mut model, 10); // ir_version
         push_len_field(&mut model, 2, b"producer");
+        for (key, value) in [("ortex.attention", "paged"), ("ortex.paged_kernel", "cuda")] {
+            let mut entry = Vec::new();
+            push_len_field(&mut entry, 1, key.as_bytes());
+            push_len_field(&mut entry, 2, value.as_bytes());
+            push_len_field(&mut model, 14, &entry);
+        }
         push_len_field(&mut model, 7, &graph);
         push_len_field(&mut model, 8, b"\x0a\x00\x10\x15");
         model
+    }
+
+    #[test]
+    fn reads_metadata_by_key() {
+        let model = model();
+        assert_eq!(read_metadata(&model, "ortex.paged_kernel").unwrap().as_deref(), Some("cuda"));
+        assert_eq!(read_metadata(&model, "ortex.attention").unwrap().as_deref(), Some("paged"));
+        assert_eq!(read_metadata(&model, "ortex.seed").unwrap(), None);
     }
 
     #[test]

@@ -23,8 +23,10 @@ import { join, resolve } from 'node:path'
 import { OrtexError } from '../../errors'
 import { genaiConfig } from '../genai-config'
 import { type KvType, buildLlamaGraph, type LinearStorage, type LlamaDims } from '../llama'
+import type { PagedKernel } from '../paged'
 import { CONFIG_FILE, DATA_FILE, MODEL_FILE, type FileSize, fileSizes, writeConfigLast, writeModelFile } from '../model-folder'
-import { DataFileWriter, layoutWeights, type WeightLayout } from '../weights'
+import { DataType } from '../onnx-builder'
+import { DataFileWriter, asHalfSpecs, floatBytes, layoutWeights, type WeightLayout } from '../weights'
 import { type Architecture, type ModelPlan, planModel } from './architecture'
 import { ggmlTypeName } from './ggml-types'
 import { GgufData, type GgufFile, readGguf } from './reader'
@@ -35,6 +37,12 @@ import { type TokenizerConversion, convertTokenizer } from './tokenizer'
 export const IMPORTER_VERSION = 2
 
 export type WeightFormat = 'fp32' | 'int4'
+
+/** The attention forms an import writes: GroupQueryAttention, or the paged form (paged.ts). */
+export type ImportAttention = 'gqa' | 'paged'
+
+/** The paged form's default block size: the builder's (paged_block_size 256). */
+export const IMPORT_BLOCK_SIZE = 256
 
 /**
  * MatMulNBits' accuracy_level in an int4 import: what its CPU kernel computes with. 4 quantizes
@@ -63,6 +71,17 @@ export interface ImportOptions {
    * (docs/model-format.md, "Faithfulness").
    */
   accuracyLevel?: AccuracyLevel
+  /** Default gqa. */
+  attention?: ImportAttention
+  /** paged only: default cuda (com.microsoft.PagedAttention, needs dtype fp16). */
+  pagedKernel?: PagedKernel
+  /** paged only: positions a KV cache block; default IMPORT_BLOCK_SIZE. */
+  blockSize?: number
+  /**
+   * The float weights' and the arithmetic's element type: fp32 (default) or fp16, as the
+   * builder's `-p fp16 -e cuda` folders (KV and logits float16 too; MatMulNBits scales float16).
+   */
+  dtype?: KvType
   /** Bytes of model.onnx.data written so far. */
   onProgress?: (done: number, total: number, label: string) => void
 }
@@ -74,6 +93,10 @@ export interface ImportSummary {
   name: string | undefined
   weights: WeightFormat
   kv: KvType
+  dtype: KvType
+  attention: ImportAttention
+  /** The paged form's kernel and block size. */
+  paged?: { kernel: PagedKernel; blockSize: number }
   /** MatMulNBits' accuracy_level (int4 imports); null for fp32 weights (no MatMulNBits). */
   accuracyLevel: AccuracyLevel | null
   parameters: number
@@ -95,7 +118,7 @@ const IMPORT_FILES = [MODEL_FILE, DATA_FILE, ...TOKENIZER_FILES, CHAT_TEMPLATE_F
 
 export async function importGguf(options: ImportOptions): Promise<ImportSummary> {
   const started = Date.now()
-  const { weights, kv, accuracyLevel } = checkOptions(options)
+  const { weights, kv, accuracyLevel, dtype, attention, paged } = checkOptions(options)
   const file = readGguf(resolve(options.file))
   const plan = planModel(file)
   const tokenizer = convertTokenizer(file, plan.dims.contextLength)
@@ -103,14 +126,14 @@ export async function importGguf(options: ImportOptions): Promise<ImportSummary>
     throw new OrtexError('MODEL_LOAD', `${file.path}: the vocabulary has ${tokenizer.size} tokens but the embedding only ${plan.dims.vocabSize} rows`)
   }
   const storage: LinearStorage = accuracyLevel === null ? { kind: 'fp32' } : { kind: 'int4', accuracyLevel }
-  const planned = planTensors(plan, storage)
+  const planned = dtype === 'fp16' ? planTensors(plan, storage).map(asHalfTensor) : planTensors(plan, storage)
   const layout = layoutWeights(planned.flatMap((t) => t.specs), DATA_FILE)
   const outDir = resolve(options.outDir)
   const names = await staged(outDir, async (dir) => {
     const tokenizerFiles = await writeTokenizer(dir, tokenizer)
     await writeData(file, join(dir, DATA_FILE), planned, layout, options.onProgress)
-    await writeGraph(dir, plan, { storage, kv }, layout, weights)
-    await writeConfigLast(dir, importedConfig(plan, tokenizer))
+    await writeGraph(dir, plan, { storage, kv, dtype, attention, paged }, layout, weights)
+    await writeConfigLast(dir, importedConfig(plan, tokenizer, { dtype, attention, paged }))
     return [MODEL_FILE, DATA_FILE, ...tokenizerFiles]
   })
   const { files, totalBytes } = await fileSizes(outDir, [CONFIG_FILE, ...names])
@@ -121,6 +144,9 @@ export async function importGguf(options: ImportOptions): Promise<ImportSummary>
     name: plan.name,
     weights,
     kv,
+    dtype,
+    attention,
+    ...(paged ? { paged } : {}),
     accuracyLevel,
     parameters: plan.parameters,
     dims: plan.dims,
@@ -133,14 +159,64 @@ export async function importGguf(options: ImportOptions): Promise<ImportSummary>
   }
 }
 
-function checkOptions(options: ImportOptions): { weights: WeightFormat; kv: KvType; accuracyLevel: AccuracyLevel | null } {
+interface CheckedOptions {
+  weights: WeightFormat
+  kv: KvType
+  accuracyLevel: AccuracyLevel | null
+  dtype: KvType
+  attention: ImportAttention
+  paged: { kernel: PagedKernel; blockSize: number } | undefined
+}
+
+function checkOptions(options: ImportOptions): CheckedOptions {
+  const invalid = (message: string) => new OrtexError('INVALID_ARGUMENT', message)
   const weights = options.weights ?? 'fp32'
-  if (weights !== 'fp32' && weights !== 'int4') throw new OrtexError('INVALID_ARGUMENT', `weights must be 'fp32' or 'int4', got ${JSON.stringify(weights)}`)
-  const kv = options.kv ?? defaultKv(weights)
-  if (kv !== 'fp32' && kv !== 'fp16') throw new OrtexError('INVALID_ARGUMENT', `kv must be 'fp32' or 'fp16', got ${JSON.stringify(kv)}`)
-  if (!options.file) throw new OrtexError('INVALID_ARGUMENT', 'file is required')
-  if (!options.outDir) throw new OrtexError('INVALID_ARGUMENT', 'outDir is required')
-  return { weights, kv, accuracyLevel: checkAccuracyLevel(weights, options.accuracyLevel) }
+  if (weights !== 'fp32' && weights !== 'int4') throw invalid(`weights must be 'fp32' or 'int4', got ${JSON.stringify(weights)}`)
+  const dtype = options.dtype ?? 'fp32'
+  if (dtype !== 'fp32' && dtype !== 'fp16') throw invalid(`dtype must be 'fp32' or 'fp16', got ${JSON.stringify(dtype)}`)
+  const kv = options.kv ?? (dtype === 'fp16' ? 'fp16' : defaultKv(weights))
+  if (kv !== 'fp32' && kv !== 'fp16') throw invalid(`kv must be 'fp32' or 'fp16', got ${JSON.stringify(kv)}`)
+  if (dtype === 'fp16' && kv !== 'fp16') throw invalid('float16 weights (dtype fp16) keep float16 KV')
+  const attention = options.attention ?? 'gqa'
+  if (attention !== 'gqa' && attention !== 'paged') throw invalid(`attention must be 'gqa' or 'paged', got ${JSON.stringify(attention)}`)
+  if (!options.file) throw invalid('file is required')
+  if (!options.outDir) throw invalid('outDir is required')
+  return { weights, kv, accuracyLevel: checkAccuracyLevel(weights, options.accuracyLevel), dtype, attention, paged: checkPaged(options, attention, dtype) }
+}
+
+/** The paged form's kernel and block size (none for gqa, which takes neither). */
+function checkPaged(options: ImportOptions, attention: ImportAttention, dtype: KvType): CheckedOptions['paged'] {
+  const invalid = (message: string) => new OrtexError('INVALID_ARGUMENT', message)
+  if (attention !== 'paged') {
+    if (options.pagedKernel !== undefined || options.blockSize !== undefined) throw invalid('a paged kernel or block size needs the paged attention form')
+    return undefined
+  }
+  const kernel = options.pagedKernel ?? 'cuda'
+  const blockSize = options.blockSize ?? IMPORT_BLOCK_SIZE
+  if (kernel !== 'cuda' && kernel !== 'reference') throw invalid(`pagedKernel must be 'cuda' or 'reference', got ${JSON.stringify(kernel)}`)
+  if (!Number.isInteger(blockSize) || blockSize < 1 || blockSize > 1 << 16) throw invalid(`blockSize must be an integer in [1, 65536], got ${JSON.stringify(blockSize)}`)
+  // ONNX Runtime's PagedAttention runs on CUDA in float16 or bfloat16 only (base.py make_attention_init).
+  if (kernel === 'cuda' && dtype !== 'fp16') throw invalid('the cuda paged kernel needs float16 (dtype fp16); the reference kernel runs float32')
+  return { kernel, blockSize }
+}
+
+/** A planned tensor with its float32 parts stored as float16 (a float16 folder's data file). */
+function asHalfTensor(t: PlannedTensor): PlannedTensor {
+  const specs = asHalfSpecs(t.specs)
+  return {
+    ...t,
+    specs,
+    *chunks(data) {
+      for (const [index, chunk] of t.chunks(data)) {
+        if (specs[index]!.dataType !== t.specs[index]!.dataType) {
+          const values = new Float32Array(chunk.buffer.slice(chunk.byteOffset, chunk.byteOffset + chunk.byteLength))
+          yield [index, floatBytes(DataType.FLOAT16, values)]
+        } else {
+          yield [index, chunk]
+        }
+      }
+    },
+  }
 }
 
 /** An int4 import's accuracy level (default 4); fp32 weights have no MatMulNBits to set it on. */
@@ -199,32 +275,48 @@ async function writeTokenizer(outDir: string, tokenizer: TokenizerConversion): P
 async function writeGraph(
   outDir: string,
   plan: ModelPlan,
-  { storage, kv }: { storage: LinearStorage; kv: KvType },
+  o: { storage: LinearStorage } & Pick<CheckedOptions, 'kv' | 'dtype' | 'attention' | 'paged'>,
   layout: WeightLayout,
   weights: WeightFormat,
 ): Promise<void> {
-  const options = { attention: 'gqa', attentionBias: plan.attentionBias, tiedEmbeddings: plan.tiedEmbeddings, linear: storage, kv, logits: 'fp32' } as const
+  // float32 models keep float32 logits; float16 ones give float16 logits, as the builder's.
+  const options = {
+    attention: o.attention,
+    attentionBias: plan.attentionBias,
+    tiedEmbeddings: plan.tiedEmbeddings,
+    linear: o.storage,
+    kv: o.kv,
+    logits: o.dtype,
+    ...(o.dtype === 'fp16' ? { dtype: o.dtype } : {}),
+    ...(o.paged ? { paged: o.paged } : {}),
+  } as const
   await writeModelFile(outDir, buildLlamaGraph(plan.dims, options, layout.tensors), { name: 'ortex import', version: String(IMPORTER_VERSION) }, {
-    'ortex.attention': 'gqa',
+    'ortex.attention': o.attention,
     'ortex.source': 'gguf',
     'ortex.architecture': plan.architecture,
     'ortex.weights': weights,
-    'ortex.kv': kv,
+    'ortex.kv': o.kv,
     'ortex.parameters': String(plan.parameters),
     'ortex.importer_version': String(IMPORTER_VERSION),
+    // Only the new forms carry these, so that the existing imports' bytes stay as they were.
+    ...(o.dtype === 'fp32' ? {} : { 'ortex.dtype': o.dtype }),
+    ...(o.paged ? { 'ortex.paged_kernel': o.paged.kernel, 'ortex.block_size': String(o.paged.blockSize) } : {}),
   })
 }
 
-function importedConfig(plan: ModelPlan, tokenizer: TokenizerConversion): object {
+function importedConfig(plan: ModelPlan, tokenizer: TokenizerConversion, o: Pick<CheckedOptions, 'dtype' | 'attention' | 'paged'>): object {
   const eos = tokenizer.eosTokenIds
   return genaiConfig({
     dims: plan.dims,
-    attention: 'gqa',
+    attention: o.attention,
     filename: MODEL_FILE,
     modelType: plan.architecture,
     bosTokenId: tokenizer.bosTokenId ?? eos[0]!,
     eosTokenId: eos.length === 1 ? eos[0]! : eos,
     padTokenId: tokenizer.padTokenId,
+    ...(o.paged ? { blockSize: o.paged.blockSize } : {}),
+    // As make-model: float16 folders are the builder's CUDA ones, but for the CPU reference kernel.
+    provider: o.dtype === 'fp16' && o.paged?.kernel !== 'reference' ? 'cuda' : 'cpu',
   })
 }
 
@@ -275,11 +367,13 @@ export function describeImport(s: ImportSummary): string {
   const parts: string[] = []
   if (Object.keys(s.tensors.exact).length > 0) parts.push(`blocks kept exactly: ${list(s.tensors.exact)}`)
   if (Object.keys(s.tensors.requantized).length > 0) parts.push(`requantized to 4 bits: ${list(s.tensors.requantized)}`)
-  if (Object.keys(s.tensors.dequantized).length > 0) parts.push(`float32: ${list(s.tensors.dequantized)}`)
+  if (Object.keys(s.tensors.dequantized).length > 0) parts.push(`${s.dtype === 'fp16' ? 'float16' : 'float32'}: ${list(s.tensors.dequantized)}`)
   const name = s.name === undefined ? '' : ` "${s.name}"`
   const activations = s.accuracyLevel === null ? '' : `${s.accuracyLevel === 4 ? 'int8' : 'float32'} activations, `
+  const form = s.paged ? `paged attention (${s.paged.kernel} kernel, blocks of ${s.paged.blockSize}), ` : ''
+  const weights = s.dtype === 'fp16' && s.weights === 'fp32' ? 'fp16' : s.weights
   return (
-    `${s.outDir}: ${s.architecture}${name}, ${s.parameters.toLocaleString('en-US')} parameters, ${s.weights} weights ` +
-    `(${parts.join('; ')}), ${activations}${s.kv === 'fp32' ? 'float32' : 'float16'} KV, ${(s.totalBytes / 1e6).toFixed(1)} MB in ${(s.elapsedMs / 1000).toFixed(1)} s`
+    `${s.outDir}: ${s.architecture}${name}, ${s.parameters.toLocaleString('en-US')} parameters, ${weights} weights ` +
+    `(${parts.join('; ')}), ${activations}${form}${s.kv === 'fp32' ? 'float32' : 'float16'} KV, ${(s.totalBytes / 1e6).toFixed(1)} MB in ${(s.elapsedMs / 1000).toFixed(1)} s`
   )
 }

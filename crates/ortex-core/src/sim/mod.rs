@@ -208,6 +208,7 @@ impl Executor for SimExecutor {
             eos_token_ids: vec![self.model.eos_token_id as i32],
             max_length: self.model.max_length,
             kv_position_bytes: 0,
+            required_block_size: None,
         }
     }
 

@@ -27,7 +27,7 @@ enum Field {
 const FIELDS: &[(&str, Field)] = &[
     ("model", Field::Object),
     ("search", Field::Object),
-    ("engine", Field::Harmless),
+    ("engine", Field::Object),
     ("speculative", Field::Refused("speculative decoding with a draft model is not implemented")),
     ("model.type", Field::Read),
     ("model.vocab_size", Field::Read),
@@ -67,7 +67,9 @@ const FIELDS: &[(&str, Field)] = &[
         Field::Refused("per-layer types (convolution or recurrent layers) are not implemented"),
     ),
     ("model.decoder.conv_cache_size", Field::Refused("convolution layers are not implemented")),
-    ("model.decoder.state_groups", Field::Refused("recurrent or paged state groups are not implemented")),
+    // One `paged_kv` group over every layer (a paged-attention folder) is read; any other group
+    // (convolution or recurrent state) is refused when it is read (mod.rs, read_state_groups).
+    ("model.decoder.state_groups", Field::Read),
     ("model.decoder.state_update_capacity", Field::Refused("recurrent state updates are not implemented")),
     ("model.decoder.adapter_filename", Field::Refused("LoRA adapters are not implemented")),
     ("model.decoder.shared_initializers", Field::Refused("initializers shared between sessions are not implemented")),
@@ -76,6 +78,15 @@ const FIELDS: &[(&str, Field)] = &[
     ("model.decoder.inputs.position_ids", Field::Read),
     ("model.decoder.inputs.past_key_names", Field::Read),
     ("model.decoder.inputs.past_value_names", Field::Read),
+    ("model.decoder.inputs.block_table", Field::Read),
+    ("model.decoder.inputs.cumulative_sequence_lengths", Field::Read),
+    ("model.decoder.inputs.past_sequence_lengths", Field::Read),
+    ("model.decoder.inputs.attention_metadata", Field::Read),
+    ("model.decoder.inputs.logits_indices", Field::Read),
+    (
+        "model.decoder.inputs.block_table_windowed",
+        Field::Refused("sliding-window layers served from a ring of blocks (paged attention) are not implemented"),
+    ),
     ("model.decoder.outputs.logits", Field::Read),
     ("model.decoder.outputs.present_key_names", Field::Read),
     ("model.decoder.outputs.present_value_names", Field::Read),
@@ -86,6 +97,16 @@ const FIELDS: &[(&str, Field)] = &[
     ("model.decoder.sliding_window.cache_slack", Field::Harmless),
     ("model.decoder.sliding_window.pad_value", Field::Harmless),
     ("model.decoder.sliding_window.alignment", Field::Harmless),
+    // A paged-attention folder's pool and scheduler (onnxruntime-genai's Engine): the block size
+    // is the graph's and is read; the rest are ortex's own options (numBlocks or kvCacheBytes,
+    // maxBatchSize, maxScheduledTokens, prefixCaching), which decide instead.
+    ("engine.dynamic_batching", Field::Object),
+    ("engine.dynamic_batching.block_size", Field::Read),
+    ("engine.dynamic_batching.max_batch_size", Field::Harmless),
+    ("engine.dynamic_batching.num_blocks", Field::Harmless),
+    ("engine.dynamic_batching.gpu_utilization_factor", Field::Harmless),
+    ("engine.dynamic_batching.max_scheduled_tokens", Field::Harmless),
+    ("engine.dynamic_batching.prefix_caching", Field::Harmless),
     ("search.diversity_penalty", Field::Harmless),
     ("search.do_sample", Field::Harmless),
     ("search.early_stopping", Field::Harmless),

@@ -30,6 +30,19 @@ pub struct TensorNames {
     pub logits: String,
     pub present_key: String,
     pub present_value: String,
+    /// The inputs of a paged-attention graph (absent from other graphs; the signature check
+    /// decides which the graph has).
+    pub paged: PagedNames,
+}
+
+/// A paged-attention graph's step inputs (onnxruntime-genai's builder names, docs/model-format.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PagedNames {
+    pub block_table: String,
+    pub cumulative_sequence_lengths: String,
+    pub past_sequence_lengths: String,
+    pub attention_metadata: String,
+    pub logits_indices: String,
 }
 
 impl TensorNames {
@@ -60,6 +73,8 @@ pub struct ModelConfig {
     pub model_type: String,
     /// `model.decoder.sliding_window`, when the model has one.
     pub sliding_window: Option<SlidingWindow>,
+    /// `engine.dynamic_batching.block_size`: the block size a paged-attention graph is built for.
+    pub paged_block_size: Option<u32>,
 }
 
 /// `model.decoder.sliding_window`: each query of the windowed layers attends to itself and the
@@ -104,6 +119,7 @@ impl ModelConfig {
         let dims = read_dims(&r)?;
         let tokens = read_special_tokens(&r, dims.vocab_size)?;
         let sliding_window = read_sliding_window(&r, dims.num_hidden_layers)?;
+        read_state_groups(&r, dims.num_hidden_layers)?;
         Ok(ModelConfig {
             dir: dir.to_path_buf(),
             model_file: read_model_file(&r, dir)?,
@@ -120,6 +136,7 @@ impl ModelConfig {
             num_hidden_layers: dims.num_hidden_layers,
             names: read_names(&r)?,
             sliding_window,
+            paged_block_size: read_paged_block_size(&r)?,
         })
     }
 
@@ -240,7 +257,60 @@ fn read_names(r: &Reader<'_>) -> Result<TensorNames> {
         logits: named("model.decoder.outputs.logits", "logits")?,
         present_key: r.layer_template("model.decoder.outputs.present_key_names", "present.%d.key")?,
         present_value: r.layer_template("model.decoder.outputs.present_value_names", "present.%d.value")?,
+        paged: PagedNames {
+            block_table: named("model.decoder.inputs.block_table", "block_table")?,
+            cumulative_sequence_lengths: named(
+                "model.decoder.inputs.cumulative_sequence_lengths",
+                "cumulative_sequence_lengths",
+            )?,
+            past_sequence_lengths: named("model.decoder.inputs.past_sequence_lengths", "past_sequence_lengths")?,
+            attention_metadata: named("model.decoder.inputs.attention_metadata", "attention_metadata")?,
+            logits_indices: named("model.decoder.inputs.logits_indices", "logits_indices")?,
+        },
     })
+}
+
+/// `engine.dynamic_batching.block_size`, at least 1 and at most the engine's largest block.
+/// (ONNX Runtime's PagedAttention wants a power of two of at least 16, which its session checks;
+/// a reference-kernel folder runs any size.)
+fn read_paged_block_size(r: &Reader<'_>) -> Result<Option<u32>> {
+    const PATH: &str = "engine.dynamic_batching.block_size";
+    const MAX_BLOCK_SIZE: u32 = 4096;
+    let Some(value) = r.get(PATH) else { return Ok(None) };
+    let block_size = r.count(PATH, value, 1)?;
+    if block_size > MAX_BLOCK_SIZE {
+        return Err(load_error(r.file, format!("{PATH} must be at most {MAX_BLOCK_SIZE}, got {block_size}")));
+    }
+    Ok(Some(block_size))
+}
+
+/// `model.decoder.state_groups` (onnxruntime-genai's builder writes it for paged-attention
+/// folders): one `paged_kv` group holding every layer is the paged KV ortex keeps; any other
+/// group is state ortex does not implement.
+fn read_state_groups(r: &Reader<'_>, num_layers: u32) -> Result<()> {
+    const PATH: &str = "model.decoder.state_groups";
+    let Some(value) = r.get(PATH) else { return Ok(()) };
+    let refuse = |what: String| {
+        Err(load_error(r.file, format!("{PATH}: {what}; ortex refuses the model rather than run it wrong")))
+    };
+    let Some(groups) = value.as_array() else { return refuse(format!("must be an array, got {value}")) };
+    let mut layers = Vec::new();
+    for group in groups {
+        match group.get("kind").and_then(Value::as_str) {
+            Some("paged_kv") => {}
+            kind => {
+                return refuse(format!("the state group {kind:?} (convolution or recurrent state) is not implemented"))
+            }
+        }
+        for id in group.get("layer_ids").and_then(Value::as_array).into_iter().flatten() {
+            layers.push(r.count(&format!("{PATH}.layer_ids"), id, 0)?);
+        }
+    }
+    layers.sort_unstable();
+    if layers != (0..num_layers).collect::<Vec<u32>>() {
+        return refuse(format!("paged_kv groups must hold each of the {num_layers} layers once, got {layers:?}"));
+    }
+    Ok(())
 }
 
 /// `model.decoder.sliding_window`: the window size and the layers it applies to (none listed:
@@ -299,6 +369,13 @@ impl ModelConfig {
             logits: "logits".into(),
             present_key: "present.%d.key".into(),
             present_value: "present.%d.value".into(),
+            paged: PagedNames {
+                block_table: "block_table".into(),
+                cumulative_sequence_lengths: "cumulative_sequence_lengths".into(),
+                past_sequence_lengths: "past_sequence_lengths".into(),
+                attention_metadata: "attention_metadata".into(),
+                logits_indices: "logits_indices".into(),
+            },
         };
         ModelConfig {
             dir: "m".into(),
@@ -316,6 +393,7 @@ impl ModelConfig {
             names,
             model_type: "llama".into(),
             sliding_window,
+            paged_block_size: None,
         }
     }
 }
@@ -591,6 +669,74 @@ mod tests {
             "slide_key_value_cache is true",
         );
         expect_error(load_json(&window(json!({"window_size": 64, "stride": 2}))), "sliding_window.stride");
+    }
+
+    /// What onnxruntime-genai 0.18's builder writes for `use_paged_attention=true prune_lm_head=true`.
+    fn paged() -> Value {
+        edit(|v| {
+            v["model"]["decoder"]["inputs"] = json!({
+                "input_ids": "input_ids",
+                "block_table": "block_table",
+                "cumulative_sequence_lengths": "cumulative_sequence_lengths",
+                "past_sequence_lengths": "past_sequence_lengths",
+                "attention_metadata": "attention_metadata",
+                "logits_indices": "logits_indices",
+                "past_key_names": "past_key_values.%d.key",
+                "past_value_names": "past_key_values.%d.value"
+            });
+            v["model"]["decoder"]["state_groups"] = json!([{"kind": "paged_kv", "layer_ids": [0, 1]}]);
+            v["engine"] = json!({"dynamic_batching": {
+                "block_size": 256, "max_batch_size": 100, "gpu_utilization_factor": 0.6, "max_scheduled_tokens": 2048
+            }});
+            v["search"]["chunk_size"] = json!(512);
+        })
+    }
+
+    #[test]
+    fn a_paged_builder_config_gives_its_block_size_and_input_names() {
+        let config = load_json(&paged()).unwrap();
+        assert_eq!(config.paged_block_size, Some(256));
+        assert_eq!(config.names.paged.block_table, "block_table");
+        assert_eq!(config.names.paged.logits_indices, "logits_indices");
+        assert_eq!(load_json(&tiny()).unwrap().paged_block_size, None);
+        let with_pins = edit(|v| v["engine"] = json!({"dynamic_batching": {"block_size": 16, "num_blocks": 64}}));
+        assert_eq!(load_json(&with_pins).unwrap().paged_block_size, Some(16));
+        let renamed = load_json(&edit(|v| v["model"]["decoder"]["inputs"]["block_table"] = json!("tables"))).unwrap();
+        assert_eq!(renamed.names.paged.block_table, "tables");
+    }
+
+    #[test]
+    fn paged_configs_ortex_cannot_run_are_refused_naming_the_field() {
+        let paged_with = |f: fn(&mut Value)| {
+            let mut value = paged();
+            f(&mut value);
+            load_json(&value)
+        };
+        expect_error(
+            paged_with(|v| v["engine"]["dynamic_batching"]["block_size"] = json!(8192)),
+            "engine.dynamic_batching.block_size must be at most 4096",
+        );
+        expect_error(paged_with(|v| v["engine"]["dynamic_batching"]["block_size"] = json!(0)), "at least 1");
+        expect_error(
+            paged_with(|v| v["model"]["decoder"]["inputs"]["block_table_windowed"] = json!("block_table_windowed")),
+            "block_table_windowed: sliding-window layers served from a ring of blocks",
+        );
+        expect_error(
+            paged_with(|v| {
+                v["model"]["decoder"]["state_groups"] = json!([
+                    {"kind": "paged_kv", "layer_ids": [1]}, {"kind": "fixed_conv", "layer_ids": [0]}
+                ])
+            }),
+            "state group Some(\"fixed_conv\")",
+        );
+        expect_error(
+            paged_with(|v| v["model"]["decoder"]["state_groups"] = json!([{"kind": "paged_kv", "layer_ids": [0]}])),
+            "each of the 2 layers once",
+        );
+        expect_error(
+            paged_with(|v| v["engine"]["static_batching"] = json!({})),
+            "engine.static_batching is not a field",
+        );
     }
 
     #[test]

@@ -86,7 +86,7 @@ impl Carry {
 /// every row has the same past.
 fn present_is_past_layout(form: AttentionForm, batch: Batch<'_>) -> bool {
     match form {
-        AttentionForm::Gqa => true,
+        AttentionForm::Gqa | AttentionForm::Paged => true,
         AttentionForm::Mha => batch.rows().all(|(_, row)| row.start_position as usize == batch.dims.past),
     }
 }

@@ -15,7 +15,7 @@
 //! ("seqlens_k[b] is too small for sequence_length"): there every row with several new tokens
 //! runs alone.
 
-use ortex_core::executor::{ExecError, StepPlan};
+use ortex_core::executor::{ExecError, KvGeometry, StepPlan};
 
 /// The most bytes of logits one invocation of rows with several new tokens may compute (unless
 /// one row alone needs more).
@@ -28,7 +28,6 @@ pub(super) fn prefill_positions_budget(vocab_size: u64, logits_element_bytes: u6
 }
 
 use super::{fatal, AttentionForm};
-use crate::kv_store::KvStore;
 
 /// A step's rows split into invocations, and each row's logits slot; the buffers are reused from
 /// step to step.
@@ -58,11 +57,11 @@ impl Grouping {
 
 /// The plan must fit the model and the pool: tables cover every new position, positions stay
 /// inside the context (the rotary tables end there).
-pub(super) fn check_plan(plan: &StepPlan, kv: &KvStore, context_length: u32) -> Result<(), ExecError> {
+pub(super) fn check_plan(plan: &StepPlan, kv: KvGeometry, context_length: u32) -> Result<(), ExecError> {
     for row in &plan.rows {
         let end = u64::from(row.start_position) + u64::from(row.token_count);
-        let covered = u64::from(row.block_count) * kv.block_size() as u64;
-        let blocks_ok = plan.row_blocks(row).iter().all(|b| (b.0 as usize) < kv.num_blocks());
+        let covered = u64::from(row.block_count) * u64::from(kv.block_size);
+        let blocks_ok = plan.row_blocks(row).iter().all(|b| b.0 < kv.num_blocks);
         if row.token_count == 0
             || row.first_block != 0
             || covered < end
@@ -71,12 +70,7 @@ pub(super) fn check_plan(plan: &StepPlan, kv: &KvStore, context_length: u32) -> 
         {
             return Err(fatal(format!(
                 "plan row of request {} does not fit: positions {}..{end}, {} blocks of {} from block {}, context {}",
-                row.request.0,
-                row.start_position,
-                row.block_count,
-                kv.block_size(),
-                row.first_block,
-                context_length
+                row.request.0, row.start_position, row.block_count, kv.block_size, row.first_block, context_length
             )));
         }
     }

@@ -13,7 +13,7 @@ use ortex_core::executor::ExecError;
 use ortex_core::Result;
 
 use super::batch::{Batch, Dims, TokenInputs};
-use super::invocation::Invocation;
+use super::invocation::{token_input_bytes, Invocation};
 use super::signature::{KvSpec, Names};
 use super::stats::{now, Counter};
 use super::tensor_rows::TensorRows;
@@ -65,7 +65,8 @@ impl Invocation<'_> {
         stats.add_since(Counter::RunNs, run_started);
 
         let scatter_started = now();
-        logits.copy_from(&outputs, &names.logits, batch)?;
+        stats.add(Counter::LogitsBytes, logits.copy_from(&outputs, &names.logits, batch)?);
+        stats.add(Counter::HostInputBytes, token_input_bytes(names, batch.dims));
         scatter_buffers(&outputs, &names.present, shared, kv, batch)?;
         drop(outputs);
         shared.record(plan.step, plan, rows);

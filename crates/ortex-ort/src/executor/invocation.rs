@@ -70,13 +70,13 @@ pub(super) struct LogitsOut<'a> {
 
 impl LogitsOut<'_> {
     /// The last new position's logits of each sampled row, into its slot of the step output (as
-    /// f32).
+    /// f32); returns the bytes of logits the model returned.
     pub(super) fn copy_from(
         &mut self,
         outputs: &SessionOutputs<'_>,
         name: &str,
         batch: Batch<'_>,
-    ) -> Result<(), ExecError> {
+    ) -> Result<u64, ExecError> {
         let (vocab, dims, element) = (self.vocab, batch.dims, self.element);
         let value = outputs.get(name).ok_or_else(|| fatal("the model returned no logits"))?;
         let (shape, logits) = kv_element::value_bytes(value, element).map_err(ort_error("logits"))?;
@@ -94,7 +94,7 @@ impl LogitsOut<'_> {
                 element.to_f32(bytes, &mut self.out.logits[slot as usize * vocab..(slot as usize + 1) * vocab]);
             }
         }
-        Ok(())
+        Ok(logits.len() as u64)
     }
 }
 
@@ -159,7 +159,8 @@ impl Invocation<'_> {
         stats.add_since(Counter::RunNs, run_started);
 
         let scatter_started = now();
-        logits.copy_from(&outputs, &names.logits, batch)?;
+        stats.add(Counter::LogitsBytes, logits.copy_from(&outputs, &names.logits, batch)?);
+        stats.add(Counter::HostInputBytes, token_input_bytes(names, batch.dims));
         scatter_present(&outputs, &names.present, form, kv, batch)?;
         if batch.is_decode() && past.carry_enabled {
             past.carry = Carry::keep(form, names, batch, &mut outputs);
@@ -167,6 +168,12 @@ impl Invocation<'_> {
         stats.add_since(Counter::ScatterNs, scatter_started);
         Ok(())
     }
+}
+
+/// Bytes of an invocation's ids, mask (and positions): int64 `[B, S]`, `[B, T]` (and `[B, S]`).
+pub(super) fn token_input_bytes(names: &Names, dims: Dims) -> u64 {
+    let per_row = dims.new * (1 + usize::from(names.position_ids.is_some())) + dims.total();
+    (dims.batch * per_row * 8) as u64
 }
 
 /// ids, mask (and positions) as views of `tokens`, in a list with room for the past inputs.

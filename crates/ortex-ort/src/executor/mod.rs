@@ -3,8 +3,11 @@
 //! Words: a *step* is one engine transaction (a [`StepPlan`], one `execute`); an *invocation* is
 //! one run of the model (`Session::run`). A step runs one invocation per group of its rows.
 //!
-//! ONNX Runtime has no CPU kernel for paged attention, so each invocation maps the engine's paged
-//! KV to the model's contiguous past tensors and back (docs/model-format.md, "Padding contract"):
+//! A paged-attention graph (AttentionForm::Paged) reads and writes the engine's blocks itself: its
+//! KV pool lives in the session's memory (kv_pool.rs) and a step is ONE invocation of all its rows
+//! on small host inputs (paged.rs, paged_inputs.rs). Every other graph takes contiguous past
+//! tensors, so each invocation maps the engine's paged KV to them and back (docs/model-format.md,
+//! "Padding contract"):
 //!
 //! ```text
 //!   plan rows ──group──> invocations (as few as the attention form allows)
@@ -26,6 +29,7 @@
 //!   that GroupQueryAttention appends to in place), carried.rs (the previous invocation's
 //!   present taken as the past), gathered.rs (copied from the blocks into new tensors)
 //! - tensor_rows.rs: the copies between one KV tensor and the blocks, row by row
+//! - paged.rs: a paged graph's step on the KV pool; paged_inputs.rs: its packed inputs (pure)
 //! - signature.rs: the tensor names, the KV element type and widths, the checks at load;
 //!   probe.rs: the trial run at load of a float16 or bfloat16 model; stats.rs: the counters
 
@@ -35,6 +39,8 @@ mod gathered;
 mod grouping;
 mod in_place;
 mod invocation;
+mod paged;
+mod paged_inputs;
 mod probe;
 mod signature;
 mod stats;
@@ -48,6 +54,7 @@ use ortex_core::{ErrorCode, OrtexError, Result};
 
 use crate::config::ModelConfig;
 use crate::kv_element::KvElement;
+use crate::kv_pool::PoolShape;
 use crate::kv_store::KvStore;
 use crate::layer_attention::AttentionPlan;
 use crate::runtime::ExecutionProvider;
@@ -55,6 +62,7 @@ use batch::{Batch, TokenInputs};
 use gathered::GatheredPast;
 use grouping::{assign_sampled_slots, check_plan, group_rows, prefill_positions_budget, Grouping};
 use invocation::{Invocation, LogitsOut, PastSources};
+use paged::{PagedInputsTaken, PagedStep};
 use signature::{check_signature, detect_form, KvSpec, Names};
 use stats::now;
 pub use stats::{Counter, ExecutorStats, StatsSnapshot, Unit};
@@ -67,6 +75,9 @@ pub enum AttentionForm {
     /// `com.microsoft.GroupQueryAttention`: new token j at the row's own `past_b + j`; batches
     /// of rows with past and several new tokens are refused.
     Gqa,
+    /// A paged-attention graph (a `block_table` input): the KV is a pool of blocks the graph
+    /// reads and writes in place; all rows of a step run packed in one invocation.
+    Paged,
 }
 
 impl AttentionForm {
@@ -74,6 +85,7 @@ impl AttentionForm {
         match self {
             AttentionForm::Mha => "mha",
             AttentionForm::Gqa => "gqa",
+            AttentionForm::Paged => "paged",
         }
     }
 }
@@ -81,6 +93,7 @@ impl AttentionForm {
 pub struct OrtExecutor {
     config: ModelConfig,
     form: AttentionForm,
+    provider: ExecutionProvider,
     session: Session,
     names: Names,
     spec: KvSpec,
@@ -90,7 +103,12 @@ pub struct OrtExecutor {
     chunks_with_past: bool,
     /// The rounds of such a step, reused.
     rounds: StepPlan,
+    /// The pool's shape, once attached.
+    geometry: Option<KvGeometry>,
+    /// The host KV store (every form but paged) ...
     kv: Option<KvStore>,
+    /// ... or the paged graph's own pool and its step (one owner of the KV either way).
+    paged: Option<PagedStep>,
     /// The buffers below are reused from step to step.
     grouping: Grouping,
     tokens: TokenInputs,
@@ -128,13 +146,11 @@ impl OrtExecutor {
         plan: AttentionPlan,
     ) -> Result<OrtExecutor> {
         let names = Names::of(&config);
-        let spec = check_signature(&config, &session, &names, &plan)?;
         let form = detect_form(&config, &session);
-        let chunks_with_past = if provider == ExecutionProvider::Cpu && probe::needed(&spec, &plan) {
-            probe::run(&config, &mut session, &names, &spec, &plan)?.chunks_with_past
-        } else {
-            true
-        };
+        let spec = check_signature(&config, &session, &names, &plan, form)?;
+        let probe = provider == ExecutionProvider::Cpu && form != AttentionForm::Paged && probe::needed(&spec, &plan);
+        let chunks_with_past =
+            if probe { probe::run(&config, &mut session, &names, &spec, &plan)?.chunks_with_past } else { true };
         let past = PastSources {
             gathered: GatheredPast::new(names.past.len()),
             carry: None,
@@ -144,13 +160,16 @@ impl OrtExecutor {
         Ok(OrtExecutor {
             config,
             form,
+            provider,
             session,
             names,
             spec,
             plan,
             chunks_with_past,
             rounds: StepPlan::default(),
+            geometry: None,
             kv: None,
+            paged: None,
             grouping: Grouping::default(),
             tokens: TokenInputs::default(),
             past,
@@ -218,20 +237,30 @@ impl Executor for OrtExecutor {
             eos_token_ids: self.config.eos_token_ids.clone(),
             max_length: self.config.context_length,
             kv_position_bytes: self.kv_bytes_per_position(),
+            // A paged graph's KV tensors are blocks of the folder's size.
+            required_block_size: self.config.paged_block_size.filter(|_| self.form == AttentionForm::Paged),
         }
     }
 
     fn attach_kv(&mut self, geometry: KvGeometry) -> Result<()> {
         let c = &self.config;
-        self.kv = Some(KvStore::new(
-            geometry,
-            c.num_hidden_layers as usize,
-            c.num_key_value_heads as usize,
-            c.head_size as usize,
-            self.spec.element,
-        )?);
-        let store_bytes = self.kv.as_ref().map_or(0, KvStore::bytes);
-        self.stats.set(Counter::KvStoreBytes, store_bytes as u64);
+        let (layers, kv_heads, head_size) =
+            (c.num_hidden_layers as usize, c.num_key_value_heads as usize, c.head_size as usize);
+        let bytes = if self.form == AttentionForm::Paged {
+            let shape = PoolShape { num_layers: layers, kv_heads, head_size, element: self.spec.element };
+            let taken = PagedInputsTaken::of(&self.session, &c.names.paged);
+            let step = PagedStep::new(&self.session, self.provider, geometry, shape, c.names.paged.clone(), taken)?;
+            let bytes = step.pool_bytes();
+            self.paged = Some(step);
+            bytes
+        } else {
+            let store = KvStore::new(geometry, layers, kv_heads, head_size, self.spec.element)?;
+            let bytes = store.bytes() as u64;
+            self.kv = Some(store);
+            bytes
+        };
+        self.geometry = Some(geometry);
+        self.stats.set(Counter::KvStoreBytes, bytes);
         self.stats.set(Counter::KvPositionBytes, self.kv_bytes_per_position());
         self.past.forget();
         Ok(())
@@ -239,19 +268,27 @@ impl Executor for OrtExecutor {
 
     fn execute(&mut self, plan: &StepPlan, out: &mut StepOutput) -> Result<(), ExecError> {
         let started = now();
-        let kv = self.kv.as_ref().ok_or_else(|| fatal("execute before attach_kv"))?;
-        check_plan(plan, kv, self.config.context_length)?;
+        let geometry = self.geometry.ok_or_else(|| fatal("execute before attach_kv"))?;
+        check_plan(plan, geometry, self.config.context_length)?;
         let vocab = self.config.vocab_size as usize;
         let sampled = assign_sampled_slots(plan, &mut self.grouping.sampled_slot);
         out.clear();
         out.layout = LogitsLayout::Dense;
         out.width = vocab;
         out.logits.resize(sampled * vocab, 0.0);
-        let invocations = if !self.chunks_with_past && plan.rows.iter().any(chunk_with_past) {
+        let invocations = if let Some(paged) = &mut self.paged {
+            if !plan.rows.is_empty() {
+                paged.run(plan, &mut self.session, &self.names, self.spec.logits, out, &self.stats)?;
+            }
+            usize::from(!plan.rows.is_empty())
+        } else if !self.chunks_with_past && plan.rows.iter().any(chunk_with_past) {
             self.execute_by_positions(plan, out)?
         } else {
             self.run_groups(plan, out)?
         };
+        if let Some(kv) = &self.kv {
+            self.stats.add(Counter::KvCopiedBytes, kv.take_copied_bytes());
+        }
         let stats = &self.stats;
         stats.add(Counter::Steps, 1);
         stats.add(Counter::Invocations, invocations as u64);

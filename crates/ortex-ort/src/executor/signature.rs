@@ -3,6 +3,8 @@
 //! of the types and shapes ortex feeds and reads (docs/model-format.md), which also gives the
 //! KV tensors' element type ([`KvSpec`]).
 
+mod paged;
+
 use ort::session::Session;
 use ort::value::{Outlet, TensorElementType, ValueType};
 use ortex_core::{OrtexError, Result};
@@ -83,9 +85,14 @@ impl Names {
     }
 }
 
-/// Metadata `ortex.attention` when the model has it (ortex make-model); otherwise a model
-/// without `position_ids` is a builder GroupQueryAttention model (docs/model-format.md).
+/// A graph that takes a block table is paged (onnxruntime-genai's `use_paged_attention`, or
+/// `ortex make-model --attention paged`); else metadata `ortex.attention` when the model has it
+/// (ortex make-model); otherwise a model without `position_ids` is a builder
+/// GroupQueryAttention model (docs/model-format.md).
 pub(super) fn detect_form(config: &ModelConfig, session: &Session) -> AttentionForm {
+    if session.inputs().iter().any(|o| o.name() == config.names.paged.block_table) {
+        return AttentionForm::Paged;
+    }
     let declared = session.metadata().ok().and_then(|m| m.custom("ortex.attention"));
     match declared.as_deref() {
         Some("mha") => AttentionForm::Mha,
@@ -102,8 +109,12 @@ pub(super) fn check_signature(
     session: &Session,
     names: &Names,
     plan: &AttentionPlan,
+    form: AttentionForm,
 ) -> Result<KvSpec> {
     let check = SignatureCheck { config, session, names };
+    if form == AttentionForm::Paged {
+        return check.paged();
+    }
     check.names_match()?;
     let element = check.kv_types_and_shapes()?;
     check.id_types()?;
@@ -168,7 +179,7 @@ impl SignatureCheck<'_> {
         match outlet.dtype() {
             ValueType::Tensor { ty: t, shape, .. } if *t == ty && shape.len() == rank => Ok(shape.to_vec()),
             _ => Err(load_error(format!(
-                "{}: {} must be a {ty:?} tensor of rank {rank}; ortex feeds int64 ids",
+                "{}: {} must be a {ty:?} tensor of rank {rank} (what ortex feeds)",
                 self.config.model_file.display(),
                 outlet.name()
             ))),

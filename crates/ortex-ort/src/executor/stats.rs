@@ -99,6 +99,14 @@ counters! {
     /// Rounds of steps run one position per invocation (a model that cannot run a chunk after
     /// a past: probe.rs).
     PositionRounds: "positionRounds", Count;
+    /// Host inputs sent to the model: ids, masks, positions, block tables, lengths, logits
+    /// indices (what a step moves to the device besides the KV, under CUDA).
+    HostInputBytes: "hostInput", Bytes;
+    /// Logits the model returned (all positions' for a graph without last-position logits).
+    LogitsBytes: "logits", Bytes;
+    /// KV copied between the host KV store and the model's tensors: pasts gathered, presents
+    /// scattered (0 for a paged-attention graph, whose pool the model reads and writes itself).
+    KvCopiedBytes: "kvCopied", Bytes;
 }
 
 impl Counter {
@@ -196,6 +204,9 @@ mod tests {
             ("kvStoreBytes", 12999),
             ("kvPositionBytes", 13999),
             ("positionRounds", 14999),
+            ("hostInputBytes", 15999),
+            ("logitsBytes", 16999),
+            ("kvCopiedBytes", 17999),
         ];
         let expected: Vec<(String, u64)> = expected.iter().map(|&(key, value)| (key.to_string(), value)).collect();
         assert_eq!(report, expected);

@@ -46,7 +46,7 @@ impl<'p> TensorRows<'p> {
             let (past, count) = (row.start_position as usize, row.token_count as usize);
             let at = match form {
                 AttentionForm::Mha => self.batch.dims.past,
-                AttentionForm::Gqa => past,
+                AttentionForm::Gqa | AttentionForm::Paged => past,
             };
             let blocks = self.batch.plan.row_blocks(row);
             kv.scatter(self.arena, blocks, past..past + count, &data[range], self.width, at);

@@ -15,6 +15,10 @@ const PLATFORM_OF_TARGET = {
   'aarch64-unknown-linux-gnu': 'linux-arm64-gnu',
 }
 const INSTALL_SCRIPTS = ['preinstall', 'install', 'postinstall', 'prepare']
+// The CUDA packages (npm/<platform>-cuda/): ONNX Runtime's CUDA build, installed by the user beside
+// ortex (not an optionalDependency: it is about 300 MB), for the napi platform it extends.
+const CUDA_PACKAGES = { 'linux-x64-gnu-cuda': 'linux-x64-gnu' }
+const CUDA_FILES = ['libonnxruntime.so.1', 'libonnxruntime_providers_cuda.so', 'libonnxruntime_providers_shared.so', 'LICENSE', 'LICENSE-onnxruntime', 'ThirdPartyNotices.txt']
 
 const root = JSON.parse(readFileSync('package.json', 'utf8'))
 const napi = root.napi ?? {}
@@ -29,7 +33,28 @@ function platformPackages() {
   })
 }
 
+function checkCuda(platform) {
+  const problems = []
+  const base = CUDA_PACKAGES[platform]
+  const pkg = JSON.parse(readFileSync(`npm/${platform}/package.json`, 'utf8'))
+  const basePkg = JSON.parse(readFileSync(`npm/${base}/package.json`, 'utf8'))
+  if (pkg.name !== `${packageName}-${platform}`) problems.push(`name is ${pkg.name}, expected ${packageName}-${platform}`)
+  if (pkg.version !== root.version) problems.push(`version is ${pkg.version}, expected ${root.version} (the root's)`)
+  for (const key of ['os', 'cpu', 'libc', 'engines', 'license']) {
+    if (JSON.stringify(pkg[key]) !== JSON.stringify(basePkg[key])) problems.push(`${key} differs from npm/${base}'s`)
+  }
+  for (const file of CUDA_FILES) if (!pkg.files?.includes(file)) problems.push(`files does not list ${file}`)
+  if (pkg.main !== undefined) problems.push('has a main: it holds libraries only')
+  for (const script of INSTALL_SCRIPTS) {
+    if (pkg.scripts?.[script] !== undefined) problems.push(`npm/${platform}/package.json has an install-time script '${script}'`)
+  }
+  if (root.optionalDependencies?.[pkg.name] !== undefined) problems.push(`package.json must not depend on ${pkg.name}`)
+  for (const problem of problems) console.error(`[ortex] package: ${problem}`)
+  process.exit(problems.length > 0 ? 1 : 0)
+}
+
 function check(platform) {
+  if (CUDA_PACKAGES[platform] !== undefined) return checkCuda(platform)
   const problems = []
   const expected = platformPackages().find((p) => p.platform === platform)
   if (expected === undefined) problems.push(`package.json's napi.targets has no target for ${platform}`)

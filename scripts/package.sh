@@ -11,7 +11,8 @@
 #   --target PLATFORM
 #                the platform package to fill: this machine's (default, linux-x64-gnu here) or
 #                linux-arm64-gnu, whose addon scripts/build.sh cross-builds (native:linux-arm64-gnu)
-#                only when asked for here; the root package is the same for every platform
+#                only when asked for here; the root package is the same for every platform.
+#                linux-x64-gnu-cuda: the CUDA package only (nothing is built, the root is not staged)
 #   --pack DIR   then `npm pack` the platform package and the root package into DIR and print the
 #                two tarball paths on stdout (platform first); `npm publish` them in that order
 #
@@ -21,6 +22,11 @@
 #   ortex-linux-x64-gnu      ortex.linux-x64-gnu.node, libonnxruntime.so.1 (copied from
 #                            onnxruntime-node, MIT: LICENSE-onnxruntime), LICENSE
 #   ortex-linux-arm64-gnu    the same for Linux arm64 (onnxruntime-node ships its arm64 library too)
+#   ortex-linux-x64-gnu-cuda libonnxruntime.so.1, libonnxruntime_providers_cuda.so and
+#                            libonnxruntime_providers_shared.so of onnxruntime-gpu 1.31.1 (CUDA 13,
+#                            MIT; scripts/onnxruntime-gpu.sh fetches them), LICENSE: not a
+#                            dependency of ortex (about 300 MB): users install it beside ortex for
+#                            executionProvider 'cuda' (the facade opens its library then)
 # npm/<platform>/'s package.json, README.md and LICENSE-onnxruntime are committed; the copied
 # files are git-ignored. The staged root package lives in .cache/package/ortex (git-ignored).
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -38,7 +44,7 @@ while [ $# -gt 0 ]; do
       shift
       ;;
     --target)
-      [ $# -ge 2 ] || die "--target needs a platform (linux-x64-gnu, linux-arm64-gnu)"
+      [ $# -ge 2 ] || die "--target needs a platform (linux-x64-gnu, linux-arm64-gnu, linux-x64-gnu-cuda)"
       platform=$2
       shift
       ;;
@@ -46,6 +52,32 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+
+# The CUDA package: ONNX Runtime's CUDA build only (the addon stays in ortex-<platform>).
+package_cuda() {
+  local pkg_dir="$ORTEX_ROOT/npm/$platform" ort_dir file
+  node "$ORTEX_ROOT/scripts/package-manifest.cjs" check "$platform" ||
+    die "npm/$platform/package.json does not match package.json (see above)"
+  ort_dir="$(bash "$ORTEX_ROOT/scripts/onnxruntime-gpu.sh")" || die "cannot fetch onnxruntime-gpu"
+  log "package: npm/$platform <- $ort_dir"
+  for file in libonnxruntime.so.1 libonnxruntime_providers_cuda.so libonnxruntime_providers_shared.so ThirdPartyNotices.txt; do
+    # A hard link where the cache shares the file system: 300 MB not written twice.
+    ln -f "$ort_dir/$file" "$pkg_dir/$file" 2>/dev/null || cp -f "$ort_dir/$file" "$pkg_dir/$file"
+  done
+  cp -f LICENSE "$pkg_dir/LICENSE"
+  if [ -n "$pack_dir" ]; then
+    mkdir -p "$pack_dir"
+    pack_dir="$(cd "$pack_dir" && pwd)"
+    file="$(cd "$pkg_dir" && npm pack --ignore-scripts --silent --pack-destination "$pack_dir" | tail -n 1)"
+    [ -f "$pack_dir/$file" ] || die "npm pack in $pkg_dir produced no tarball"
+    log "package: $pack_dir/$file ($(du -h "$pack_dir/$file" | cut -f1))"
+    printf '%s\n' "$pack_dir/$file"
+  fi
+}
+if [ "$platform" = linux-x64-gnu-cuda ]; then
+  package_cuda
+  exit 0
+fi
 
 if [ "$build" = 1 ]; then
   if [ "$platform" = "$(native_platform)" ]; then

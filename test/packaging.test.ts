@@ -7,7 +7,8 @@
 // script. Then, as a user: ESM and CommonJS imports of `ortex` and `ortex/wasm` run a simulated
 // generation, `npx ortex make-model` writes a tiny model and `npx ortex generate --model` streams
 // from it (through the platform package's own libonnxruntime.so.1), and a missing platform
-// package gives UNSUPPORTED naming it.
+// package gives UNSUPPORTED naming it, as does executionProvider 'cuda' without the CUDA package
+// (npm/linux-x64-gnu-cuda, whose manifest is checked here; it is not packed: 300 MB).
 //
 // The root package's runtime dependencies (ws) come from the local npm cache: the repository's
 // `npm install` put their tarballs there. An install from a lockfile caches only abbreviated
@@ -25,6 +26,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 
 const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..')
 const PLATFORM_PACKAGE = 'ortex-linux-x64-gnu'
+const CUDA_PACKAGE = 'ortex-linux-x64-gnu-cuda'
 const FAKE_TOOLS = ['cargo', 'rustc', 'wasm-pack']
 
 const supported = process.platform === 'linux' && process.arch === 'x64'
@@ -182,6 +184,22 @@ describe.skipIf(!supported)('the published packages, installed in a fresh projec
     }
   })
 
+  it('keeps the CUDA package beside the x64 one: same platform and version, libraries only, not a dependency', () => {
+    const check = spawnSync('node', ['scripts/package-manifest.cjs', 'check', 'linux-x64-gnu-cuda'], { cwd: repo, encoding: 'utf8' })
+    expect(check.status, check.stderr).toBe(0)
+    const cuda = manifest(path.join(repo, 'npm', 'linux-x64-gnu-cuda'))
+    const x64 = manifest(path.join(repo, 'npm', 'linux-x64-gnu'))
+    expect(cuda.name).toBe(CUDA_PACKAGE)
+    for (const key of ['version', 'os', 'cpu', 'libc', 'engines', 'license']) expect(cuda[key], key).toEqual(x64[key])
+    expect(cuda.main).toBeUndefined()
+    expect(cuda.files.filter((f: string) => f.startsWith('lib')).sort()).toEqual(
+      ['libonnxruntime.so.1', 'libonnxruntime_providers_cuda.so', 'libonnxruntime_providers_shared.so'],
+    )
+    // Installed by the user: in no published package.json's dependencies.
+    const root = manifest(path.join(project, 'node_modules', 'ortex'))
+    for (const deps of [root.dependencies, root.optionalDependencies, root.peerDependencies]) expect(deps?.[CUDA_PACKAGE]).toBeUndefined()
+  })
+
   it('installs offline without a toolchain and without running any install script', () => {
     expect(recordedCalls()).toBe('')
     // Only the two packages and the root's runtime dependencies: no onnxruntime-node.
@@ -265,6 +283,23 @@ describe.skipIf(!supported)('the published packages, installed in a fresh projec
     const loaded = JSON.parse(ok(run('node', ['load.mjs', model], project), 'node load.mjs').trim())
     expect(loaded).toEqual({ generated: 4, ort: path.join(project, 'node_modules', PLATFORM_PACKAGE, 'libonnxruntime.so.1') })
     expect(recordedCalls()).toBe('')
+  })
+
+  it("names the CUDA package when executionProvider 'cuda' is asked for without it", () => {
+    const model = path.join(work, 'tiny-model') // made by the test above
+    writeFileSync(
+      path.join(project, 'cuda.mjs'),
+      `import { Engine, OrtexError } from 'ortex'\n` +
+        `let error = null\ntry { await Engine.load(process.argv[2], { executionProvider: 'cuda' }) } catch (e) { error = { ortex: e instanceof OrtexError, code: e.code, message: e.message } }\n` +
+        `const engine = await Engine.load(process.argv[2])\n` +
+        `const generated = (await engine.generate('The river', { maxGeneratedTokens: 2, ignoreEos: true }).done).usage.generatedTokens\n` +
+        `await engine.close()\nconsole.log(JSON.stringify({ error, generated }))\n`,
+    )
+    const report = JSON.parse(ok(run('node', ['cuda.mjs', model], project), 'node cuda.mjs').trim())
+    expect(report.error).toMatchObject({ ortex: true, code: 'UNSUPPORTED' })
+    expect(report.error.message).toContain(`the package ${CUDA_PACKAGE}, which is not installed: \`npm install ${CUDA_PACKAGE}@${manifest(path.join(project, 'node_modules', 'ortex')).version}\` beside ortex`)
+    expect(report.error.message).toContain('NVIDIA driver for CUDA 13')
+    expect(report.generated).toBe(2) // the refusal opened nothing: the CPU load still works
   })
 
   it('names the platform package when it is missing or the platform has none; ortex/wasm still works', () => {

@@ -186,6 +186,92 @@ function safeLocateAddon(): string | null {
   }
 }
 
+/** The platforms with a CUDA package (`ortex-<platform>-cuda`: onnxruntime-gpu's CUDA 13 build). */
+export const CUDA_PLATFORMS = ['linux-x64-gnu'] as const
+
+/** The optional package with ONNX Runtime's CUDA build for a platform. */
+export function cudaPackageName(platform: string = currentPlatform()): string {
+  return `${platformPackageName(platform)}-cuda`
+}
+
+/** Set by the environment, the library every load opens (the addon reads them; the device kit
+ *  sets ORTEX_ORT_DYLIB). */
+function libraryFromEnvironment(): string | null {
+  return process.env.ORTEX_ORT_DYLIB || process.env.ORT_DYLIB_PATH || null
+}
+
+/**
+ * The ONNX Runtime library for an `executionProvider: 'cuda'` load: the installed package
+ * `ortex-<platform>-cuda`'s, else, in a checkout, npm/<platform>-cuda/'s (scripts/package.sh
+ * --target <platform>-cuda fills it). One process has one ONNX Runtime and its first load opens
+ * it (the CUDA build runs CPU sessions too): a CUDA load after the process opened another library
+ * is refused instead of running on the CPU. ORTEX_ORT_DYLIB / ORT_DYLIB_PATH win over all of it.
+ * Throws UNSUPPORTED naming what to install, or what to do.
+ */
+function cudaOrtLibraryPath(binding: NativeBinding): string | null {
+  if (libraryFromEnvironment() !== null) return null
+  const platform = currentPlatform()
+  const name = cudaPackageName(platform)
+  if (!(CUDA_PLATFORMS as readonly string[]).includes(platform)) {
+    throw new OrtexError('UNSUPPORTED', `executionProvider 'cuda' has no ONNX Runtime build for ${platform} (${CUDA_PLATFORMS.map((p) => cudaPackageName(p)).join(', ')} only); use executionProvider 'cpu'`)
+  }
+  const library = installedCudaLibrary(name) ?? checkoutCudaLibrary(platform)
+  if (library === null) {
+    throw new OrtexError(
+      'UNSUPPORTED',
+      `executionProvider 'cuda' needs ONNX Runtime's CUDA build, the package ${name}, which is not installed: ` +
+        `\`npm install ${name}@${ownVersion()}\` beside ortex (about 300 MB; the host also needs an NVIDIA driver for CUDA 13, ` +
+        `the CUDA 13 runtime libraries and cuDNN 9: see the README, "GPU (CUDA)"), or set ORTEX_ORT_DYLIB to onnxruntime-gpu 1.31's libonnxruntime.so.1`,
+    )
+  }
+  const opened = binding.CoreEngine.loadedOrtLibrary()
+  if (opened !== null && path.resolve(opened) !== path.resolve(library)) {
+    throw new OrtexError(
+      'UNSUPPORTED',
+      `executionProvider 'cuda' needs ${library}, but this process already opened the ONNX Runtime library ${opened} ` +
+        `for an earlier model load, and one process has one ONNX Runtime: make the process's first Engine.load the 'cuda' ` +
+        `one (the CUDA build runs executionProvider 'cpu' models too), or load the CUDA model in a process of its own`,
+    )
+  }
+  return library
+}
+
+/** The installed CUDA package's library; throws UNSUPPORTED for one of another version. */
+function installedCudaLibrary(name: string): string | null {
+  let manifest: string
+  try {
+    manifest = createRequire(path.join(packageRoot(), 'package.json')).resolve(`${name}/package.json`)
+  } catch {
+    return null
+  }
+  const version = ownVersion()
+  const found = readJson(manifest)?.version
+  if (version !== 'unknown' && found !== version) {
+    throw new OrtexError('UNSUPPORTED', `${name}@${String(found)} does not match ortex@${version}: \`npm install ${name}@${version}\``)
+  }
+  const library = path.join(path.dirname(manifest), 'libonnxruntime.so.1')
+  if (stat(library)?.isFile() !== true) {
+    throw new OrtexError('UNSUPPORTED', `${name} at ${path.dirname(manifest)} has no libonnxruntime.so.1: reinstall ${name}@${version}`)
+  }
+  return library
+}
+
+/** In a checkout: the CUDA package folder scripts/package.sh filled (never published from here). */
+function checkoutCudaLibrary(platform: string): string | null {
+  const library = fromPackageRoot(`npm/${platform}-cuda/libonnxruntime.so.1`)
+  return stat(library)?.isFile() === true ? library : null
+}
+
+/** A CUDA engine whose session runs nodes on the CPU says so (NodePlacement.cpuFallback). */
+function warnOfCpuFallback(modelDir: string, cpuFallback: string | null): void {
+  if (cpuFallback === null) return
+  process.emitWarning(
+    `${modelDir}: ${cpuFallback} (ONNX Runtime keeps shape arithmetic on the CPU on purpose; other ops there may lack a CUDA kernel ` +
+      `for their types; engine.nodePlacement() counts every provider's nodes)`,
+    { type: 'OrtexWarning', code: 'ORTEX_CUDA_CPU_FALLBACK' },
+  )
+}
+
 /** Under CUDA a paged-attention folder's pool is device memory, whose size ONNX Runtime does not
  *  tell: 4 GiB fits beside the weights of a small model on any 8 GB GPU and holds the bench
  *  model's float16 KV for 256 rows of its whole context (docs/api.md, kvCacheBytes). */
@@ -208,7 +294,11 @@ export const nativeBackend: Backend = {
   /** Loading runs on the libuv thread pool (config, tokenizer, ONNX Runtime session). */
   async load(modelDir, options) {
     checkModelFolder(modelDir)
-    return loadBinding().CoreEngine.load(path.resolve(modelDir), withKvBudget(options), ortLibraryPath())
+    const binding = loadBinding()
+    const library = options.executionProvider === 'cuda' ? cudaOrtLibraryPath(binding) : (binding.CoreEngine.loadedOrtLibrary() ?? ortLibraryPath())
+    const core = await binding.CoreEngine.load(path.resolve(modelDir), withKvBudget(options), library)
+    warnOfCpuFallback(modelDir, core.nodePlacement()?.cpuFallback ?? null)
+    return core
   },
   chat(files, controls) {
     const factory = loadBinding().CoreChat

@@ -155,6 +155,13 @@ export interface CoreSessions {
   checkInvariants(): void
 }
 
+/** crates/ortex-napi's node_placement_view (NodePlacement in types.ts). */
+export interface NodePlacementView {
+  executionProvider: 'cpu' | 'cuda'
+  providers: Record<string, Record<string, number>>
+  cpuFallback: string | null
+}
+
 /** The native addon's engine adds an asynchronous run: the transaction executes off the JS thread
  *  (a model's on the engine's own step thread, the simulated model's on the libuv thread pool);
  *  the events are written into `events` on the JS thread when it resolves. */
@@ -162,6 +169,8 @@ export interface NativeCoreEngine extends CoreEngine {
   run(events: Int32Array, capacity: number): Promise<number>
   /** The ONNX executor's cumulative counters; null for the simulated model. */
   executorStats(): ExecutorStatsView | null
+  /** Which execution provider runs each node of the session; null for the simulated model. */
+  nodePlacement(): NodePlacementView | null
   /** beginChatTurn with the render and the tokenizing on the libuv thread pool (the input as
    *  JSON text); the turn begins on the JS thread when it resolves. Rejects with the same codes. */
   beginChatTurnAsync(requestId: number, chat: CoreChat, inputJson: string, parseSpecialTokens: boolean, options: TurnOptionsInput): Promise<ChatTurnView>
@@ -194,6 +203,8 @@ export interface NativeBinding {
     /** An ONNX model folder (absolute path). ortLibraryPath: the ONNX Runtime library to open
      *  when ORTEX_ORT_DYLIB / ORT_DYLIB_PATH name none. Rejects with MODEL_LOAD, INVALID_ARGUMENT. */
     load(modelDir: string, options: ModelOptionsInput, ortLibraryPath: string | null): Promise<NativeCoreEngine>
+    /** The ONNX Runtime library the process opened (its first model load decides); null before. */
+    loadedOrtLibrary(): string | null
   }
 }
 

@@ -5,7 +5,8 @@
 import type { SessionState } from './duplex/events'
 import type { Fence } from './duplex/events'
 import type { ConfigView, ExecutorStatsView, FenceView, SessionView, StatsView } from './generated/boundary'
-import type { EngineConfig, EngineStats, ExecutorStats } from './types'
+import type { NodePlacementView } from './binding'
+import type { EngineConfig, EngineStats, ExecutorStats, NodePlacement } from './types'
 
 /** True when A and B are the same type; else never, which makes the `satisfies` below fail. */
 type Same<A, B> = [A] extends [B] ? ([B] extends [A] ? true : never) : never
@@ -13,5 +14,6 @@ type Same<A, B> = [A] extends [B] ? ([B] extends [A] ? true : never) : never
 true satisfies Same<EngineConfig, ConfigView>
 true satisfies Same<EngineStats, StatsView>
 true satisfies Same<ExecutorStats, ExecutorStatsView>
+true satisfies Same<NodePlacement, NodePlacementView>
 true satisfies Same<Fence, FenceView>
 true satisfies Same<SessionState, SessionView['state']>

@@ -36,6 +36,7 @@ import type {
   EngineStats,
   EventErrorCode,
   ExecutorStats,
+  NodePlacement,
   GenerateOptions,
   RequestOptions,
   SimulatedOptions,
@@ -194,6 +195,14 @@ export class Engine implements EventOwner {
     this.checkOpen()
     const core = this.core as Partial<NativeCoreEngine>
     return core.executorStats === undefined ? null : this.call(() => core.executorStats!())
+  }
+
+  /** Addition: which execution provider runs each node of the model (for 'cuda': the nodes ONNX
+   *  Runtime runs on the CPU instead); null for the simulated model. */
+  nodePlacement(): NodePlacement | null {
+    this.checkOpen()
+    const core = this.core as Partial<NativeCoreEngine>
+    return core.nodePlacement === undefined ? null : this.call(() => core.nodePlacement!())
   }
 
   tokenize(text: string): Int32Array {

@@ -21,6 +21,7 @@ export type {
   EngineStats,
   EventErrorCode,
   ExecutorStats,
+  NodePlacement,
   FinishReason,
   FunctionTool,
   GenerateOptions,

@@ -246,6 +246,19 @@ export interface EngineStats {
  *  gatherUs: building the inputs, mostly copying each row's past out of the paged KV cache;
  *  runUs: inside ONNX Runtime; scatterUs: copying logits out and the new keys/values into the
  *  paged cache; executeUs: all of a step's executor time. */
+/** Addition: where ONNX Runtime placed a model's nodes (Engine.nodePlacement()). */
+export interface NodePlacement {
+  /** The provider the engine asked for. */
+  executionProvider: 'cpu' | 'cuda'
+  /** Per execution provider ('CUDAExecutionProvider', 'CPUExecutionProvider'), its nodes counted by
+   *  op type (`domain:OpType` outside the ONNX domain, e.g. 'com.microsoft:GroupQueryAttention'). */
+  providers: Record<string, Record<string, number>>
+  /** For 'cuda': the nodes ONNX Runtime runs on the CPU instead, in one sentence ("12 of 340
+   *  nodes run on the CPU, not CUDAExecutionProvider: Shape x4, ..."); null when none do, and on
+   *  the CPU. Engine.load also emits it as a process warning (code ORTEX_CUDA_CPU_FALLBACK). */
+  cpuFallback: string | null
+}
+
 export interface ExecutorStats {
   steps: number
   /** Model runs: a step needs one per group of rows the attention form can batch. */

@@ -125,6 +125,15 @@ describe.each(FORMS)('%s form', (form) => {
       // Stable stretches of decode steps pass present back as past (gqa: always; mha: only rows of
       // equal length, which this workload does not have).
       if (form === 'gqa') expect(stats.carried).toBeGreaterThan(0)
+      // Where ONNX Runtime placed the nodes, as it recorded them: all on its CPU provider.
+      const placement = engine.nodePlacement()!
+      expect(placement.executionProvider).toBe('cpu')
+      expect(Object.keys(placement.providers)).toEqual(['CPUExecutionProvider'])
+      const ops = placement.providers.CPUExecutionProvider
+      expect(ops.MatMul).toBeGreaterThan(0)
+      const layers = JSON.parse(readFileSync(join(dirs[form], 'genai_config.json'), 'utf8')).model.decoder.num_hidden_layers
+      expect(ops['com.microsoft:GroupQueryAttention'] ?? 0).toBe(form === 'gqa' ? layers : 0)
+      expect(placement.cpuFallback).toBeNull()
     } finally {
       await engine.close()
     }
@@ -359,9 +368,13 @@ describe('Engine.load errors', () => {
     await modelLoad(variant('bad-tokenizer', (d) => writeFileSync(join(d, 'tokenizer.json'), '{}')), {}, 'tokenizer.json')
   })
 
-  it("executionProvider 'cuda' without the CUDA provider libraries", async () => {
-    const error = await modelLoad(dirs.gqa, { executionProvider: 'cuda' }, "executionProvider 'cuda'", 'CUDA')
-    expect(error.message).toMatch(/unavailable|cannot/)
+  it("executionProvider 'cuda' after this process opened the CPU library, or without the CUDA package", async () => {
+    // Earlier loads opened the CPU ONNX Runtime; where npm/linux-x64-gnu-cuda is not filled (as
+    // test/model/cuda-runtime.test.ts fills it), the package is missing first. Neither runs on the CPU.
+    const error = await Engine.load(dirs.gqa, { executionProvider: 'cuda' }).catch((e: unknown) => e as OrtexError)
+    expect(error).toBeInstanceOf(OrtexError)
+    expect(error.code).toBe('UNSUPPORTED')
+    expect(error.message).toMatch(/this process already opened the ONNX Runtime library .*libonnxruntime\.so\.1|the package ortex-linux-x64-gnu-cuda, which is not installed/)
   })
 
   it('options are checked', async () => {
@@ -387,9 +400,10 @@ describe('Engine.load errors', () => {
     await tiny.close()
   })
 
-  it('the simulated model has no executor stats, and keeps no KV bytes for a budget to bound', async () => {
+  it('the simulated model has no executor stats or node placement, and keeps no KV bytes for a budget to bound', async () => {
     const engine = Engine.simulated()
     expect(engine.executorStats()).toBeNull()
+    expect(engine.nodePlacement()).toBeNull()
     expect(engine.config).toMatchObject({ kvCacheBytes: 0, kvPositionBytes: 0 })
     const budgeted = Engine.simulated({ kvCacheBytes: 1 })
     expect(budgeted.config.numBlocks).toBe(engine.config.numBlocks)

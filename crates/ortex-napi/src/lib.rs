@@ -115,6 +115,9 @@ pub struct CoreEngine {
     engine: Arc<Mutex<Engine>>,
     /// The ONNX executor's timings (model.rs); None for the simulated model.
     executor_stats: Option<Arc<ortex_ort::ExecutorStats>>,
+    /// Which execution provider runs each node of the model's session (model.rs); None for the
+    /// simulated model.
+    node_placement: Option<Value>,
     /// Where a model's transactions execute; None for the simulated model (the libuv pool).
     steps: Option<OffThread>,
     /// What this engine told V8 it holds outside the JavaScript heap (a model's weights and KV),
@@ -154,6 +157,7 @@ impl CoreEngine {
         Ok(CoreEngine {
             engine: Arc::new(Mutex::new(engine)),
             executor_stats: None,
+            node_placement: None,
             steps: None,
             external_bytes: AtomicI64::new(0),
         })

@@ -49,6 +49,16 @@ pub fn executor_stats_view(stats: &ExecutorStats) -> serde_json::Value {
     serde_json::Value::Object(report)
 }
 
+/// Which execution provider runs each node (NodePlacement in ts/types.ts): the provider asked for,
+/// per provider its nodes counted by op type, and for CUDA the sentence naming those on the CPU.
+pub fn node_placement_view(loaded: &ortex_ort::LoadedEngine) -> serde_json::Value {
+    serde_json::json!({
+        "executionProvider": loaded.execution_provider.as_str(),
+        "providers": loaded.placement.providers,
+        "cpuFallback": loaded.cpu_fallback(),
+    })
+}
+
 pub struct LoadTask {
     model_dir: String,
     options: ModelOptionsInput,
@@ -78,10 +88,12 @@ impl Task for LoadTask {
         let (loaded, thread) = output.map_err(|error| coded_js(&env, error))?;
         let completions = Completions::new(&env)?;
         let external_bytes = i64::try_from(loaded.memory_bytes).unwrap_or(i64::MAX);
+        let node_placement = Some(node_placement_view(&loaded));
         env.adjust_external_memory(external_bytes)?;
         Ok(CoreEngine {
             engine: std::sync::Arc::new(Mutex::new(loaded.engine)),
             executor_stats: Some(loaded.stats),
+            node_placement,
             steps: Some(OffThread { thread: Mutex::new(Some(thread)), completions }),
             external_bytes: AtomicI64::new(external_bytes),
         })
@@ -101,6 +113,19 @@ impl CoreEngine {
     ) -> napi::Result<AsyncTask<LoadTask>, String> {
         let options = crate::input("engine options", options).map_err(crate::coded)?;
         Ok(AsyncTask::new(LoadTask { model_dir, options, library: ort_library_path }))
+    }
+
+    /// The ONNX Runtime library this process opened (the first model load opens it, for the whole
+    /// process); null before any load. The facade checks a CUDA load against it.
+    #[napi]
+    pub fn loaded_ort_library() -> Option<String> {
+        ortex_ort::runtime::loaded_library().map(|path| path.display().to_string())
+    }
+
+    /// Which execution provider runs each node (NodePlacementView); null for the simulated model.
+    #[napi(ts_return_type = "NodePlacementView | null")]
+    pub fn node_placement(&self) -> Option<serde_json::Value> {
+        self.node_placement.clone()
     }
 
     /// The ONNX executor's cumulative timings (ExecutorStatsView); null for the simulated model.

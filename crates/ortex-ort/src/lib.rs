@@ -9,6 +9,7 @@
 //! - [`kv_store`]: the paged KV storage behind the engine's block pool
 //! - [`kv_pool`]: a paged-attention graph's KV blocks, in the session's memory (device under CUDA)
 //! - [`past_present_buffer`]: past/present buffers shared in place by GroupQueryAttention decodes (CPU)
+//! - [`placement`]: which execution provider runs each node, as ONNX Runtime assigned them
 //! - [`executor`]: [`executor::OrtExecutor`], one engine step = a few model invocations
 //!
 //! [`load`] puts them together: folder + options -> an engine. Native only (the WebAssembly build
@@ -23,6 +24,7 @@ pub mod kv_store;
 pub mod layer_attention;
 pub mod onnx_graph;
 pub mod past_present_buffer;
+pub mod placement;
 pub mod runtime;
 pub mod tokenizer;
 pub mod weight_chunks;
@@ -36,6 +38,7 @@ use ortex_core::{Engine, ErrorCode, OrtexError, Result};
 pub use config::ModelConfig;
 pub use executor::{AttentionForm, Counter, ExecutorStats, OrtExecutor, StatsSnapshot, Unit};
 pub use layer_attention::AttentionPlan;
+pub use placement::NodePlacement;
 pub use runtime::{ExecutionProvider, SessionSettings};
 pub use tokenizer::TokenizerCodec;
 
@@ -55,6 +58,8 @@ pub struct LoadOptions {
 pub struct Model {
     pub executor: OrtExecutor,
     pub codec: TokenizerCodec,
+    /// Which execution provider runs each node of the session.
+    pub placement: NodePlacement,
 }
 
 impl Model {
@@ -80,7 +85,7 @@ impl Model {
         let stats = executor.stats();
         stats.set(Counter::HugePageBytes, huge.collapsed_bytes as u64);
         stats.set(Counter::WeightChunkBytes, opened.weight_chunk_bytes as u64);
-        Ok(Model { executor, codec })
+        Ok(Model { executor, codec, placement: opened.placement })
     }
 }
 
@@ -134,6 +139,20 @@ pub struct LoadedEngine {
     /// The model's files (the weights ONNX Runtime holds) plus the KV pool when it is in host
     /// memory, in bytes.
     pub memory_bytes: u64,
+    pub execution_provider: ExecutionProvider,
+    /// Which execution provider runs each node (see [`LoadedEngine::cpu_fallback`]).
+    pub placement: NodePlacement,
+}
+
+impl LoadedEngine {
+    /// For a CUDA engine whose session runs some nodes on the CPU: which, counted by op type (one
+    /// sentence, [`NodePlacement::fallback_summary`]). None on the CPU or when all run on CUDA.
+    pub fn cpu_fallback(&self) -> Option<String> {
+        match self.execution_provider {
+            ExecutionProvider::Cpu => None,
+            ExecutionProvider::Cuda => self.placement.fallback_summary("CUDAExecutionProvider"),
+        }
+    }
 }
 
 pub fn load_engine(dir: &Path, options: &LoadOptions, library: Option<&Path>) -> Result<LoadedEngine> {
@@ -143,6 +162,7 @@ pub fn load_engine(dir: &Path, options: &LoadOptions, library: Option<&Path>) ->
         intra_op_spinning: options.intra_op_spinning.unwrap_or(false),
     };
     let model = Model::load(dir, settings, library)?;
+    let placement = model.placement;
     let stats = model.executor.stats();
     // A paged folder's pool under CUDA is device memory, which is no pressure on the host's heap.
     let kv_on_device = model.executor.attention_form() == AttentionForm::Paged
@@ -151,7 +171,7 @@ pub fn load_engine(dir: &Path, options: &LoadOptions, library: Option<&Path>) ->
     let engine = Engine::new(&options.engine, Box::new(model.executor), Box::new(model.codec), 0)?;
     let kv_tokens = u64::from(engine.config().num_blocks) * u64::from(engine.config().block_size);
     let memory_bytes = folder_bytes(dir) + kv_tokens * kv_bytes_per_token;
-    Ok(LoadedEngine { engine, stats, memory_bytes })
+    Ok(LoadedEngine { engine, stats, memory_bytes, execution_provider: settings.execution_provider, placement })
 }
 
 /// The bytes of the regular files directly in `dir` (0 for what cannot be read).

@@ -5,6 +5,8 @@
 //! facade passes a `libonnxruntime.so.1` beside the addon when packaged, else the one the npm
 //! package onnxruntime-node ships). When onnxruntime-node runs in the same process, loading its
 //! very file matters: the dynamic loader then shares one copy of ONNX Runtime.
+//! ONNX Runtime 1.24 or newer: ort asks for its C API version 24 (placement.rs reads the node
+//! placement through it); ortex ships 1.30 (CPU) and 1.31 (CUDA).
 //!
 //! No global thread pools: each session owns its intra-op pool, with spinning off by default
 //! (spinning threads burn the cores that the JS thread and other sessions need). Spinning on
@@ -14,7 +16,7 @@
 //! token at concurrency 1 on the bench model: every run then starts by waking its threads.)
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use ort::environment::Environment;
 use ort::session::builder::{GraphOptimizationLevel, SessionBuilder};
@@ -22,6 +24,7 @@ use ort::session::Session;
 use ortex_core::{ErrorCode, OrtexError, Result};
 use serde::Deserialize;
 
+use crate::placement::{self, NodePlacement};
 use crate::weight_chunks;
 
 pub const LIBRARY_ENV: &str = "ORTEX_ORT_DYLIB";
@@ -62,15 +65,16 @@ fn load_error(message: impl Into<String>) -> OrtexError {
     OrtexError::new(ErrorCode::ModelLoad, message)
 }
 
-/// The process's ONNX Runtime environment and the library it came from.
+/// The process's ONNX Runtime environment.
 struct Runtime {
     environment: Environment,
-    library: PathBuf,
     /// Whether ortex's CPU allocator is registered in the environment ([`weight_chunks`]).
     weight_chunks: bool,
 }
 
 static RUNTIME: Mutex<Option<Runtime>> = Mutex::new(None);
+/// The library RUNTIME came from: apart, so that code running under RUNTIME's lock can read it.
+static LIBRARY: OnceLock<PathBuf> = OnceLock::new();
 
 /// The library to open: the environment overrides win over the caller's path.
 fn choose_library(given: Option<&Path>) -> Result<(PathBuf, &'static str)> {
@@ -112,7 +116,8 @@ pub fn with_environment<T>(library: Option<&Path>, f: impl FnOnce(&Environment, 
             .build()
             .map_err(|e| load_error(format!("cannot create the ONNX Runtime environment: {e}")))?;
         let weight_chunks = weight_chunks::register(&environment).is_ok();
-        *runtime = Some(Runtime { environment, library: path, weight_chunks });
+        let _ = LIBRARY.set(path); // set once: RUNTIME is set once, under its lock
+        *runtime = Some(Runtime { environment, weight_chunks });
     }
     let runtime = runtime.as_ref().expect("set above");
     f(&runtime.environment, runtime.weight_chunks)
@@ -120,7 +125,85 @@ pub fn with_environment<T>(library: Option<&Path>, f: impl FnOnce(&Environment, 
 
 /// The library the process loaded, once one is.
 pub fn loaded_library() -> Option<PathBuf> {
-    RUNTIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner).as_ref().map(|r| r.library.clone())
+    LIBRARY.get().cloned()
+}
+
+/// What ONNX Runtime's CUDA 13 provider (onnxruntime-gpu 1.31) needs from the host, as the
+/// dynamic loader names the files, and what provides each (its ELF NEEDED list, plus cuDNN, which
+/// it opens itself).
+const CUDA_HOST_LIBRARIES: [(&str, &str); 6] = [
+    ("libcuda.so.1", "NVIDIA driver"),
+    ("libcudart.so.13", "CUDA 13 runtime"),
+    ("libcublas.so.13", "CUDA 13 cuBLAS"),
+    ("libcublasLt.so.13", "CUDA 13 cuBLAS"),
+    ("libcurand.so.10", "CUDA 13 cuRAND"),
+    ("libcudnn.so.9", "cuDNN 9"),
+];
+
+/// Said after every CUDA failure: what a host needs, and where the libraries may come from.
+pub const CUDA_HOST_NEEDS: &str = "executionProvider 'cuda' needs an NVIDIA GPU and driver for CUDA 13 (580 or \
+     newer), the CUDA 13 runtime libraries (libcudart.so.13, libcublas.so.13, libcublasLt.so.13, libcurand.so.10) and \
+     cuDNN 9 (libcudnn.so.9) where the dynamic loader finds them: the CUDA 13 toolkit's and cuDNN's lib folders, or \
+     pip's nvidia-cuda-runtime, nvidia-cublas, nvidia-curand and nvidia-cudnn-cu13 packages with their lib folders, on \
+     LD_LIBRARY_PATH; use executionProvider 'cpu' where there is no GPU";
+
+/// The load error for a CUDA provider ONNX Runtime could not register or start: what is missing,
+/// from ONNX Runtime's `reason` and a probe of the host's libraries, then what the host needs.
+pub fn cuda_unavailable(reason: &str, library: Option<&Path>) -> String {
+    let missing = missing_cuda_pieces(reason, library);
+    format!("executionProvider 'cuda' is unavailable: {missing}. {CUDA_HOST_NEEDS} (ONNX Runtime said: {reason})")
+}
+
+/// The first thing that keeps CUDA from running, in words.
+fn missing_cuda_pieces(reason: &str, library: Option<&Path>) -> String {
+    let beside = library.and_then(Path::parent);
+    let library = library.map_or_else(|| "the ONNX Runtime library".to_string(), |p| p.display().to_string());
+    if reason.contains("libonnxruntime_providers_shared.so")
+        || reason.contains("libonnxruntime_providers_cuda.so: cannot open")
+    {
+        return format!(
+            "{library} is a build without the CUDA provider (no libonnxruntime_providers_cuda.so beside it): install \
+             the package ortex-linux-x64-gnu-cuda beside ortex, or set {LIBRARY_ENV} to onnxruntime-gpu 1.31's \
+             libonnxruntime.so.1"
+        );
+    }
+    let absent: Vec<String> = CUDA_HOST_LIBRARIES
+        .iter()
+        .filter(|(file, _)| reason.contains(&format!("{file}: cannot open")) || !loadable(file, beside))
+        .map(|(file, what)| format!("{file} ({what})"))
+        .collect();
+    if !absent.is_empty() {
+        return format!("the dynamic loader cannot find {}", absent.join(", "));
+    }
+    if reason.contains("no CUDA-capable device") || reason.contains("CUDA failure 100") {
+        return "no CUDA device is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES)".to_string();
+    }
+    if reason.contains("driver version is insufficient") || reason.contains("CUDA failure 35") {
+        return "the NVIDIA driver is older than CUDA 13 needs".to_string();
+    }
+    "ONNX Runtime could not start its CUDA provider".to_string()
+}
+
+/// Whether the dynamic loader finds and loads `file` by its name, as the CUDA provider asks for it
+/// (the provider also looks in its own folder, `beside`); the probe closes it again.
+fn loadable(file: &str, beside: Option<&Path>) -> bool {
+    if beside.is_some_and(|dir| dir.join(file).is_file()) {
+        return true;
+    }
+    let Ok(name) = std::ffi::CString::new(file) else { return false };
+    // SAFETY: dlopen with a NUL-terminated name; a handle it returns is closed once.
+    unsafe {
+        let handle = libc::dlopen(name.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL);
+        if handle.is_null() {
+            return false;
+        }
+        libc::dlclose(handle);
+    }
+    true
+}
+
+fn mentions_cuda(reason: &str) -> bool {
+    ["CUDA", "cuda", "CUDNN", "cudnn"].iter().any(|word| reason.contains(word))
 }
 
 fn builder_error<'a>(
@@ -135,6 +218,8 @@ fn builder_error<'a>(
 pub struct OpenedSession {
     pub session: Session,
     pub weight_chunk_bytes: usize,
+    /// Which provider runs each node ([`placement`]).
+    pub placement: NodePlacement,
 }
 
 /// Opens `model_file` (from its path, so ONNX Runtime finds the external weights beside it), or
@@ -172,16 +257,14 @@ pub fn open_session(
     if settings.execution_provider == ExecutionProvider::Cuda {
         // error_on_failure: without it ort logs the failure and silently runs on the CPU.
         let cuda = ort::ep::CUDA::default().build().error_on_failure();
-        builder = builder.with_execution_providers([cuda]).map_err(|e| {
-            load_error(format!(
-                "executionProvider 'cuda' is unavailable: ONNX Runtime could not register the CUDA execution \
-                 provider ({}). It needs libonnxruntime_providers_cuda.so and libonnxruntime_providers_shared.so \
-                 beside the ONNX Runtime library, and the CUDA and cuDNN libraries; use executionProvider 'cpu' \
-                 where they are missing",
-                e.to_string().trim()
-            ))
-        })?;
+        builder = builder
+            .with_execution_providers([cuda])
+            .map_err(|e| load_error(cuda_unavailable(e.to_string().trim(), loaded_library().as_deref())))?;
     }
+    // Which provider runs each node (placement.rs): a few bytes per node, kept by the session.
+    builder = builder
+        .with_config_entry(placement::RECORD_ASSIGNMENT_CONFIG, "1")
+        .map_err(builder_error(model_file, "record the node placement"))?;
     let chunked = weight_chunks && settings.execution_provider == ExecutionProvider::Cpu && weight_chunks::enabled();
     if chunked {
         // The session then allocates everything through ortex's allocator, at inference too
@@ -203,13 +286,18 @@ pub fn open_session(
     };
     let session = committed.map_err(|e| {
         let reason = e.to_string().trim().to_string();
-        let hint = if settings.execution_provider == ExecutionProvider::Cuda && reason.contains("CUDA") {
-            " (executionProvider 'cuda')"
-        } else {
-            ""
-        };
-        load_error(format!("{}: ONNX Runtime cannot load the model{hint}: {reason}", model_file.display()))
+        if settings.execution_provider == ExecutionProvider::Cuda && mentions_cuda(&reason) {
+            // The provider registered, then failed to start (no device, an old driver, cuDNN...).
+            return load_error(format!(
+                "{}: {}",
+                model_file.display(),
+                cuda_unavailable(&reason, loaded_library().as_deref())
+            ));
+        }
+        load_error(format!("{}: ONNX Runtime cannot load the model: {reason}", model_file.display()))
     })?;
     let weight_chunk_bytes = scope.as_ref().map_or(0, weight_chunks::LoadScope::chunked_bytes);
-    Ok(OpenedSession { session, weight_chunk_bytes })
+    let placement = placement::read(&session)
+        .map_err(|reason| load_error(format!("{}: the node placement: {reason}", model_file.display())))?;
+    Ok(OpenedSession { session, weight_chunk_bytes, placement })
 }

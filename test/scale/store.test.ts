@@ -101,12 +101,16 @@ describe.each(selectedBackends())('a session store in Redis (%s)', (backend) => 
     expect(await turn(moved.client, 'First.')).toEqual(await turn(reference.client, 'First.'))
     moved.client.close()
     await moved.client.closed()
-    // In A, in one tick: a final append starts a response, and A stops. The record written for
-    // that commit holds the input and the running response's fence, and none of its output.
+    // In A: its engine no longer steps (caller-driven), a final append starts a response that
+    // therefore stays in flight, and A stops. The record written for that commit (close()
+    // flushes it) holds the input and the running response's fence, and none of its output.
+    // (With A's engine still running, the simulated model's response could end before the write,
+    // and a resume that raced the write could read the record before it: 1 run in 2 failed.)
+    await servers.find((s) => s.server === a)!.engine.stop()
     const session = a.duplex.manager.list()[0]!
     session.append(' Second.', { final: true })
     const inFlight = session.fence
-    void a.close()
+    await a.close()
     const { client, reply } = await resume(b, moved.id, moved.token, 0)
     expect(reply.type).toBe('session.resumed')
     const failed = await client.next((e) => e.type === 'response.done')

@@ -336,6 +336,7 @@ async function correctness(
   report: GpuReport,
   save: () => void,
 ): Promise<void> {
+  const deadlineMs = shareS > 0 ? performance.now() + shareS * 1000 : null // making the folder counts too
   let folder
   try {
     folder = prepareModel(root, args.modelsDir, source, 'gqa-fp32', progress)
@@ -355,7 +356,7 @@ async function correctness(
     // the reference runs on the CPU beside the GPU: on the device machine it may use every core
     cpuThreads: args.provider === 'cuda' ? os.cpus().length : args.threads,
     blockSize: folderBlockSize(folder.dir) ?? BLOCK_SIZE,
-    deadlineMs: shareS > 0 ? performance.now() + shareS * 1000 : null,
+    deadlineMs,
     progress,
   })
   report.correctness.push(entry)
@@ -382,7 +383,8 @@ async function blockSizes(
     Engine: Engine as unknown as GpuEngineClass,
     model: model.name,
     folderFor: (blockSize) => {
-      if (!paged) return model.dir
+      // the main run's folder where it has the block size already (a bench folder is 125-250 MB to write)
+      if (!paged || folderBlockSize(model.dir) === blockSize) return model.dir
       const made = prepareModel(root, args.modelsDir, source, model.form as FolderForm, progress, blockSize)
       if (made.form !== model.form) throw new Error(`the ${model.form} form with block size ${blockSize} could not be made: ${made.note ?? ''}`)
       return made.dir

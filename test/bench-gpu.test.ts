@@ -12,6 +12,7 @@ import { describe, expect, it } from 'vitest'
 import { Engine, type ExecutorStats } from 'ortex'
 
 import { greedyReference, teacherForcedAgreement } from '../bench/gpu/correctness'
+import { folderBlockSize, prepareModel } from '../bench/gpu/models'
 import { busBytesPerStep } from '../bench/gpu/ortex'
 import { type BlockSizeRow, type GpuReport, type GpuRow, agreementOf, computeGoals, correctnessGoals, fasterBlockSize, formatReport, goalModel } from '../bench/gpu/report'
 import { makeModel } from '../ts/modelkit/make-model'
@@ -158,6 +159,22 @@ describe('GPU benchmark block sizes (issue 32, item 1)', () => {
     expect(fasterBlockSize(rows, 'bench')).toBe('block size 256 is faster at every concurrency compared (concurrency 1: 1.25x, concurrency 64: 1.50x over the next)')
     const mixed = [sized(256, 1, 1000), sized(256, 64, 20_000), sized(16, 1, 800), sized(16, 64, 30_000)]
     expect(fasterBlockSize(mixed, 'bench')).toBe('no single winner: block size 256 at concurrency 1 (1.25x), block size 16 at concurrency 64 (1.50x)')
+  })
+
+  it('makes a paged folder per block size (make-model --block-size), and leaves other forms to the engine', () => {
+    const dir = mkdtempSync(join(os.tmpdir(), 'ortex-gpu-bs-'))
+    try {
+      const lines: string[] = []
+      const sized = prepareModel(ROOT, dir, { name: 'tiny', kind: { make: 'tiny' } }, 'paged-fp16', (line) => lines.push(line), 32)
+      expect(sized).toMatchObject({ name: 'tiny', form: 'paged-fp16', dir: join(dir, 'tiny-paged-fp16-bs32') })
+      expect(folderBlockSize(sized.dir)).toBe(32)
+      expect(lines).toEqual([expect.stringContaining('--block-size 32')])
+      const plain = prepareModel(ROOT, dir, { name: 'tiny', kind: { make: 'tiny' } }, 'gqa-fp32', () => {}, 32)
+      expect(plain.dir).toBe(join(dir, 'tiny-gqa-fp32'))
+      expect(folderBlockSize(plain.dir)).toBeUndefined()
+    } finally {
+      rmSync(dir, { recursive: true, force: true })
+    }
   })
 
   it('compares only measured rows, and says so where fewer than two block sizes were measured', () => {

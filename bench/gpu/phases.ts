@@ -16,12 +16,17 @@ export const BLOCK_SIZE_CONCURRENCIES = [1, 64] as const
 
 const CUT_AFTER_MS = 60_000
 
-/** Runs `body` with an engine that is closed (ending its turns) if still running 60 s past `deadlineMs`. */
-async function withWatchdog<T>(engine: { close(): Promise<void> }, deadlineMs: number | null, body: () => Promise<T>): Promise<{ value: T | null; cut: boolean; error?: Error }> {
+/** Runs `body` with an engine that is closed (ending its turns) if still running 60 s past
+ *  `deadlineMs`; `body` can ask whether that happened (a turn it awaits then fails). */
+async function withWatchdog<T>(
+  engine: { close(): Promise<void> },
+  deadlineMs: number | null,
+  body: (wasCut: () => boolean) => Promise<T>,
+): Promise<{ value: T | null; cut: boolean; error?: Error }> {
   let cut = false
   const timer = deadlineMs === null ? null : setTimeout(() => ((cut = true), void engine.close()), Math.max(0, deadlineMs - performance.now()) + CUT_AFTER_MS)
   try {
-    return { value: await body(), cut }
+    return { value: await body(() => cut), cut }
   } catch (error) {
     return { value: null, cut, error: error as Error }
   } finally {
@@ -135,13 +140,14 @@ export async function blockSizePhase(input: BlockSizeInput): Promise<void> {
       continue
     }
     const open = engine
-    await withWatchdog(open, deadlineMs, async () => {
+    const cutMessage = 'cut: 60 s past its share of the time budget'
+    await withWatchdog(open, deadlineMs, async (wasCut) => {
       await firstTokens(open, sized) // the warm-up
       for (const c of concurrencies) {
         const requests = requestsByConcurrency[String(c)]!
         const estimateS = perRequestRate === null ? 0 : (requests * w.generatedTokens) / (perRequestRate * Math.min(c, requests))
-        if (deadlineMs !== null && performance.now() + estimateS * 1000 > deadlineMs) {
-          row(c, { error: `skipped: about ${estimateS.toFixed(0)} s, more than the time left` })
+        if (wasCut() || (deadlineMs !== null && performance.now() + estimateS * 1000 > deadlineMs)) {
+          row(c, { error: wasCut() ? cutMessage : `skipped: about ${estimateS.toFixed(0)} s, more than the time left` })
           continue
         }
         try {
@@ -149,11 +155,11 @@ export async function blockSizePhase(input: BlockSizeInput): Promise<void> {
           perRequestRate = measured.tokensPerSecond! / Math.min(c, requests)
           row(c, { tokensPerSecond: measured.tokensPerSecond! })
         } catch (error) {
-          row(c, { error: (error as Error).message.slice(0, 160) })
+          row(c, { error: wasCut() ? cutMessage : (error as Error).message.slice(0, 160) })
         }
       }
     }).then((run) => {
-      if (run.error !== undefined) for (const c of concurrencies) row(c, { error: run.cut ? 'cut: 60 s past its share of the time budget' : run.error.message.slice(0, 160) })
+      if (run.error !== undefined) for (const c of concurrencies) row(c, { error: run.cut ? cutMessage : run.error.message.slice(0, 160) })
     })
     await open.close()
   }

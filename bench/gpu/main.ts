@@ -17,10 +17,11 @@ import { Engine } from 'ortex'
 
 import { readPadTokenId } from '../throughput/genai'
 import { PROMPT_TEXT } from '../throughput/throughput'
-import { FOLDER_FORMS, type FolderForm, folderBlockSize, type ModelSource, prepareModel } from './models'
+import { FOLDER_FORMS, type FolderForm, folderBlockSize, formFixesBlockSize, type ModelSource, prepareModel } from './models'
 import { type GpuEngineClass, type GpuEngineOptions, type GpuWorkload, firstTokens, runOrtexConcurrency } from './ortex'
+import { BLOCK_SIZE_CONCURRENCIES, CORRECTNESS_PROMPTS, CORRECTNESS_TOKENS, blockSizePhase, correctnessPhase } from './phases'
 import { gpuMemoryProbe, runPythonPhase } from './python'
-import { type GpuReport, type GpuRow, type GpuSystem, agreementOf, computeGoals, formatReport, goalModel } from './report'
+import { type GpuReport, type GpuRow, type GpuSystem, type ModelEntry, agreementOf, computeGoals, correctnessGoals, formatReport, goalModel } from './report'
 
 const HELP = `Usage: bash bench/gpu/run.sh [--quick] [--provider cuda|cpu] [options]
 
@@ -41,6 +42,11 @@ Options:
   --budget-s S     seconds for the whole run (default 270 on cuda, none on cpu): each phase gets a
                    share and skips a concurrency it estimates will not fit
   --no-hf, --no-genai   leave a system out
+  --block-sizes L  KV block sizes to compare at concurrency 1 and 64, on the first model (default
+                   256,16 on cuda, none on cpu; 'none' for none): a paged folder is made per block
+                   size (make-model --block-size), other forms take it as the engine's option
+  --no-correctness leave out the teacher-forced agreement with the CPU (on the first model's
+                   gqa fp32 folder: ${CORRECTNESS_PROMPTS} prompts x ${CORRECTNESS_TOKENS} tokens, --quick 16)
   --genai-mode M   engine (default: og.Engine, dynamic batching on a paged folder, else static) or
                    generator (og.Generator, batch-of-prompts)
   --hf-compile     let transformers compile its static-cache forward (minutes per batch shape)
@@ -62,6 +68,8 @@ interface Args {
   hf: boolean
   genai: boolean
   hfCompile: boolean
+  blockSizes: number[]
+  correctness: boolean
   genaiMode: 'engine' | 'generator'
   threads: number
   python: string
@@ -90,6 +98,8 @@ function parse(argv: string[]): Args | 'help' {
       'no-hf': { type: 'boolean' },
       'no-genai': { type: 'boolean' },
       'hf-compile': { type: 'boolean' },
+      'block-sizes': { type: 'string' },
+      'no-correctness': { type: 'boolean' },
       'genai-mode': { type: 'string' },
       threads: { type: 'string' },
       python: { type: 'string' },
@@ -119,6 +129,9 @@ function parse(argv: string[]): Args | 'help' {
   if (sources.length === 0) throw new UsageError('no model: leave out --no-made, or give --model or --gguf')
   const concurrencies = (values.concurrency ?? '1,16,64,256').split(',').map((c) => integer('concurrency', c.trim(), 1))
   if (concurrencies.some((c) => c < 1)) throw new UsageError('--concurrency values must be at least 1')
+  const blockSizesText = values['block-sizes'] ?? (provider === 'cuda' ? '256,16' : 'none')
+  const blockSizes = blockSizesText === 'none' ? [] : blockSizesText.split(',').map((b) => integer('block-sizes', b.trim(), 16))
+  if (blockSizes.some((b) => b < 1)) throw new UsageError('--block-sizes values must be at least 1')
   const python = values.python ?? 'python3'
   const genaiMode = values['genai-mode'] ?? 'engine'
   if (genaiMode !== 'engine' && genaiMode !== 'generator') throw new UsageError('--genai-mode must be engine or generator')
@@ -133,6 +146,8 @@ function parse(argv: string[]): Args | 'help' {
     hf: values['no-hf'] !== true,
     genai: values['no-genai'] !== true,
     hfCompile: values['hf-compile'] === true,
+    blockSizes,
+    correctness: values['no-correctness'] !== true,
     genaiMode,
     threads: integer('threads', values.threads, 2),
     python,
@@ -166,20 +181,25 @@ function workloadFor(ids: number[], args: Args, padTokenId: number, blockSize: n
   }
 }
 
-/** The deadline arithmetic: each phase gets an equal share of what is left. */
+/** Budget weights: a system's phase (every concurrency) counts 1; the extra ortex phases on the
+ *  first model are shorter (correctness: two loads and a few hundred tokens; block sizes: a load
+ *  and two concurrencies per block size not already measured). */
+const PHASE_WEIGHT = { system: 1, correctness: 0.4, blockSizes: 0.6 } as const
+
+/** The deadline arithmetic: each phase gets its weight's share of what is left. */
 class Budget {
   private readonly end: number | null
   constructor(
     seconds: number,
-    private phasesLeft: number,
+    private weightLeft: number,
   ) {
     this.end = seconds > 0 ? performance.now() + seconds * 1000 : null
   }
   /** Seconds for the next phase (0: no budget). */
-  nextPhase(): number {
+  nextPhase(weight: number = PHASE_WEIGHT.system): number {
     if (this.end === null) return 0
-    const share = Math.max(10, (this.end - performance.now()) / 1000 / Math.max(1, this.phasesLeft))
-    this.phasesLeft--
+    const share = Math.max(10, ((this.end - performance.now()) / 1000) * (weight / Math.max(weight, this.weightLeft)))
+    this.weightLeft -= weight
     return share
   }
 }
@@ -219,11 +239,14 @@ async function main(argv: string[]): Promise<void> {
     systems: {},
     rows: [],
     agreement: [],
+    correctness: [],
+    blockSizes: [],
     goals: [],
     elapsedS: 0,
   }
   const save = () => {
-    report.goals = computeGoals(report.rows, args.concurrencies, goalModel(report.models))
+    const on = goalModel(report.models)
+    report.goals = [...computeGoals(report.rows, args.concurrencies, on), ...correctnessGoals(report, on)]
     report.elapsedS = (performance.now() - started) / 1000
     writeFileSync(join(args.out, 'gpu-bench.json'), `${JSON.stringify(report, null, 2)}\n`)
     writeFileSync(join(args.out, 'gpu-bench.md'), `${formatReport(report)}\n`)
@@ -234,7 +257,8 @@ async function main(argv: string[]): Promise<void> {
   }
   if (args.provider === 'cpu') progress('CPU DRY RUN: the numbers check that the benchmark runs; they are not the GPU result')
   const phasesPerModel = 1 + (args.hf ? 1 : 0) + (args.genai ? 1 : 0)
-  const budget = new Budget(args.budgetS, phasesPerModel * args.sources.length)
+  const extraWeight = (args.correctness ? PHASE_WEIGHT.correctness : 0) + (args.blockSizes.length > 0 ? PHASE_WEIGHT.blockSizes : 0)
+  const budget = new Budget(args.budgetS, phasesPerModel * args.sources.length * PHASE_WEIGHT.system + extraWeight)
   const firsts = new Map<string, number[]>()
   for (const source of args.sources) {
     let model
@@ -252,6 +276,10 @@ async function main(argv: string[]): Promise<void> {
     report.workload.requestsByConcurrency = workload?.requestsByConcurrency ?? {}
     save()
     if (workload === null) continue
+    if (source === args.sources[0]) {
+      if (args.correctness) await correctness(root, source, model.name, workload, args, budget.nextPhase(PHASE_WEIGHT.correctness), progress, report, save)
+      if (args.blockSizes.length > 0) await blockSizes(root, source, model, workload, args, budget.nextPhase(PHASE_WEIGHT.blockSizes), progress, report, save)
+    }
     const workloadFile = join(args.out, `workload-${model.name}.json`)
     writeFileSync(workloadFile, JSON.stringify(workload))
     // The device has no network: a missing package must fail at once there, not make the scripts
@@ -293,6 +321,97 @@ async function main(argv: string[]): Promise<void> {
   }
   save()
   process.stdout.write(`${formatReport(report)}\n\nwrote ${join(args.out, 'gpu-bench.json')} and gpu-bench.md (${report.elapsedS.toFixed(0)} s)\n`)
+}
+
+/** Issue 32 item 3 on the first model: its gqa fp32 folder (made, or the given folder as it is),
+ *  the CPU's greedy reference and the provider's teacher-forced agreement with it. */
+async function correctness(
+  root: string,
+  source: ModelSource,
+  name: string,
+  w: GpuWorkload,
+  args: Args,
+  shareS: number,
+  progress: (line: string) => void,
+  report: GpuReport,
+  save: () => void,
+): Promise<void> {
+  const deadlineMs = shareS > 0 ? performance.now() + shareS * 1000 : null // making the folder counts too
+  let folder
+  try {
+    folder = prepareModel(root, args.modelsDir, source, 'gqa-fp32', progress)
+  } catch (error) {
+    progress(`${name}: correctness: no fp32 folder: ${(error as Error).message}`)
+    return
+  }
+  progress(`${name}: correctness${shareS > 0 ? ` (${shareS.toFixed(0)} s of the budget)` : ''}`)
+  const entry = await correctnessPhase({
+    Engine: Engine as unknown as GpuEngineClass,
+    model: name,
+    dir: folder.dir,
+    form: folder.form,
+    provider: args.provider,
+    prompts: w.prompts.slice(0, CORRECTNESS_PROMPTS),
+    referenceTokens: args.quick ? 16 : CORRECTNESS_TOKENS,
+    // the reference runs on the CPU beside the GPU: on the device machine it may use every core
+    cpuThreads: args.provider === 'cuda' ? os.cpus().length : args.threads,
+    blockSize: folderBlockSize(folder.dir) ?? BLOCK_SIZE,
+    deadlineMs,
+    progress,
+  })
+  report.correctness.push(entry)
+  const share = entry.positions > 0 ? ` (${((100 * entry.matches) / entry.positions).toFixed(1)}%)` : ''
+  progress(`${name}: correctness: ${entry.error ?? `${entry.matches} of ${entry.positions} positions agree${share}${entry.cut ? ', cut at the budget' : ''}`}`)
+  save()
+}
+
+/** Issue 32 item 1 on the first model: ortex's tokens/s per KV block size at concurrency 1 and 64. */
+async function blockSizes(
+  root: string,
+  source: ModelSource,
+  model: ModelEntry,
+  w: GpuWorkload,
+  args: Args,
+  shareS: number,
+  progress: (line: string) => void,
+  report: GpuReport,
+  save: () => void,
+): Promise<void> {
+  progress(`${model.name}: block sizes ${args.blockSizes.join(', ')}${shareS > 0 ? ` (${shareS.toFixed(0)} s of the budget)` : ''}`)
+  const paged = formFixesBlockSize(model.form)
+  await blockSizePhase({
+    Engine: Engine as unknown as GpuEngineClass,
+    model: model.name,
+    folderFor: (blockSize) => {
+      // the main run's folder where it has the block size already (a bench folder is 125-250 MB to write)
+      if (!paged || folderBlockSize(model.dir) === blockSize) return model.dir
+      const made = prepareModel(root, args.modelsDir, source, model.form as FolderForm, progress, blockSize)
+      if (made.form !== model.form) throw new Error(`the ${model.form} form with block size ${blockSize} could not be made: ${made.note ?? ''}`)
+      return made.dir
+    },
+    blockSizes: args.blockSizes,
+    workload: w,
+    baseOptions: engineOptions(args, Math.max(...BLOCK_SIZE_CONCURRENCIES), w.numBlocks, w.blockSize),
+    deadlineMs: shareS > 0 ? performance.now() + shareS * 1000 : null,
+    progress,
+    onRow: (row) => {
+      report.blockSizes.push(row)
+      progress(`${row.model} block size ${row.blockSize} c${row.concurrency}: ${row.error ?? `${row.tokensPerSecond!.toFixed(1)} tokens/s`}`)
+      save()
+    },
+  })
+}
+
+/** The engine options every ortex phase sets but for the pool. */
+function engineOptions(args: Args, maxBatchSize: number, numBlocks: number, blockSize: number): GpuEngineOptions {
+  return {
+    executionProvider: args.provider,
+    maxBatchSize,
+    numBlocks,
+    blockSize,
+    maxScheduledTokens: args.provider === 'cuda' ? 2048 : 512,
+    ...(args.provider === 'cpu' ? { intraOpThreads: args.threads } : {}),
+  }
 }
 
 /** Greedy tokens of request 0 alone, as each Python side reports them in its info. */
@@ -353,14 +472,7 @@ async function ortexPhase(
   const numBlocks = largest * (Math.ceil((Math.max(...PROMPT_LENGTHS) + args.tokens) / blockSize) + 1)
   const loadStarted = performance.now()
   progress(`${model}: loading ${dir} in ortex (${args.provider}, block size ${blockSize}, ${numBlocks} blocks)`)
-  const options: GpuEngineOptions = {
-    executionProvider: args.provider,
-    maxBatchSize: largest,
-    numBlocks,
-    blockSize,
-    maxScheduledTokens: args.provider === 'cuda' ? 2048 : 512,
-    ...(args.provider === 'cpu' ? { intraOpThreads: args.threads } : {}),
-  }
+  const options = engineOptions(args, largest, numBlocks, blockSize)
   let engine
   try {
     engine = await (Engine as unknown as GpuEngineClass).load(dir, options)

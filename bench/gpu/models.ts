@@ -33,15 +33,23 @@ export interface ModelSource {
   kind: { make: 'tiny' | 'bench' } | { gguf: string } | { folder: string }
 }
 
+/** Whether a form's folder fixes the KV block size (a paged one) rather than leaving it to the engine. */
+export function formFixesBlockSize(form: string): boolean {
+  return form.startsWith('paged')
+}
+
 /** The folder for `source` in `form` under `dir` (made once, reused while its genai_config.json is
- *  there); falls back to FALLBACK_FORM where the CLI cannot make `form`. */
-export function prepareModel(root: string, dir: string, source: ModelSource, form: FolderForm, progress: (line: string) => void): ModelEntry {
+ *  there); falls back to FALLBACK_FORM where the CLI cannot make `form`. `blockSize` makes a paged
+ *  folder with that KV block size (`--block-size`; its own directory); other forms ignore it. */
+export function prepareModel(root: string, dir: string, source: ModelSource, form: FolderForm, progress: (line: string) => void, blockSize?: number): ModelEntry {
   if ('folder' in source.kind) return { name: source.name, dir: source.kind.folder, form: describeFolder(source.kind.folder) }
   const attempt = (f: FolderForm): { out: string; error: string | null } => {
-    const out = join(dir, `${source.name}-${f}`)
+    const sized = blockSize !== undefined && formFixesBlockSize(f)
+    const out = join(dir, `${source.name}-${f}${sized ? `-bs${blockSize}` : ''}`)
     if (existsSync(join(out, 'genai_config.json'))) return { out, error: null }
     const kind = source.kind as { make: string } | { gguf: string }
-    const args = 'make' in kind ? ['make-model', '--out', out, '--size', kind.make, ...MAKE_FLAGS[f]] : ['import', kind.gguf, '--out', out, ...IMPORT_FLAGS[f]]
+    const flags = [...('make' in kind ? MAKE_FLAGS[f] : IMPORT_FLAGS[f]), ...(sized ? ['--block-size', String(blockSize)] : [])]
+    const args = 'make' in kind ? ['make-model', '--out', out, '--size', kind.make, ...flags] : ['import', kind.gguf, '--out', out, ...flags]
     progress(`ortex ${args.join(' ')}`)
     const result = spawnSync(process.execPath, [join(root, 'dist', 'cli.js'), ...args], { encoding: 'utf8' })
     if (result.status === 0) return { out, error: null }

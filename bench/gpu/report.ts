@@ -48,7 +48,8 @@ export interface GoalResult {
   goal: string
   value: number | null
   target: number
-  unit: 'tokens/s' | 'x'
+  /** fraction: a share of positions or tokens, printed as a percentage. */
+  unit: 'tokens/s' | 'x' | 'fraction'
   /** value / target; >= 1 meets the goal. */
   ratio: number | null
   met: boolean | null
@@ -60,6 +61,34 @@ export interface Agreement {
   system: GpuSystem
   same: number
   of: number
+}
+
+/** Teacher-forced top-1 agreement of ortex on the provider with ortex on the CPU (issue 32, item 3). */
+export interface CorrectnessEntry {
+  model: string
+  /** The float32 folder it ran on. */
+  dir: string
+  form: string
+  provider: 'cpu' | 'cuda'
+  prompts: number
+  /** Greedy tokens of the CPU reference per prompt. */
+  referenceTokens: number
+  positions: number
+  matches: number
+  /** The first disagreements, as [prompt index, position]. */
+  mismatches: [number, number][]
+  /** The phase's share of the time budget ran out before every position was checked. */
+  cut: boolean
+  error?: string
+}
+
+/** ortex's tokens/s on one folder at one KV block size (issue 32, item 1: 16 against 256). */
+export interface BlockSizeRow {
+  model: string
+  blockSize: number
+  concurrency: number
+  tokensPerSecond?: number
+  error?: string
 }
 
 export interface ModelEntry {
@@ -82,6 +111,8 @@ export interface GpuReport {
   systems: Record<string, Partial<Record<GpuSystem, Record<string, unknown>>>>
   rows: GpuRow[]
   agreement: Agreement[]
+  correctness: CorrectnessEntry[]
+  blockSizes: BlockSizeRow[]
   goals: GoalResult[]
   elapsedS: number
 }
@@ -118,6 +149,36 @@ export function computeGoals(rows: readonly GpuRow[], concurrencies: readonly nu
     goal('ortex / transformers, concurrency 64', '>= 1.5x transformers at concurrency 64', over('transformers', 64), 1.5, 'x'),
     ...concurrencies.map((c) => goal(`ortex / onnxruntime-genai, concurrency ${c}`, '>= 1.0x onnxruntime-genai-cuda at every concurrency', over('genai', c), 1, 'x')),
   ]
+}
+
+/** Issue 32's correctness goals on `model`: teacher-forced top-1 agreement with the CPU on a
+ *  float32 folder (>= 99%), and request 0's greedy tokens equal to onnxruntime-genai's on the run's
+ *  folder (all of them; the fp16 paged folder on cuda). */
+export function correctnessGoals(report: Pick<GpuReport, 'correctness' | 'agreement' | 'models'>, model = GOAL_MODEL): GoalResult[] {
+  const tf = report.correctness.find((c) => c.model === model && c.error === undefined && c.positions > 0)
+  const genai = report.agreement.find((a) => a.model === model && a.system === 'genai' && a.of > 0)
+  const form = report.models.find((m) => m.name === model)?.form ?? 'the run\'s'
+  return [
+    goal('top-1 agreement with the CPU, fp32 (teacher-forced)', '>= 99% of positions on an fp32 folder', tf ? tf.matches / tf.positions : null, 0.99, 'fraction'),
+    goal(`greedy tokens = onnxruntime-genai, request 0 (${form} folder)`, "fp16 greedy = genai-cuda: every greedy token equal on the same folder", genai ? genai.same / genai.of : null, 1, 'fraction'),
+  ]
+}
+
+/** Which block size gave more tokens/s, per concurrency where at least two were measured, and
+ *  by how much over the next; null where nothing can be compared. */
+export function fasterBlockSize(rows: readonly BlockSizeRow[], model: string): string | null {
+  const measured = rows.filter((r) => r.model === model && r.tokensPerSecond !== undefined)
+  const concurrencies = [...new Set(measured.map((r) => r.concurrency))].sort((a, b) => a - b)
+  const winners: { concurrency: number; blockSize: number; over: number }[] = []
+  for (const c of concurrencies) {
+    const ranked = measured.filter((r) => r.concurrency === c).sort((a, b) => b.tokensPerSecond! - a.tokensPerSecond!)
+    if (ranked.length < 2) continue
+    winners.push({ concurrency: c, blockSize: ranked[0]!.blockSize, over: ranked[0]!.tokensPerSecond! / ranked[1]!.tokensPerSecond! })
+  }
+  if (winners.length === 0) return null
+  const each = winners.map((w) => `concurrency ${w.concurrency}: ${w.over.toFixed(2)}x`).join(', ')
+  if (winners.every((w) => w.blockSize === winners[0]!.blockSize)) return `block size ${winners[0]!.blockSize} is faster at every concurrency compared (${each} over the next)`
+  return `no single winner: ${winners.map((w) => `block size ${w.blockSize} at concurrency ${w.concurrency} (${w.over.toFixed(2)}x)`).join(', ')}`
 }
 
 /** How many of `theirs` equal `ours`, position by position (over ours' length). */
@@ -181,14 +242,66 @@ export function formatReport(report: GpuReport): string {
     lines.push('', "Greedy tokens of request 0 equal to ortex's:")
     for (const a of report.agreement) lines.push(`- ${a.model}, ${SYSTEM_LABELS[a.system]}: ${a.same} of ${a.of}`)
   }
+  lines.push(...correctnessLines(report.correctness), ...blockSizeLines(report.blockSizes))
   const on = goalModel(report.models)
   const where = on === GOAL_MODEL ? `the ${GOAL_MODEL} model` : `stated for the ${GOAL_MODEL} model, computed here on ${on}`
   lines.push('', `Goals (issue 32, ${where})${report.provider === 'cpu' ? ', on the CPU dry run: not the GPU result' : ''}:`, '')
   lines.push('| goal | value | target | ratio | verdict |', '|---|---:|---:|---:|---|')
   for (const g of report.goals) {
     const verdict = g.met === null ? 'n/a (not measured)' : g.met ? 'met' : 'not met'
-    const value = g.unit === 'x' ? (g.value === null ? 'n/a' : `${g.value.toFixed(2)}x`) : fmt(g.value)
-    lines.push(`| ${g.name} | ${value} | ${g.unit === 'x' ? `${g.target}x` : fmt(g.target, 0)} | ${g.ratio === null ? 'n/a' : g.ratio.toFixed(2)} | ${verdict} |`)
+    lines.push(`| ${g.name} | ${goalValue(g.value, g.unit)} | ${goalTarget(g)} | ${g.ratio === null ? 'n/a' : g.ratio.toFixed(2)} | ${verdict} |`)
   }
   return lines.join('\n')
+}
+
+function goalValue(value: number | null, unit: GoalResult['unit']): string {
+  if (value === null) return 'n/a'
+  if (unit === 'x') return `${value.toFixed(2)}x`
+  if (unit === 'fraction') return `${(value * 100).toFixed(1)}%`
+  return fmt(value)
+}
+
+function goalTarget(g: GoalResult): string {
+  if (g.unit === 'x') return `${g.target}x`
+  if (g.unit === 'fraction') return `${Math.round(g.target * 100)}%`
+  return fmt(g.target, 0)
+}
+
+/** The teacher-forced agreement, one line per model. */
+function correctnessLines(entries: readonly CorrectnessEntry[]): string[] {
+  if (entries.length === 0) return []
+  const lines = ['', 'Teacher-forced top-1 agreement with ortex on the CPU (fp32 folder):']
+  for (const c of entries) {
+    const head = `- ${c.model}, ${c.provider} (${c.form}, ${c.prompts} prompts x ${c.referenceTokens} reference tokens)`
+    if (c.error !== undefined) {
+      lines.push(`${head}: ${c.error.slice(0, 200)}`)
+      continue
+    }
+    const share = c.positions > 0 ? `${((100 * c.matches) / c.positions).toFixed(1)}%` : 'n/a'
+    const where = c.mismatches.length > 0 ? `; first disagreements at ${c.mismatches.map(([p, k]) => `${p}:${k}`).join(', ')} (prompt:position)` : ''
+    lines.push(`${head}: ${c.matches} of ${c.positions} positions, ${share}${c.cut ? ' (cut at its share of the time budget)' : ''}${where}`)
+  }
+  return lines
+}
+
+/** ortex's tokens/s per KV block size and concurrency, and which block size is faster. */
+function blockSizeLines(rows: readonly BlockSizeRow[]): string[] {
+  const lines: string[] = []
+  for (const model of [...new Set(rows.map((r) => r.model))]) {
+    const mine = rows.filter((r) => r.model === model)
+    const concurrencies = [...new Set(mine.map((r) => r.concurrency))].sort((a, b) => a - b)
+    lines.push('', `KV block size, ${model}, ortex tokens/s (issue 32, item 1):`, '')
+    lines.push(`| block size | ${concurrencies.map((c) => `concurrency ${c}`).join(' | ')} |`, `|---:|${concurrencies.map(() => '---:').join('|')}|`)
+    for (const size of [...new Set(mine.map((r) => r.blockSize))]) {
+      const cells = concurrencies.map((c) => {
+        const r = mine.find((x) => x.blockSize === size && x.concurrency === c)
+        if (r === undefined) return ''
+        if (r.error !== undefined) return r.error.replace(/\|/g, '/').slice(0, 100)
+        return fmt(r.tokensPerSecond)
+      })
+      lines.push(`| ${size} | ${cells.join(' | ')} |`)
+    }
+    lines.push('', `Faster: ${fasterBlockSize(mine, model) ?? 'n/a (fewer than two block sizes measured at any concurrency)'}`)
+  }
+  return lines
 }

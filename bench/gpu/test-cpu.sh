@@ -5,8 +5,9 @@
 #   bash bench/gpu/test-cpu.sh
 # 1. the converter: transformers' logits on the tiny model's weights equal ONNX Runtime's on its folder
 #    (bench/gpu/check_hf.py), on a float32 and a float16-KV folder;
-# 2. `run.sh --quick --provider cpu` on the tiny model: every system at every concurrency has numbers,
-#    every system's greedy tokens equal ortex's, every goal has a value.
+# 2. `run.sh --quick --provider cpu --block-sizes 16,32` on the tiny model: every system at every
+#    concurrency has numbers, every system's greedy tokens equal ortex's, the teacher-forced
+#    agreement (both sides the CPU here) is 100%, both block sizes have numbers, every goal has a value.
 # test/bench-gpu.test.ts (npm test) covers the report's arithmetic and ortex's side alone.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -24,10 +25,10 @@ node dist/cli.js make-model --out "$tmp/tiny-fp16kv" --size tiny --kv fp16 >/dev
 check 'converter, float32 folder' python3 bench/gpu/check_hf.py "$tmp/tiny"
 check 'converter, float16-KV folder' python3 bench/gpu/check_hf.py "$tmp/tiny-fp16kv" --tolerance 2e-2
 
-bash bench/gpu/run.sh --quick --provider cpu --size tiny --out "$tmp/out" --models "$tmp/models" >"$tmp/stdout" 2>"$tmp/stderr"
+bash bench/gpu/run.sh --quick --provider cpu --size tiny --block-sizes 16,32 --out "$tmp/out" --models "$tmp/models" >"$tmp/stdout" 2>"$tmp/stderr"
 check 'run.sh --quick --provider cpu exits 0' test $? -eq 0 || tail -20 "$tmp/stderr"
 check 'the report says it is a CPU dry run' grep -q 'CPU DRY RUN' "$tmp/stdout"
-check 'every system, every concurrency, greedy tokens equal, every goal valued' node -e '
+check 'every system, every concurrency, greedy tokens equal, teacher-forced 100%, block sizes, every goal valued' node -e '
   const r = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"))
   const problems = []
   for (const system of ["ortex", "transformers", "genai"])
@@ -37,6 +38,11 @@ check 'every system, every concurrency, greedy tokens equal, every goal valued' 
     }
   if (r.agreement.length !== 2) problems.push(`agreement for ${r.agreement.length} systems`)
   for (const a of r.agreement) if (a.same !== a.of || a.of !== r.workload.generatedTokens) problems.push(`${a.system}: ${a.same} of ${a.of} tokens equal`)
+  const tf = r.correctness[0]
+  if (!tf || tf.error || tf.positions === 0 || tf.matches !== tf.positions) problems.push(`teacher-forced: ${tf ? tf.error ?? `${tf.matches} of ${tf.positions}` : "no entry"}`)
+  for (const b of [16, 32])
+    for (const c of [1, 64])
+      if (!(r.blockSizes.find((x) => x.blockSize === b && x.concurrency === c)?.tokensPerSecond > 0)) problems.push(`block size ${b} c${c}: no rate`)
   for (const g of r.goals) if (g.value === null) problems.push(`goal ${g.name}: no value`)
   if (problems.length) { console.error(problems.join("\n")); process.exit(1) }
 ' "$tmp/out/gpu-bench.json"

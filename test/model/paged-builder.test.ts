@@ -16,6 +16,7 @@ import { tmpdir } from 'node:os'
 import { dirname, join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import onnxProto from 'onnx-proto'
+import { Engine, OrtexError } from 'ortex'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { makeModel } from '../../ts/modelkit/make-model'
 import { cacheRoot } from '../../ts/modelkit/real-model'
@@ -119,4 +120,39 @@ describe.skipIf(!available)("make-model's GPU folders against onnxruntime-genai'
     }
     for (const name of ['cos_cache', 'sin_cache']) expect(table(dirs.paged, name)).toEqual(table(dirs.builderPaged, name))
   })
+
+  // The builder's CUDA folders themselves in ortex (item 2: "onnxruntime-genai's builder folders for
+  // CUDA load too"). The gqa one runs on the CPU (float16 weights: ONNX Runtime casts around the
+  // nodes without a float16 kernel) and gives transformers' greedy tokens for the Hugging Face model
+  // it was built from (float32); the paged one is refused on the CPU, saying where it runs.
+  it("runs the builder's fp16 gqa folder with transformers' greedy tokens, and refuses its paged one on the CPU", async () => {
+    const prompt = [1, 5, 9, 200, 17]
+    const hf = spawnSync(python, ['-c', HF_GREEDY, join(dirname(dirs.builderGqa), 'hf'), JSON.stringify(prompt), '16'], { encoding: 'utf8', timeout: 120_000 })
+    expect(hf.status, hf.stderr).toBe(0)
+    const expected = (JSON.parse(hf.stdout.trim().split('\n').at(-1)!) as number[]).slice(prompt.length)
+    expect(expected).toHaveLength(16)
+    const engine = await Engine.load(dirs.builderGqa, { executionProvider: 'cpu' })
+    try {
+      const turn = engine.generate(prompt, { maxGeneratedTokens: 16, ignoreEos: true })
+      const tokens: number[] = []
+      for await (const chunk of turn) tokens.push(chunk.token)
+      expect(tokens).toEqual(expected)
+      expect(engine.executorStats()?.kvPositionBytes).toBe(2 * 2 * 2 * 16 * 2) // layers x K/V x kv heads x head x float16
+    } finally {
+      await engine.close()
+    }
+    const refused = await Engine.load(dirs.builderPaged, { executionProvider: 'cpu' }).catch((e: unknown) => e)
+    expect(refused).toBeInstanceOf(OrtexError)
+    expect(refused).toMatchObject({ code: 'MODEL_LOAD', message: expect.stringContaining('PagedAttention, which ONNX Runtime runs on CUDA only') })
+  })
 })
+
+/** Greedy tokens of the Hugging Face model in ARGV[1] (float32) after the prompt ARGV[2], ARGV[3] new ones. */
+const HF_GREEDY = `
+import sys, json, torch
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).eval()
+with torch.no_grad():
+    out = model.generate(torch.tensor([json.loads(sys.argv[2])]), max_new_tokens=int(sys.argv[3]), do_sample=False)
+print(json.dumps(out[0].tolist()))
+`

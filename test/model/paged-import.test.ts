@@ -9,13 +9,11 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import ort from 'onnxruntime-node'
-import type { Tensor } from 'onnxruntime-node'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { importGguf } from '../../ts/modelkit/gguf/import'
 import { RealModelUnavailable, smolLM2Folder, smolLM2Gguf } from '../../ts/modelkit/real-model'
 import { PagedModel } from '../reference/paged'
-import { ReferenceModel, argmax, floatData } from '../reference/reference'
+import { ReferenceModel, argmax, emptyCache, forwardBatch } from '../reference/reference'
 
 async function prepare(): Promise<{ gguf: string; gqa: string } | string> {
   try {
@@ -45,16 +43,8 @@ const dirs = { fp32: '', fp16: '' }
 async function gqaLogits(dir: string, tokens: number[]): Promise<Float32Array[]> {
   const reference = await ReferenceModel.load(dir)
   try {
-    const c = reference.config
-    const S = tokens.length
-    const feeds: Record<string, Tensor> = {
-      ...reference.emptyPast(1),
-      [c.inputIds]: new ort.Tensor('int64', BigInt64Array.from(tokens, BigInt), [1, S]),
-      [c.attentionMask]: new ort.Tensor('int64', new BigInt64Array(S).fill(1n), [1, S]),
-    }
-    const logits = floatData((await reference.run(feeds))[c.logits]!)
-    const V = c.vocabSize
-    return Array.from({ length: S }, (_, s) => logits.slice(s * V, (s + 1) * V))
+    const [row] = await forwardBatch(reference, [{ cache: emptyCache(reference), tokens }])
+    return row!.logits
   } finally {
     await reference.release()
   }

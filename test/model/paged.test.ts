@@ -6,7 +6,6 @@
 
 import onnxProto from 'onnx-proto'
 import ort from 'onnxruntime-node'
-import type { Tensor } from 'onnxruntime-node'
 import { spawnSync } from 'node:child_process'
 import { readFileSync, readdirSync } from 'node:fs'
 import { dirname, join, resolve } from 'node:path'
@@ -16,7 +15,7 @@ import { readModelConfig } from '../../ts/modelkit/genai-config'
 import { makeModel, type ModelSummary } from '../../ts/modelkit/make-model'
 import { tinyPrompt, useTinyModels } from '../helpers/tiny-models'
 import { PagedModel, type PagedPool } from '../reference/paged'
-import { ReferenceModel, argmax, floatData } from '../reference/reference'
+import { ReferenceModel, argmax, emptyCache, forwardBatch } from '../reference/reference'
 
 const SEED = 5
 const models = useTinyModels('paged', {
@@ -29,16 +28,8 @@ const models = useTinyModels('paged', {
 
 /** Every position's logits of `tokens` run alone from an empty past ([S][vocab]). */
 async function teacherForced(model: ReferenceModel, tokens: number[]): Promise<Float32Array[]> {
-  const c = model.config
-  const S = tokens.length
-  const feeds: Record<string, Tensor> = {
-    ...model.emptyPast(1),
-    [c.inputIds]: new ort.Tensor('int64', BigInt64Array.from(tokens, BigInt), [1, S]),
-    [c.attentionMask]: new ort.Tensor('int64', new BigInt64Array(S).fill(1n), [1, S]),
-  }
-  const logits = floatData((await model.run(feeds))[c.logits]!)
-  const V = c.vocabSize
-  return Array.from({ length: S }, (_, s) => logits.slice(s * V, (s + 1) * V))
+  const [row] = await forwardBatch(model, [{ cache: emptyCache(model), tokens }])
+  return row!.logits
 }
 
 function expectClose(actual: Float32Array, expected: Float32Array, tolerance: number): void {

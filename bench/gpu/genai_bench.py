@@ -37,23 +37,16 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))  # bench/
 
+from rows import Protocol  # noqa: E402  (bench/gpu/, the script's own folder)
 from genai_throughput import Genai, Memory, rss_mb, summarize  # noqa: E402
 from genai_venv import ensure_genai  # noqa: E402
 
 
-def log(message: str) -> None:
-    print(f"genai: {message}", file=sys.stderr, flush=True)
-
-
-def emit(message: dict) -> None:
-    print(json.dumps(message), flush=True)
-
-
-def fail(message: str):
-    log(message)
-    sys.exit(3)
+PROTOCOL = Protocol("genai")
+log, emit, fail = PROTOCOL.log, PROTOCOL.emit, PROTOCOL.fail
 
 
 def load(og, folder: str, provider: str, overlay: dict):
@@ -168,21 +161,7 @@ def main() -> int:
                    "onnxruntime": ort_version, "provider": args.provider, "mode": mode, "batching": genai.batching,
                    "loadS": genai.load_s, "rssMb": rss_mb(), "firstTokens": first}})
     log(f"loaded {args.model} ({mode}, {genai.batching} batching, {args.provider}) in {genai.load_s:.1f} s")
-    per_row = None
-    for c in workload["concurrencies"]:
-        requests = int(workload["requestsByConcurrency"][str(c)])
-        if deadline is not None and per_row:
-            estimate = requests * genai.n / (per_row * min(c, requests))
-            if time.perf_counter() + estimate > deadline:
-                emit({"row": {"concurrency": c, "error": f"skipped: about {estimate:.0f} s, more than the time left"}})
-                continue
-        try:
-            row = genai.closed_loop(c, requests)
-            per_row = row["tokensPerSecond"] / min(c, requests)
-            emit({"row": {"concurrency": c, **row}})
-        except Exception as e:  # noqa: BLE001 -- reported as the row's error
-            emit({"row": {"concurrency": c, "error": f"{type(e).__name__}: {e}"}})
-    emit({"done": True})
+    PROTOCOL.rows(workload, deadline, genai.n, genai.closed_loop)
     return 0
 
 

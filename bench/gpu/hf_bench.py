@@ -37,6 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))  # bench/: genai_throughput's arithmetic
 
+from rows import Protocol  # noqa: E402  (bench/gpu/, the script's own folder)
 from genai_throughput import Record, rss_mb, summarize  # noqa: E402
 from genai_venv import ROOT, ensure_venv  # noqa: E402
 
@@ -44,17 +45,8 @@ from genai_venv import ROOT, ensure_venv  # noqa: E402
 VENV = Path.home() / ".cache" / "ortex" / "venv-builder"
 
 
-def log(message: str) -> None:
-    print(f"hf: {message}", file=sys.stderr, flush=True)
-
-
-def emit(message: dict) -> None:
-    print(json.dumps(message), flush=True)
-
-
-def fail(message: str):
-    log(message)
-    sys.exit(3)
+PROTOCOL = Protocol("hf")
+log, emit, fail = PROTOCOL.log, PROTOCOL.emit, PROTOCOL.fail
 
 
 class StepClock:
@@ -163,22 +155,7 @@ def main() -> int:
                    "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None, "dtype": args.dtype,
                    "compile": args.compile, "loadS": hf.load_s, "memory": hf.memory(), "firstTokens": first}})
     log(f"loaded {args.model} ({args.dtype} on {args.device}, compile {'on' if args.compile else 'off'}) in {hf.load_s:.1f} s")
-    per_row = None  # tokens/s per concurrent request at the last concurrency, for the time estimate
-    for c in workload["concurrencies"]:
-        requests = int(workload["requestsByConcurrency"][str(c)])
-        if deadline is not None and per_row:
-            # a batched step costs about the same at any batch size on a GPU: tokens/s grows with C
-            estimate = requests * hf.n / (per_row * min(c, requests))
-            if time.perf_counter() + estimate > deadline:
-                emit({"row": {"concurrency": c, "error": f"skipped: about {estimate:.0f} s, more than the time left"}})
-                continue
-        try:
-            row = hf.run(c, requests)
-            per_row = row["tokensPerSecond"] / min(c, requests)
-            emit({"row": {"concurrency": c, **row}})
-        except Exception as e:  # noqa: BLE001 -- reported as the row's error
-            emit({"row": {"concurrency": c, "error": f"{type(e).__name__}: {e}"}})
-    emit({"done": True})
+    PROTOCOL.rows(workload, deadline, hf.n, hf.run)
     return 0
 
 

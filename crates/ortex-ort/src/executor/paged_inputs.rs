@@ -97,20 +97,20 @@ mod tests {
     use super::*;
     use ortex_core::executor::PlanRow;
     use ortex_core::ids::{BlockId, RequestId, TurnId};
+    use ortex_core::rng::Rng;
 
-    /// A tiny seeded generator (the tests need no crate for it).
-    struct Lcg(u64);
+    /// The core's seeded generator, drawing the u32s a plan is made of.
+    struct Draws(Rng);
 
-    impl Lcg {
+    impl Draws {
         fn below(&mut self, n: u32) -> u32 {
-            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((self.0 >> 33) % u64::from(n)) as u32
+            self.0.below(u64::from(n)) as u32
         }
     }
 
     /// A random plan: rows of 1..=40 new tokens after a past of 0..=300, blocks of `block_size`,
     /// whole tables of distinct random block ids, random sampled rows.
-    fn random_plan(rng: &mut Lcg, block_size: u32) -> StepPlan {
+    fn random_plan(rng: &mut Draws, block_size: u32) -> StepPlan {
         let mut plan = StepPlan::default();
         for r in 0..1 + rng.below(8) {
             let past = if rng.below(3) == 0 { 0 } else { rng.below(300) };
@@ -166,7 +166,7 @@ mod tests {
     fn random_plans_pack_as_the_reference_does() {
         let mut inputs = PagedInputs::default();
         for seed in 0..500u64 {
-            let mut rng = Lcg(seed);
+            let mut rng = Draws(Rng::new(seed));
             let block_size = [16, 32, 256][rng.below(3) as usize];
             let plan = random_plan(&mut rng, block_size);
             inputs.fill(&plan);

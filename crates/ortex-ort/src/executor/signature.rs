@@ -225,22 +225,26 @@ impl SignatureCheck<'_> {
     /// Past inputs `[B, KH, P, D]` with the configured KV heads and head size; present outputs
     /// of rank 4; all of one float type, which is returned.
     fn kv_types_and_shapes(&self) -> Result<KvElement> {
-        let kv_heads = i64::from(self.config.num_key_value_heads);
-        let head_size = i64::from(self.config.head_size);
         let first = self.expect_float(self.find_input(&self.names.past[0]).expect("checked"), 4)?.0;
         for name in &self.names.past {
             let shape = self.same_element(self.find_input(name).expect("checked"), first, 4)?;
-            check_dim(&shape, 1, kv_heads).map_err(|got| {
-                self.mismatch(format!("has model.decoder.num_key_value_heads {kv_heads} but {name} has {got} KV heads"))
-            })?;
-            check_dim(&shape, 3, head_size).map_err(|got| {
-                self.mismatch(format!("has model.decoder.head_size {head_size} but {name} has {got}"))
-            })?;
+            self.check_kv_heads(&shape, name, 1)?;
         }
         for name in &self.names.present {
             self.same_element(self.find_output(name).expect("checked"), first, 4)?;
         }
         Ok(first)
+    }
+
+    /// KV tensor `name`'s KV heads (dimension `heads_axis`) and head size (dimension 3) as
+    /// configured, where static.
+    fn check_kv_heads(&self, shape: &[i64], name: &str, heads_axis: usize) -> Result<()> {
+        let (kv_heads, head_size) = (i64::from(self.config.num_key_value_heads), i64::from(self.config.head_size));
+        check_dim(shape, heads_axis, kv_heads).map_err(|got| {
+            self.mismatch(format!("has model.decoder.num_key_value_heads {kv_heads} but {name} has {got} KV heads"))
+        })?;
+        check_dim(shape, 3, head_size)
+            .map_err(|got| self.mismatch(format!("has model.decoder.head_size {head_size} but {name} has {got}")))
     }
 
     fn id_types(&self) -> Result<()> {

@@ -62,7 +62,6 @@ impl SignatureCheck<'_> {
     /// Past inputs and present outputs `[num_blocks, block_size, kv_heads, head_size]` of one
     /// float type, with the configured block size, KV heads and head size where static.
     fn paged_kv(&self, block_size: u32) -> Result<KvElement> {
-        let (kv_heads, head_size) = (i64::from(self.config.num_key_value_heads), i64::from(self.config.head_size));
         let first = self.expect_float(self.find_input(&self.names.past[0]).expect("checked"), 4)?.0;
         let inputs = self.names.past.iter().map(|name| (name, self.find_input(name).expect("checked")));
         let outputs = self.names.present.iter().map(|name| (name, self.find_output(name).expect("checked")));
@@ -73,12 +72,7 @@ impl SignatureCheck<'_> {
                     "has engine.dynamic_batching.block_size {block_size} but {name} has blocks of {got}"
                 ))
             })?;
-            check_dim(&shape, 2, kv_heads).map_err(|got| {
-                self.mismatch(format!("has model.decoder.num_key_value_heads {kv_heads} but {name} has {got} KV heads"))
-            })?;
-            check_dim(&shape, 3, head_size).map_err(|got| {
-                self.mismatch(format!("has model.decoder.head_size {head_size} but {name} has {got}"))
-            })?;
+            self.check_kv_heads(&shape, name, 2)?;
         }
         Ok(first)
     }

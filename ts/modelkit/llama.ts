@@ -1,7 +1,7 @@
-// The Llama-style decoder graph (both attention forms) and the list of its weights.
+// The decoder graph (both attention forms) and the list of its weights.
 //
 // Per layer: RMSNorm -> attention (rotary positions, grouped KV heads) -> residual -> RMSNorm ->
-// SwiGLU MLP -> residual; then a final RMSNorm and the lm_head. Both forms use the very same
+// gated MLP -> residual; then a final RMSNorm and the lm_head. Both forms use the very same
 // weights and the same non-interleaved ("rotate half") rotary tables; only the attention core
 // differs:
 //   mha: plain ONNX operators (MatMul, Softmax, Where, ...) with position_ids, past concatenated
@@ -9,21 +9,27 @@
 //   gqa: com.microsoft.GroupQueryAttention with do_rotary=1 and cos/sin caches, seqlens_k and
 //        total_sequence_length computed from attention_mask, no position_ids input, as
 //        onnxruntime-genai's model builder emits for CPU.
-// Options cover what imported models need (ts/modelkit/gguf/): q/k/v biases (qwen2), an lm_head
+// Options cover what imported models need (ts/modelkit/gguf/): q/k/v biases, an lm_head
 // tied to the token embedding, and linear layers stored as com.microsoft.MatMulNBits 4-bit blocks
 // (8-bit where the weights hold 8-bit ones: a Q8_0 lm_head);
 // and the forms the executor must handle (docs/model-format.md, "Variants"): float16 past, present
 // and logits (the weights and the arithmetic stay float32, casts at the edges), and sliding
 // windows in GroupQueryAttention (a windowed cache as Gemma-2 folders have, or a window over a
 // plain cache).
+// The architectures of imported models switch parts of the layer on or off (`DecoderFeatures`, as
+// llama.cpp's graph builders do per architecture): where the norms sit (before a sublayer, around
+// it, after it), q/k norms, scales of the embedding, residual, attention and logits, soft-capping,
+// the gate's activation, and per layer its rotary table (or none) and its sliding window.
 // The defaults are the random model of `ortex make-model`, whose bytes must not change.
 // See docs/model-format.md for the input/output contract.
 
-import { DataType, F, GraphBuilder, I, Is, type ExternalTensor } from './onnx-builder'
+import { DataType, F, GraphBuilder, I, Is, S, type ExternalTensor } from './onnx-builder'
 import {
   LOGITS_INDICES,
   type PagedGraph,
   type PagedKernel,
+  type PagedLayer,
+  type RotaryWeights,
   type PagedShared,
   cudaPagedAttention,
   declarePagedInputsOutputs,
@@ -152,8 +158,62 @@ export interface GraphWindow {
   form: 'cache' | 'graph' | 'none'
 }
 
+/**
+ * A rotary table: `cos_cache<suffix>` / `sin_cache<suffix>` [context, dims / 2] weights. `dims`
+ * (even, at most the head size) is how many leading elements of each head rotate (the rest pass
+ * through: partial rotary); pairs are (i, i + dims / 2), rotate half.
+ */
+export interface RotaryTable {
+  suffix: string
+  dims: number
+}
+
+/** One layer's attention as its architecture makes it. */
+export interface LayerFeatures {
+  /** Index into `DecoderFeatures.rotaries`, or null: no rotary in this layer (NoPE). */
+  rotary: number | null
+  /** Each query attends to itself and the `window - 1` positions before it; undefined: all. */
+  window?: number
+}
+
+/** What an architecture switches on in the decoder (absent: Llama's). */
+export interface DecoderFeatures {
+  /** Multiplies the token embeddings (Gemma: sqrt(hidden); Granite: its embedding scale). */
+  embeddingScale?: number
+  /**
+   * Where each sublayer's RMSNorms sit: before it (`pre`: Llama; `input_layernorm`,
+   * `post_attention_layernorm`), before and after it (`sandwich`: Gemma 2 and 3; plus
+   * `post_attn_norm`, `post_mlp_norm`), or after it only (`post`: OLMo 2; `post_attn_norm`,
+   * `post_mlp_norm`).
+   */
+  norms?: 'pre' | 'sandwich' | 'post'
+  /** RMSNorm of q and k before the rotary (`self_attn.q_norm`, `k_norm`): per head (Qwen 3, Gemma 3) or over all heads at once (OLMo 2). */
+  qkNorm?: 'head' | 'whole'
+  /** The scale of q·k; default 1 / sqrt(head size). */
+  attentionScale?: number
+  /** cap · tanh(score / cap) on the attention scores (Gemma 2); default none. */
+  attentionSoftcap?: number
+  /** Multiplies each sublayer's output before its residual add (Granite). */
+  residualScale?: number
+  /** The feed-forward gate's activation: SiLU (default) or GELU with the tanh approximation (Gemma). */
+  activation?: 'silu' | 'gelu-tanh'
+  /** Multiplies the logits (Granite: 1 / its logit scale). */
+  logitScale?: number
+  /** cap · tanh(logit / cap) on the logits (Gemma 2). */
+  finalSoftcap?: number
+  /** The rotary tables; default one of the whole head (`cos_cache`, `sin_cache`). */
+  rotaries?: RotaryTable[]
+  /** Per layer; default every layer on rotary table 0 without a window. */
+  layers?: LayerFeatures[]
+}
+
+/** The default rotary table: the whole head, named as make-model and the builder name it. */
+export const defaultRotaries = (d: LlamaDims): RotaryTable[] => [{ suffix: '', dims: d.headSize }]
+
 export interface LlamaGraphOptions {
   attention: AttentionForm
+  /** The architecture's switches; default none (Llama). gqa and paged only where any is set. */
+  features?: DecoderFeatures
   /** q, k and v projections add `<proj>.bias` (qwen2). Default false. */
   attentionBias?: boolean
   /** The lm_head is the token embedding (float32: transposed in the graph). Default false. */
@@ -194,8 +254,10 @@ export function windowedLayers(numLayers: number, window: GraphWindow | undefine
 interface GraphContext {
   g: GraphBuilder
   d: LlamaDims
-  options: Required<Omit<LlamaGraphOptions, 'window' | 'causalMask' | 'logits' | 'paged' | 'dtype'>> &
+  options: Required<Omit<LlamaGraphOptions, 'window' | 'causalMask' | 'logits' | 'paged' | 'dtype' | 'features'>> &
     Pick<LlamaGraphOptions, 'window' | 'causalMask' | 'paged'>
+  /** The architecture's switches, defaults filled in. */
+  f: ResolvedFeatures
   /** The element type of the weights and the arithmetic. */
   computeType: ElementType
   /** The element type of past and present. */
@@ -215,12 +277,40 @@ type ElementType = typeof DataType.FLOAT | typeof DataType.FLOAT16
 
 const elementType = (t: KvType): ElementType => (t === 'fp16' ? DataType.FLOAT16 : DataType.FLOAT)
 
+type ResolvedFeatures = Required<Omit<DecoderFeatures, 'attentionSoftcap' | 'residualScale' | 'logitScale' | 'finalSoftcap' | 'embeddingScale' | 'qkNorm'>> &
+  Pick<DecoderFeatures, 'attentionSoftcap' | 'residualScale' | 'logitScale' | 'finalSoftcap' | 'embeddingScale' | 'qkNorm'>
+
+/** The features with their defaults, checked against the sizes. */
+function resolveFeatures(d: LlamaDims, f: DecoderFeatures): ResolvedFeatures {
+  const rotaries = f.rotaries ?? defaultRotaries(d)
+  const layers: LayerFeatures[] = f.layers ?? Array.from({ length: d.numLayers }, () => ({ rotary: 0 }))
+  if (layers.length !== d.numLayers) throw new Error(`features give ${layers.length} layers, the model has ${d.numLayers}`)
+  for (const t of rotaries) if (t.dims % 2 !== 0 || t.dims < 2 || t.dims > d.headSize) throw new Error(`a rotary table of ${t.dims} dims does not fit heads of ${d.headSize}`)
+  for (const layer of layers) {
+    if (layer.rotary !== null && rotaries[layer.rotary] === undefined) throw new Error(`no rotary table ${layer.rotary}`)
+    if (layer.window !== undefined && !(Number.isInteger(layer.window) && layer.window > 0)) throw new Error(`a window must be a positive integer, got ${layer.window}`)
+  }
+  return { ...f, norms: f.norms ?? 'pre', activation: f.activation ?? 'silu', attentionScale: f.attentionScale ?? 1 / Math.sqrt(d.headSize), rotaries, layers }
+}
+
+/** Whether the features differ from Llama's (which the mha form and the fused float16 layers assume). */
+function hasFeatures(d: LlamaDims, f: DecoderFeatures | undefined): boolean {
+  if (!f) return false
+  const plainLayers = f.layers === undefined || f.layers.every((l) => l.rotary === 0 && l.window === undefined)
+  const plainRotary = f.rotaries === undefined || (f.rotaries.length === 1 && f.rotaries[0]!.dims === d.headSize && f.rotaries[0]!.suffix === '')
+  const { layers, rotaries, ...scalars } = f
+  const plainScalars = Object.entries(scalars).every(([key, value]) =>
+    value === undefined || (key === 'norms' && value === 'pre') || (key === 'activation' && value === 'silu') || (key === 'attentionScale' && value === 1 / Math.sqrt(d.headSize)))
+  return !(plainLayers && plainRotary && plainScalars)
+}
+
 /** The tensors that rotary, masking and attention share across layers. */
 interface SharedInputs {
-  cosCache: string
-  sinCache: string
+  /** The rotary tables' weights, in DecoderFeatures.rotaries order. */
+  tables: RotaryWeights[]
   mha?: { mask: string; cos: string; sin: string }
-  gqa?: { seqlensK: string; totalSeqLen: string; cosCache: string; sinCache: string }
+  /** gqa: the rotary tables in the KV type (GroupQueryAttention takes every float input in one type). */
+  gqa?: { seqlensK: string; totalSeqLen: string; tables: RotaryWeights[] }
   paged?: { graph: PagedGraph; tensors: PagedShared }
 }
 
@@ -232,7 +322,7 @@ export function buildLlamaGraph(
 ): GraphBuilder {
   if (d.numHeads % d.numKvHeads !== 0) throw new Error('num_heads must be a multiple of num_kv_heads')
   if (d.headSize % 2 !== 0) throw new Error('head_size must be even (rotary embedding)')
-  const { logits, dtype, ...given } = typeof attentionOrOptions === 'string' ? { attention: attentionOrOptions } : attentionOrOptions
+  const { logits, dtype, features, ...given } = typeof attentionOrOptions === 'string' ? { attention: attentionOrOptions } : attentionOrOptions
   const options: GraphContext['options'] = {
     attentionBias: false,
     tiedEmbeddings: false,
@@ -244,6 +334,9 @@ export function buildLlamaGraph(
   if (options.causalMask === 'square' && options.attention !== 'mha') throw new Error('a square causal mask needs the mha form')
   if ((options.attention === 'paged') !== (options.paged !== undefined)) throw new Error('the paged form needs its kernel and block size (and only it)')
   if (dtype === 'fp16' && (options.attention === 'mha' || options.kv !== 'fp16')) throw new Error('float16 weights need the gqa or paged form and float16 KV')
+  const featured = hasFeatures(d, features)
+  if (featured && options.attention === 'mha') throw new Error("an architecture's features need the gqa or paged form")
+  if (featured && options.window) throw new Error('a graph window and per-layer windows (features) exclude each other')
   const g = new GraphBuilder(`ortex-llama-${options.attention}`)
   const added = new Set<string>()
   const w = (name: string): string => {
@@ -257,6 +350,7 @@ export function buildLlamaGraph(
     g,
     d,
     options,
+    f: resolveFeatures(d, features ?? {}),
     computeType: elementType(dtype ?? 'fp32'),
     kvType: elementType(options.kv),
     logitsType: elementType(logits ?? options.kv),
@@ -266,22 +360,34 @@ export function buildLlamaGraph(
     blockSums: new Set(),
   }
 
-  const shared: SharedInputs = { cosCache: '', sinCache: '' }
-  if (options.attention === 'paged') {
-    shared.paged = { graph: pagedGraph(ctx), tensors: { cosCache: '', sinCache: '' } }
-    declarePaged(ctx, shared.paged.graph)
-  } else {
-    declareInputsOutputs(ctx)
-  }
-  shared.cosCache = w('cos_cache')
-  shared.sinCache = w('sin_cache')
+  const paged = options.attention === 'paged' ? pagedGraph(ctx) : undefined
+  if (paged) declarePaged(ctx, paged)
+  else declareInputsOutputs(ctx)
+  const shared: SharedInputs = { tables: ctx.f.rotaries.map((t) => ({ cosCache: w(`cos_cache${t.suffix}`), sinCache: w(`sin_cache${t.suffix}`) })) }
   if (options.attention === 'mha') shared.mha = mhaMaskAndRotary(ctx, shared)
   else if (options.attention === 'gqa') shared.gqa = gqaSequenceLengths(ctx, shared)
-  else shared.paged!.tensors = pagedShared(shared.paged!.graph, options.paged!.kernel, INPUT_IDS, shared.cosCache, shared.sinCache)
+  else {
+    const windows = ctx.f.layers.flatMap((l) => (l.window === undefined ? [] : [l.window]))
+    shared.paged = { graph: paged!, tensors: pagedShared(paged!, options.paged!.kernel, INPUT_IDS, shared.tables, windows) }
+  }
 
-  const embedded = g.op('Gather', [w('model.embed_tokens.weight'), INPUT_IDS], { axis: I(0) }, { name: '/model/embed_tokens/Gather' })
-  lmHead(ctx, ctx.computeType === DataType.FLOAT16 ? fusedLayers(ctx, shared, embedded) : layers(ctx, shared, embedded))
+  const embedded = embed(ctx)
+  const fused = ctx.computeType === DataType.FLOAT16 && ctx.f.norms === 'pre' && ctx.f.residualScale === undefined
+  lmHead(ctx, fused ? fusedLayers(ctx, shared, embedded) : layers(ctx, shared, embedded))
   return g
+}
+
+/** The token embeddings, scaled where the architecture says. */
+function embed(ctx: GraphContext): string {
+  const { g, w, f } = ctx
+  const embedded = g.op('Gather', [w('model.embed_tokens.weight'), INPUT_IDS], { axis: I(0) }, { name: '/model/embed_tokens/Gather' })
+  if (f.embeddingScale === undefined) return embedded
+  return g.op('Mul', [embedded, constant(ctx, f.embeddingScale)], undefined, { name: '/model/embed_tokens/Mul' })
+}
+
+/** A scalar constant in the compute type. */
+function constant({ g, computeType }: GraphContext, value: number): string {
+  return computeType === DataType.FLOAT ? g.float([value], []) : g.half([value], [])
 }
 
 /** Every decoder layer and the final norm, the residual stream added where it is made. */
@@ -403,8 +509,8 @@ function mhaMaskAndRotary({ g, d, options }: GraphContext, shared: SharedInputs)
   const mask = g.op('Tile', [both, g.int64([1, 1, nRep, 1])], undefined, { name: `${b}/mask_grouped` })
   // Rotary tables for these positions: [B, 1, S, D/2].
   const rb = '/model/rotary'
-  const cosG = g.op('Gather', [shared.cosCache, POSITION_IDS], { axis: I(0) }, { name: `${rb}/cos_gather` })
-  const sinG = g.op('Gather', [shared.sinCache, POSITION_IDS], { axis: I(0) }, { name: `${rb}/sin_gather` })
+  const cosG = g.op('Gather', [shared.tables[0]!.cosCache, POSITION_IDS], { axis: I(0) }, { name: `${rb}/cos_gather` })
+  const sinG = g.op('Gather', [shared.tables[0]!.sinCache, POSITION_IDS], { axis: I(0) }, { name: `${rb}/sin_gather` })
   const cos = g.op('Unsqueeze', [cosG, g.int64([1])], undefined, { name: `${rb}/cos` })
   const sin = g.op('Unsqueeze', [sinG, g.int64([1])], undefined, { name: `${rb}/sin` })
   return { mask, cos, sin }
@@ -432,29 +538,52 @@ function gqaSequenceLengths({ g, kvType, computeType }: GraphContext, shared: Sh
   const shape = g.op('Shape', [ATTENTION_MASK], undefined, { name: `${b}/Shape` })
   const total = g.op('Gather', [shape, g.int64([1], [])], { axis: I(0) }, { name: `${b}/Gather` })
   const totalSeqLen = g.op('Cast', [total], { to: I(DataType.INT32) }, { name: `${b}/Gather/Cast` })
-  if (kvType === computeType) return { seqlensK, totalSeqLen, cosCache: shared.cosCache, sinCache: shared.sinCache }
+  if (kvType === computeType) return { seqlensK, totalSeqLen, tables: shared.tables }
   const to = { to: I(kvType) }
-  const cosCache = g.op('Cast', [shared.cosCache], to, { name: '/model/rotary/cos_cache/Cast' })
-  const sinCache = g.op('Cast', [shared.sinCache], to, { name: '/model/rotary/sin_cache/Cast' })
-  return { seqlensK, totalSeqLen, cosCache, sinCache }
+  const tables = shared.tables.map((t, i) => {
+    const rb = i === 0 ? '/model/rotary' : `/model/rotary_${i}`
+    const cosCache = g.op('Cast', [t.cosCache], to, { name: `${rb}/cos_cache/Cast` })
+    const sinCache = g.op('Cast', [t.sinCache], to, { name: `${rb}/sin_cache/Cast` })
+    return { cosCache, sinCache }
+  })
+  return { seqlensK, totalSeqLen, tables }
 }
 
+/**
+ * One layer. Its norms sit where the architecture puts them:
+ *
+ *   pre       x + o(attn(norm(x)))                 then  x + mlp(norm(x))
+ *   sandwich  x + post_norm(o(attn(norm(x))))      then  x + post_norm(mlp(norm(x)))
+ *   post      x + post_norm(o(attn(x)))            then  x + post_norm(mlp(x))
+ *
+ * each sublayer's output times the residual scale, where there is one, before its add.
+ */
 function decoderLayer(ctx: GraphContext, shared: SharedInputs, x: string, l: number): string {
-  const { g } = ctx
+  const { g, f } = ctx
   const p = `model.layers.${l}`
   const base = `/model/layers.${l}`
-  const h = rmsNorm(ctx, x, `${p}.input_layernorm.weight`, `${base}/input_layernorm`)
+  const h = f.norms === 'post' ? x : rmsNorm(ctx, x, `${p}.input_layernorm.weight`, `${base}/input_layernorm`)
   const attn = attention(ctx, shared, h, l)
-  const o = linear(ctx, attn, `${p}.self_attn.o_proj`, `${base}/attn/o_proj`)
+  let o = linear(ctx, attn, `${p}.self_attn.o_proj`, `${base}/attn/o_proj`)
+  if (f.norms !== 'pre') o = rmsNorm(ctx, o, `${p}.post_attn_norm.weight`, `${base}/post_attn_norm`)
+  o = residualScaled(ctx, o, `${base}/attn`)
   x = g.op('Add', [x, o], undefined, { name: `${base}/attn/residual` })
   // paged: past the last attention every row only feeds the lm_head, so only the rows whose
   // logits are wanted go on (the builder's prune_lm_head, base.py make_layer).
   if (shared.paged && l === ctx.d.numLayers - 1) {
     x = g.op('Gather', [x, LOGITS_INDICES], { axis: I(0) }, { name: '/model/selected_rows/Gather' })
   }
-  const h2 = rmsNorm(ctx, x, `${p}.post_attention_layernorm.weight`, `${base}/post_attention_layernorm`)
-  const down = mlp(ctx, h2, l)
+  const h2 = f.norms === 'post' ? x : rmsNorm(ctx, x, `${p}.post_attention_layernorm.weight`, `${base}/post_attention_layernorm`)
+  let down = mlp(ctx, h2, l)
+  if (f.norms !== 'pre') down = rmsNorm(ctx, down, `${p}.post_mlp_norm.weight`, `${base}/post_mlp_norm`)
+  down = residualScaled(ctx, down, `${base}/mlp`)
   return g.op('Add', [x, down], undefined, { name: `${base}/mlp/residual` })
+}
+
+/** A sublayer's output times the architecture's residual scale (Granite), or as it is. */
+function residualScaled(ctx: GraphContext, x: string, base: string): string {
+  if (ctx.f.residualScale === undefined) return x
+  return ctx.g.op('Mul', [x, constant(ctx, ctx.f.residualScale)], undefined, { name: `${base}/residual_scale/Mul` })
 }
 
 function rmsNorm({ g, d, w, computeType }: GraphContext, x: string, weight: string, base: string): string {
@@ -472,6 +601,19 @@ function rmsNorm({ g, d, w, computeType }: GraphContext, x: string, weight: stri
   return g.op('Mul', [normed, w(weight)], undefined, { name: `${base}/Mul` })
 }
 
+/**
+ * RMSNorm of a q or k projection [.., heads * D] before the rotary: over each head's D elements
+ * (`head`, weight [D]) or over the whole projection (`whole`, weight [heads * D]).
+ */
+function qkNorm(ctx: GraphContext, x: string, heads: number, weight: string, base: string): string {
+  if (ctx.f.qkNorm === 'whole') return rmsNorm(ctx, x, weight, base)
+  const D = ctx.d.headSize
+  const paged = ctx.options.attention === 'paged'
+  const split = ctx.g.op('Reshape', [x, ctx.g.int64(paged ? [0, heads, D] : [0, 0, heads, D])], undefined, { name: `${base}/heads/Reshape` })
+  const normed = rmsNorm(ctx, split, weight, base)
+  return ctx.g.op('Reshape', [normed, ctx.g.int64(paged ? [0, heads * D] : [0, 0, heads * D])], undefined, { name: `${base}/Reshape` })
+}
+
 /** q/k/v projections and the attention core of layer `l`; returns the context [B, S, H * D]. */
 function attention(ctx: GraphContext, shared: SharedInputs, h: string, l: number): string {
   const p = `model.layers.${l}.self_attn`
@@ -483,17 +625,21 @@ function attention(ctx: GraphContext, shared: SharedInputs, h: string, l: number
   if (packed !== undefined) {
     return ctx.options.attention === 'paged' ? pagedCore(ctx, shared, packed, '', '', l) : gqaCore(ctx, shared, packed, '', '', l)
   }
-  const q = linear(ctx, h, `${p}.q_proj`, `${base}/q_proj`, bias)
-  const k = linear(ctx, h, `${p}.k_proj`, `${base}/k_proj`, bias)
+  let q = linear(ctx, h, `${p}.q_proj`, `${base}/q_proj`, bias)
+  let k = linear(ctx, h, `${p}.k_proj`, `${base}/k_proj`, bias)
   const v = linear(ctx, h, `${p}.v_proj`, `${base}/v_proj`, bias)
+  if (ctx.f.qkNorm) {
+    q = qkNorm(ctx, q, ctx.d.numHeads, `${p}.q_norm.weight`, `${base}/q_norm`)
+    k = qkNorm(ctx, k, ctx.d.numKvHeads, `${p}.k_norm.weight`, `${base}/k_norm`)
+  }
   if (ctx.options.attention === 'paged') return pagedCore(ctx, shared, q, k, v, l)
   return ctx.options.attention === 'gqa' ? gqaCore(ctx, shared, q, k, v, l) : mhaCore(ctx, shared, q, k, v, l)
 }
 
 /** Float16 folders for CUDA (gqa, and paged with the cuda kernel) pack q/k/v; the float32 folders
  *  and the reference kernel keep three MatMuls (their bytes and graphs stay as they were). */
-function packsQkv({ computeType, options }: GraphContext): boolean {
-  if (computeType !== DataType.FLOAT16) return false
+function packsQkv({ computeType, options, f }: GraphContext): boolean {
+  if (computeType !== DataType.FLOAT16 || f.qkNorm) return false
   return options.attention === 'gqa' || options.paged?.kernel === 'cuda'
 }
 
@@ -539,29 +685,44 @@ function pagedCore(ctx: GraphContext, shared: SharedInputs, q: string, k: string
   const cache = { pastKey: pastKeyName(l), pastValue: pastValueName(l), presentKey: presentKeyName(l), presentValue: presentValueName(l) }
   const base = `/model/layers.${l}/attn`
   const kernel = ctx.options.paged!.kernel === 'cuda' ? cudaPagedAttention : referencePagedAttention
-  return kernel(graph, tensors, q, k, v, cache, base)
+  return kernel(graph, tensors, q, k, v, cache, base, layerAttention(ctx, l))
+}
+
+/** Layer l's attention as the kernels take it: rotary table and dims (or none), window, scale, soft-cap. */
+function layerAttention({ f }: GraphContext, l: number): PagedLayer {
+  const layer = f.layers[l]!
+  return {
+    rotary: layer.rotary === null ? null : { table: layer.rotary, dims: f.rotaries[layer.rotary]!.dims },
+    window: layer.window,
+    scale: f.attentionScale,
+    softcap: f.attentionSoftcap ?? 0,
+  }
 }
 
 function gqaCore(ctx: GraphContext, shared: SharedInputs, q: string, k: string, v: string, l: number): string {
   const { g, d, kvType, computeType, options } = ctx
   const base = `/model/layers.${l}/attn`
-  const { seqlensK, totalSeqLen, cosCache, sinCache } = shared.gqa!
+  const { seqlensK, totalSeqLen, tables } = shared.gqa!
   const half = kvType !== computeType
   const toKv = (x: string, tag: string) => (half ? g.op('Cast', [x], { to: I(kvType) }, { name: `${base}/${tag}/Cast` }) : x)
-  const windowed = windowedLayers(d.numLayers, options.window).includes(l)
+  // A graph window (make-model's variants) or the architecture's window of this layer.
+  const graphWindow = windowedLayers(d.numLayers, options.window).includes(l) ? options.window!.size : undefined
+  const layer = layerAttention(ctx, l)
+  const window = graphWindow ?? layer.window
   const attrs: Record<string, ReturnType<typeof I>> = {
     num_heads: I(d.numHeads),
     kv_num_heads: I(d.numKvHeads),
-    scale: F(1 / Math.sqrt(d.headSize)),
-    local_window_size: I(windowed ? options.window!.size : -1),
-    softcap: F(0),
-    do_rotary: I(1),
+    scale: F(layer.scale),
+    local_window_size: I(window ?? -1),
+    softcap: F(layer.softcap),
+    do_rotary: I(layer.rotary ? 1 : 0),
     rotary_interleaved: I(0),
   }
-  if (windowed && options.window!.form === 'cache') attrs.sliding_window_cache = I(1)
+  if (graphWindow !== undefined && options.window!.form === 'cache') attrs.sliding_window_cache = I(1)
+  const rotary = layer.rotary ? [tables[layer.rotary.table]!.cosCache, tables[layer.rotary.table]!.sinCache] : []
   const [out] = g.node(
     'GroupQueryAttention',
-    [toKv(q, 'q'), toKv(k, 'k'), toKv(v, 'v'), pastKeyName(l), pastValueName(l), seqlensK, totalSeqLen, cosCache, sinCache],
+    [toKv(q, 'q'), toKv(k, 'k'), toKv(v, 'v'), pastKeyName(l), pastValueName(l), seqlensK, totalSeqLen, ...rotary],
     {
       name: `${base}/GroupQueryAttention`,
       domain: 'com.microsoft',
@@ -621,31 +782,54 @@ function rotary({ g, d }: GraphContext, shared: SharedInputs, x: string, base: s
   return g.op('Concat', [lo, hi], { axis: I(3) }, { name: `${base}/Concat` })
 }
 
-/** SwiGLU: down(silu(gate(h)) * up(h)). */
+/** The gated MLP: down(act(gate(h)) * up(h)), act SiLU (SwiGLU) or GELU-tanh (GeGLU). */
 function mlp(ctx: GraphContext, h: string, l: number): string {
   const { g } = ctx
   const p = `model.layers.${l}.mlp`
   const base = `/model/layers.${l}/mlp`
   const gate = linear(ctx, h, `${p}.gate_proj`, `${base}/gate_proj`)
   const up = linear(ctx, h, `${p}.up_proj`, `${base}/up_proj`)
-  const sig = g.op('Sigmoid', [gate], undefined, { name: `${base}/act/Sigmoid` })
-  const silu = g.op('Mul', [gate, sig], undefined, { name: `${base}/act/Mul` })
-  const prod = g.op('Mul', [silu, up], undefined, { name: `${base}/Mul` })
+  const prod = g.op('Mul', [activation(ctx, gate, `${base}/act`), up], undefined, { name: `${base}/Mul` })
   return linear(ctx, prod, `${p}.down_proj`, `${base}/down_proj`)
 }
 
+function activation({ g, f }: GraphContext, x: string, base: string): string {
+  if (f.activation === 'gelu-tanh') return g.op('Gelu', [x], { approximate: S('tanh') }, { name: `${base}/Gelu` })
+  const sig = g.op('Sigmoid', [x], undefined, { name: `${base}/Sigmoid` })
+  return g.op('Mul', [x, sig], undefined, { name: `${base}/Mul` })
+}
+
 function lmHead(ctx: GraphContext, x: string): void {
-  const { g, options, w } = ctx
+  const { g, options, w, f } = ctx
   // Logits of another type than the arithmetic's (float16 logits of a float32 model): cast at the end.
   const half = ctx.logitsType !== ctx.computeType
+  const scaled = f.logitScale !== undefined || f.finalSoftcap !== undefined
   const out = half ? '/lm_head/output_float' : LOGITS
+  const product = scaled ? '/lm_head/output_0' : out
   if (options.linear.kind === 'fp32' && options.tiedEmbeddings) {
     const t = g.op('Transpose', [w('model.embed_tokens.weight')], { perm: Is([1, 0]) }, { name: '/lm_head/Transpose' })
-    g.op('MatMul', [x, t], undefined, { name: '/lm_head/MatMul', outputs: [out] })
+    g.op('MatMul', [x, t], undefined, { name: '/lm_head/MatMul', outputs: [product] })
   } else {
-    linear(ctx, x, 'lm_head', '/lm_head', false, out)
+    linear(ctx, x, 'lm_head', '/lm_head', false, product)
   }
+  if (scaled) logitTransform(ctx, product, out)
   if (half) g.op('Cast', [out], { to: I(ctx.logitsType) }, { name: '/lm_head/Cast', outputs: [LOGITS] })
+}
+
+/** The architecture's logit scale (Granite) and soft-cap (Gemma 2), in that order, into `out`. */
+function logitTransform(ctx: GraphContext, logits: string, out: string): void {
+  const { g, f } = ctx
+  const steps: Array<(x: string, output?: string) => string> = []
+  if (f.logitScale !== undefined) steps.push((x, o) => g.op('Mul', [x, constant(ctx, f.logitScale!)], undefined, { name: '/lm_head/scale/Mul', ...(o ? { outputs: [o] } : {}) }))
+  if (f.finalSoftcap !== undefined) {
+    const cap = f.finalSoftcap
+    steps.push((x, o) => {
+      const over = g.op('Mul', [x, constant(ctx, 1 / cap)], undefined, { name: '/lm_head/softcap/Div' })
+      const tanh = g.op('Tanh', [over], undefined, { name: '/lm_head/softcap/Tanh' })
+      return g.op('Mul', [tanh, constant(ctx, cap)], undefined, { name: '/lm_head/softcap/Mul', ...(o ? { outputs: [o] } : {}) })
+    })
+  }
+  steps.reduce((x, step, i) => step(x, i === steps.length - 1 ? out : undefined), logits)
 }
 
 /** x [.., in] -> [.., out] through the projection `proj` (a weight name prefix), plus its bias. */

@@ -46,24 +46,6 @@ export interface PagedGraph {
   computeType: DataTypeCode
 }
 
-/** What every layer's kernel shares: the cos/sin tables in the kernel's type, and for the
- *  reference kernel each token's position, cache slot and causal mask. */
-export interface PagedShared {
-  cosCache: string
-  sinCache: string
-  reference?: {
-    /** [T, 1, D/2] rotary tables at each token's position. */
-    cos: string
-    sin: string
-    /** [T, 2] int64: (block, slot) where each new token's key and value go. */
-    slots: string
-    /** [T, max_num_blocks] int64: the blocks of each token's row. */
-    tokenBlocks: string
-    /** [T, 1, 1, L] bool, L = max_num_blocks * block_size: key position <= the token's. */
-    mask: string
-  }
-}
-
 /**
  * The graph inputs and outputs in the builder's order (base.py make_inputs_and_outputs walks
  * input_names: input_ids, every layer's past key, every past value, block_table,
@@ -98,15 +80,49 @@ export function declarePagedInputsOutputs(
   }
 }
 
-/** The tensors the layers share; `cosCache`/`sinCache` are the [context, D/2] tables in the compute type. */
-export function pagedShared(p: PagedGraph, kernel: PagedKernel, inputIds: string, cosCache: string, sinCache: string): PagedShared {
-  const shared: PagedShared = { cosCache, sinCache }
-  if (kernel === 'reference') shared.reference = referenceShared(p, inputIds, shared)
+
+/** A rotary table's cos and sin [context, dims / 2] weights, in the compute type. */
+export interface RotaryWeights {
+  cosCache: string
+  sinCache: string
+}
+
+/** What every layer's kernel shares: the rotary tables in the kernel's type, and for the
+ *  reference kernel each token's position, cache slot and causal (and windowed) masks. */
+export interface PagedShared {
+  tables: RotaryWeights[]
+  reference?: {
+    /** Per table: [T, 1, dims/2] rotary tables at each token's position. */
+    rotary: Array<{ cos: string; sin: string }>
+    /** [T, 2] int64: (block, slot) where each new token's key and value go. */
+    slots: string
+    /** [T, max_num_blocks] int64: the blocks of each token's row. */
+    tokenBlocks: string
+    /** [T, 1, 1, L] bool, L = max_num_blocks * block_size, by window (0: none): key position <=
+     *  the token's, and within the window of it. */
+    masks: Map<number, string>
+  }
+}
+
+/** One layer's attention: its rotary table (index into PagedShared.tables) and how many leading
+ *  elements of a head rotate, or none; its window; the score scale and soft-cap (0: none). */
+export interface PagedLayer {
+  rotary: { table: number; dims: number } | null
+  window: number | undefined
+  scale: number
+  softcap: number
+}
+
+/** The tensors the layers share; `tables` are the [context, dims/2] rotary tables in the compute
+ *  type; `windows` the sliding windows some layer attends over (the reference kernel's masks). */
+export function pagedShared(p: PagedGraph, kernel: PagedKernel, inputIds: string, tables: RotaryWeights[], windows: number[] = []): PagedShared {
+  const shared: PagedShared = { tables }
+  if (kernel === 'reference') shared.reference = referenceShared(p, inputIds, tables, windows)
   return shared
 }
 
-/** Each packed token's row, position, cache slot and causal mask (reference kernel). */
-function referenceShared(p: PagedGraph, inputIds: string, tables: { cosCache: string; sinCache: string }): NonNullable<PagedShared['reference']> {
+/** Each packed token's row, position, cache slot and masks (reference kernel). */
+function referenceShared(p: PagedGraph, inputIds: string, tables: RotaryWeights[], windows: number[]): NonNullable<PagedShared['reference']> {
   const { g, blockSize } = p
   const b = '/model/paged'
   const i64 = (x: string, tag: string) => g.op('Cast', [x], { to: I(DataType.INT64) }, { name: `${b}/${tag}/Cast` })
@@ -139,12 +155,24 @@ function referenceShared(p: PagedGraph, inputIds: string, tables: { cosCache: st
   const L = g.op('Mul', [maxBlocks, g.int64([blockSize], [])], undefined, { name: `${b}/max_positions` })
   const key = g.op('Range', [g.int64([0], []), L, g.int64([1], [])], undefined, { name: `${b}/key_position` }) // [L]
   const positionCol = g.op('Unsqueeze', [position, g.int64([1])], undefined, { name: `${b}/position_col` })
-  const causal = g.op('LessOrEqual', [g.op('Unsqueeze', [key, g.int64([0])], undefined, { name: `${b}/key_row` }), positionCol], undefined, { name: `${b}/causal` }) // [T, L]
-  const mask = g.op('Unsqueeze', [causal, g.int64([1, 2])], undefined, { name: `${b}/mask` }) // [T, 1, 1, L]
-  const rb = '/model/rotary'
-  const cos = g.op('Unsqueeze', [g.op('Gather', [tables.cosCache, position], { axis: I(0) }, { name: `${rb}/cos_gather` }), g.int64([1])], undefined, { name: `${rb}/cos` })
-  const sin = g.op('Unsqueeze', [g.op('Gather', [tables.sinCache, position], { axis: I(0) }, { name: `${rb}/sin_gather` }), g.int64([1])], undefined, { name: `${rb}/sin` })
-  return { cos, sin, slots, tokenBlocks, mask }
+  const keyRow = g.op('Unsqueeze', [key, g.int64([0])], undefined, { name: `${b}/key_row` })
+  const causal = g.op('LessOrEqual', [keyRow, positionCol], undefined, { name: `${b}/causal` }) // [T, L]
+  const masks = new Map([[0, g.op('Unsqueeze', [causal, g.int64([1, 2])], undefined, { name: `${b}/mask` })]]) // [T, 1, 1, L]
+  for (const window of new Set(windows)) {
+    // A window W: the key is within W - 1 positions before the token (p - key < W).
+    const w = `${b}/window_${window}`
+    const first = g.op('Sub', [positionCol, g.int64([window - 1], [])], undefined, { name: `${w}/first_key` })
+    const inWindow = g.op('GreaterOrEqual', [keyRow, first], undefined, { name: `${w}/in_window` })
+    const both = g.op('And', [causal, inWindow], undefined, { name: `${w}/causal_and_window` })
+    masks.set(window, g.op('Unsqueeze', [both, g.int64([1, 2])], undefined, { name: `${w}/mask` }))
+  }
+  const rotary = tables.map((t, i) => {
+    const rb = i === 0 ? '/model/rotary' : `/model/rotary_${i}`
+    const cos = g.op('Unsqueeze', [g.op('Gather', [t.cosCache, position], { axis: I(0) }, { name: `${rb}/cos_gather` }), g.int64([1])], undefined, { name: `${rb}/cos` })
+    const sin = g.op('Unsqueeze', [g.op('Gather', [t.sinCache, position], { axis: I(0) }, { name: `${rb}/sin_gather` }), g.int64([1])], undefined, { name: `${rb}/sin` })
+    return { cos, sin }
+  })
+  return { rotary, slots, tokenBlocks, masks }
 }
 
 /** The cache names of one layer. */
@@ -160,11 +188,14 @@ export interface LayerCache {
  * value, key_cache, value_cache, cumulative_sequence_length, past_seqlens, block_table, cos_cache,
  * sin_cache, then the optional slot_mapping, head_sink, q_norm_weight, k_norm_weight, k_scale,
  * v_scale left empty and attention_metadata (input 16); attributes from
- * get_attention_op_attributes (num_heads, kv_num_heads, scale, local_window_size -1, softcap 0,
- * do_rotary 1: the builder fuses rotary into the op on CUDA, is_fused_rope_supported,
+ * get_attention_op_attributes (num_heads, kv_num_heads, scale, local_window_size, softcap,
+ * do_rotary: the builder fuses rotary into the op on CUDA, is_fused_rope_supported,
  * rotary_interleaved 0). q, k and v are [num_tokens, heads * head_size]; output the same for q.
+ * A layer without rotary passes no tables (do_rotary 0); a partial rotary's tables are narrower
+ * than half a head, as GroupQueryAttention takes them.
  */
-export function cudaPagedAttention(p: PagedGraph, shared: PagedShared, q: string, k: string, v: string, cache: LayerCache, base: string): string {
+export function cudaPagedAttention(p: PagedGraph, shared: PagedShared, q: string, k: string, v: string, cache: LayerCache, base: string, layer: PagedLayer): string {
+  const tables = layer.rotary ? shared.tables[layer.rotary.table]! : { cosCache: '', sinCache: '' }
   const [out] = p.g.node(
     'PagedAttention',
     [
@@ -176,8 +207,8 @@ export function cudaPagedAttention(p: PagedGraph, shared: PagedShared, q: string
       CUMULATIVE_SEQUENCE_LENGTHS,
       PAST_SEQUENCE_LENGTHS,
       BLOCK_TABLE,
-      shared.cosCache,
-      shared.sinCache,
+      tables.cosCache,
+      tables.sinCache,
       '',
       '',
       '',
@@ -193,10 +224,10 @@ export function cudaPagedAttention(p: PagedGraph, shared: PagedShared, q: string
       attrs: {
         num_heads: I(p.numHeads),
         kv_num_heads: I(p.numKvHeads),
-        scale: F(1 / Math.sqrt(p.headSize)),
-        local_window_size: I(-1),
-        softcap: F(0),
-        do_rotary: I(1),
+        scale: F(layer.scale),
+        local_window_size: I(layer.window ?? -1),
+        softcap: F(layer.softcap),
+        do_rotary: I(layer.rotary ? 1 : 0),
         rotary_interleaved: I(0),
       },
     },
@@ -206,19 +237,21 @@ export function cudaPagedAttention(p: PagedGraph, shared: PagedShared, q: string
 
 /**
  * The reference kernel: the same inputs and outputs as cudaPagedAttention, from standard ONNX
- * operators. Rotary (non-interleaved) on q and k at each token's position; the new keys and values
- * scattered into the cache at their slots (present = past with those slots replaced); then per
- * token its row's blocks gathered end to end [T, L, kv_heads, D], scores masked to positions at
- * or before the token's, softmax, times the values. Query head h reads KV head floor(h / n_rep),
- * as in GroupQueryAttention.
+ * operators. Rotary (non-interleaved, over the table's leading dims) on q and k at each token's
+ * position; the new keys and values scattered into the cache at their slots (present = past with
+ * those slots replaced); then per token its row's blocks gathered end to end [T, L, kv_heads, D],
+ * scores scaled (and soft-capped), masked to positions at or before the token's (and within its
+ * window), softmax, times the values. Query head h reads KV head floor(h / n_rep), as in
+ * GroupQueryAttention.
  */
-export function referencePagedAttention(p: PagedGraph, shared: PagedShared, q: string, k: string, v: string, cache: LayerCache, base: string): string {
+export function referencePagedAttention(p: PagedGraph, shared: PagedShared, q: string, k: string, v: string, cache: LayerCache, base: string, layer: PagedLayer): string {
   const { g, numHeads: H, numKvHeads: KH, headSize: D } = p
   const ref = shared.reference!
   const nRep = H / KH
   const heads = (t: string, n: number, tag: string) => g.op('Reshape', [t, g.int64([0, n, D])], undefined, { name: `${base}/${tag}/Reshape` })
-  const qr = rotary(p, ref, heads(q, H, 'q'), `${base}/q_rotary`) // [T, H, D]
-  const kr = rotary(p, ref, heads(k, KH, 'k'), `${base}/k_rotary`) // [T, KH, D]
+  const rotate = (x: string, tag: string) => (layer.rotary ? rotary(p, ref.rotary[layer.rotary.table]!, layer.rotary.dims, x, `${base}/${tag}`) : x)
+  const qr = rotate(heads(q, H, 'q'), 'q_rotary') // [T, H, D]
+  const kr = rotate(heads(k, KH, 'k'), 'k_rotary') // [T, KH, D]
   const vh = heads(v, KH, 'v')
   const toCache = (x: string, tag: string) =>
     p.kvType === p.computeType ? x : g.op('Cast', [x], { to: I(p.kvType) }, { name: `${base}/${tag}/Cast` })
@@ -236,9 +269,14 @@ export function referencePagedAttention(p: PagedGraph, shared: PagedShared, q: s
   const values = g.op('Transpose', [rowOf(cache.presentValue, 'row_values')], { perm: Is([0, 2, 1, 3]) }, { name: `${base}/row_values/Transpose` }) // [T, KH, L, D]
   const grouped = g.op('Reshape', [qr, g.int64([0, KH, nRep, D])], undefined, { name: `${base}/q_grouped` }) // [T, KH, nRep, D]
   const scores = g.op('MatMul', [grouped, keys], undefined, { name: `${base}/scores` }) // [T, KH, nRep, L]
-  const scaled = g.op('Mul', [scores, scalar(p, 1 / Math.sqrt(D))], undefined, { name: `${base}/scaled` })
+  let scaled = g.op('Mul', [scores, scalar(p, layer.scale)], undefined, { name: `${base}/scaled` })
+  if (layer.softcap > 0) {
+    const over = g.op('Mul', [scaled, scalar(p, 1 / layer.softcap)], undefined, { name: `${base}/softcap/Div` })
+    const tanh = g.op('Tanh', [over], undefined, { name: `${base}/softcap/Tanh` })
+    scaled = g.op('Mul', [tanh, scalar(p, layer.softcap)], undefined, { name: `${base}/softcap/Mul` })
+  }
   const lowest = p.computeType === DataType.FLOAT ? -3.4028234663852886e38 : -65504
-  const masked = g.op('Where', [ref.mask, scaled, scalar(p, lowest)], undefined, { name: `${base}/masked` })
+  const masked = g.op('Where', [ref.masks.get(layer.window ?? 0)!, scaled, scalar(p, lowest)], undefined, { name: `${base}/masked` })
   const probs = g.op('Softmax', [masked], { axis: I(-1) }, { name: `${base}/Softmax` })
   const context = g.op('MatMul', [probs, values], undefined, { name: `${base}/context` }) // [T, KH, nRep, D]
   return g.op('Reshape', [context, g.int64([0, H * D])], undefined, { name: `${base}/context/Reshape` })
@@ -249,17 +287,22 @@ function scalar(p: PagedGraph, value: number): string {
   return p.computeType === DataType.FLOAT ? p.g.float([value], []) : p.g.half([value], [])
 }
 
-/** [T, h, D] -> rotated, non-interleaved: [x1 cos - x2 sin ; x2 cos + x1 sin] with [T, 1, D/2] tables. */
-function rotary(p: PagedGraph, ref: NonNullable<PagedShared['reference']>, x: string, base: string): string {
+/**
+ * [T, h, D] -> rotated, non-interleaved over the leading `dims` elements of each head:
+ * [x1 cos - x2 sin ; x2 cos + x1 sin ; the rest as it is] with [T, 1, dims/2] tables.
+ */
+function rotary(p: PagedGraph, tables: { cos: string; sin: string }, dims: number, x: string, base: string): string {
   const { g, headSize: D } = p
-  const half = D / 2
+  const half = dims / 2
   const x1 = g.op('Slice', [x, g.int64([0]), g.int64([half]), g.int64([2])], undefined, { name: `${base}/x1` })
-  const x2 = g.op('Slice', [x, g.int64([half]), g.int64([D]), g.int64([2])], undefined, { name: `${base}/x2` })
-  const a = g.op('Mul', [x1, ref.cos], undefined, { name: `${base}/x1_cos` })
-  const b = g.op('Mul', [x2, ref.sin], undefined, { name: `${base}/x2_sin` })
-  const c = g.op('Mul', [x2, ref.cos], undefined, { name: `${base}/x2_cos` })
-  const e = g.op('Mul', [x1, ref.sin], undefined, { name: `${base}/x1_sin` })
+  const x2 = g.op('Slice', [x, g.int64([half]), g.int64([dims]), g.int64([2])], undefined, { name: `${base}/x2` })
+  const a = g.op('Mul', [x1, tables.cos], undefined, { name: `${base}/x1_cos` })
+  const b = g.op('Mul', [x2, tables.sin], undefined, { name: `${base}/x2_sin` })
+  const c = g.op('Mul', [x2, tables.cos], undefined, { name: `${base}/x2_cos` })
+  const e = g.op('Mul', [x1, tables.sin], undefined, { name: `${base}/x1_sin` })
   const lo = g.op('Sub', [a, b], undefined, { name: `${base}/lo` })
   const hi = g.op('Add', [c, e], undefined, { name: `${base}/hi` })
-  return g.op('Concat', [lo, hi], { axis: I(2) }, { name: `${base}/Concat` })
+  if (dims === D) return g.op('Concat', [lo, hi], { axis: I(2) }, { name: `${base}/Concat` })
+  const rest = g.op('Slice', [x, g.int64([dims]), g.int64([D]), g.int64([2])], undefined, { name: `${base}/pass` })
+  return g.op('Concat', [lo, hi, rest], { axis: I(2) }, { name: `${base}/Concat` })
 }

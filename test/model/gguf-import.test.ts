@@ -18,7 +18,7 @@ import { GgmlTypeId, type GgmlTypeName } from '../../ts/modelkit/gguf/ggml-types
 import { importGguf, type ImportSummary } from '../../ts/modelkit/gguf/import'
 import { int4Value, packInt4 } from '../../ts/modelkit/gguf/int4'
 import { int8Value, packQ8_0 } from '../../ts/modelkit/gguf/int8'
-import { MODEL_LIMITS } from '../../ts/modelkit/gguf/architecture'
+import { ARCHITECTURES, MODEL_LIMITS } from '../../ts/modelkit/gguf/architecture'
 import { GGUF_LIMITS, readGguf } from '../../ts/modelkit/gguf/reader'
 import { SENTENCE_PIECE_LIMITS, SUPPORTED_PRE_TOKENIZERS } from '../../ts/modelkit/gguf/tokenizer'
 import { CHAT_TOKENS, TINY, tinySentencePieceVocabulary, type TinyGgufOptions, tinyGgufMetadata, tinyGgufTensors, tinyVocabulary, writeTinyGguf } from '../helpers/gguf-models'
@@ -87,7 +87,7 @@ const json = (dir: string, file: string) => JSON.parse(readFileSync(join(dir, fi
 const decodeModel = (dir: string) => onnx.ModelProto.decode(readFileSync(join(dir, 'model.onnx')))
 
 async function expectModelLoadError(promise: Promise<unknown>, message: RegExp): Promise<void> {
-  await expect(promise).rejects.toMatchObject({ name: 'OrtexError', code: 'MODEL_LOAD', message })
+  await expect(promise).rejects.toMatchObject({ name: 'OrtexError', code: 'MODEL_LOAD', message: expect.stringMatching(message) })
 }
 
 describe('the GGUF reader', () => {
@@ -108,7 +108,7 @@ describe('the GGUF reader', () => {
     const lengths = [0, 3, 4, 8, 20, 24, 100, 1000, 5000, 20_000, 40_000, bytes.length - 1]
     for (const length of lengths) {
       writeFileSync(cut, bytes.subarray(0, length))
-      await expectModelLoadError(importGguf({ file: cut, outDir: join(root, 'cut') }), /cut\.gguf: (not a GGUF file|the file is truncated|.*runs past the end of the file)/)
+      await expectModelLoadError(importGguf({ file: cut, outDir: join(root, 'cut') }), /cut\.gguf: (not a GGUF file|the file is truncated|the header's \w+ count \d+ is not plausible|.* runs? past the end of the file)/)
     }
     // Every length in the header region (metadata and tensor table) fails cleanly too.
     for (let length = 24; length < 16_000; length += 397) {
@@ -213,7 +213,7 @@ describe('hostile headers: every count and size is checked before anything is si
   it('the importer refuses sizes past its limits before sizing anything by them', async () => {
     const cases: Array<[string, Array<[string, MetaValue]>, RegExp]> = [
       ['layers-0', [['llama.block_count', u32(0)]], /llama\.block_count is 0, fewer than 1 layers/],
-      ['layers-more', [['llama.block_count', u32(40)]], /llama\.block_count is 40, but the file has \d+ tensors \(a layer has at least 9\)/],
+      ['layers-more', [['llama.block_count', u32(40)]], /llama\.block_count is 40, but the file has \d+ tensors \(a layer has at least 6\)/],
       ['context-0', [['llama.context_length', u32(0)]], /llama\.context_length is 0, fewer than 1 positions/],
       ['heads', [['llama.attention.head_count', u32(1 << 20)]], /llama\.attention\.head_count is 1048576: over the limit of 1024 heads/],
       ['kv-heads', [['llama.attention.head_count_kv', u32(8)]], /llama\.attention\.head_count_kv is 8: over the limit of 4 heads \(the query heads\)/],
@@ -416,7 +416,7 @@ describe('what the importer refuses, by name', () => {
 
   it('other architectures, experts, partial rotary, YaRN', async () => {
     const cases: Array<[string, TinyGgufOptions['metadata'], RegExp]> = [
-      ['phi3', [['general.architecture', str('phi3')]], /the architecture "phi3" is not supported \(supported: llama, qwen2\)/],
+      ['qwen35', [['general.architecture', str('qwen35')]], new RegExp(`the architecture "qwen35" is not supported \\(supported: ${ARCHITECTURES.join(', ')}\\)`)],
       ['moe', [['llama.expert_count', u32(8)]], /llama\.expert_count is 8: mixture-of-experts models are not supported/],
       ['partial', [['llama.rope.dimension_count', u32(32)]], /partial rotary/],
       ['yarn', [['llama.rope.scaling.type', str('yarn')]], /rope\.scaling\.type "yarn" is not supported/],
@@ -690,7 +690,7 @@ describe('imported folders', () => {
     expect(error0.relativeRms).toBeLessThan(1e-5) // 2e-6 here
     expect(error4.relativeRms).toBeGreaterThan(1e-3) // 2% here: the check can tell the two apart
     await expect(importGguf({ file: files.qwen2, outDir: join(root, 'bad-level'), weights: 'int4', accuracyLevel: 2 as never })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' })
-    await expect(importGguf({ file: files.qwen2, outDir: join(root, 'bad-level'), accuracyLevel: 4 })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT', message: /int4 weights only/ })
+    await expect(importGguf({ file: files.qwen2, outDir: join(root, 'bad-level'), accuracyLevel: 4 })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT', message: expect.stringMatching(/int4 weights only/) })
   })
 
   for (const arch of ['llama', 'qwen2'] as const) {
@@ -774,9 +774,9 @@ describe('imported folders', () => {
         expect(got.map((l) => argmax(l))).toEqual(want.map((l) => argmax(l)))
         expect(worstError(got, toF64(want)).relativeRms).toBeLessThan(5e-3) // 1e-3 (fp32 weights), 2e-3 (int4) here
       }
-      await expect(importGguf({ file: files.qwen2, outDir: dir('bad'), dtype: 'fp16', kv: 'fp32' })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT', message: /keep float16 KV/ })
-      await expect(importGguf({ file: files.qwen2, outDir: dir('bad'), attention: 'paged' })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT', message: /needs float16/ })
-      await expect(importGguf({ file: files.qwen2, outDir: dir('bad'), blockSize: 16 })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT', message: /needs the paged attention form/ })
+      await expect(importGguf({ file: files.qwen2, outDir: dir('bad'), dtype: 'fp16', kv: 'fp32' })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT', message: expect.stringMatching(/keep float16 KV/) })
+      await expect(importGguf({ file: files.qwen2, outDir: dir('bad'), attention: 'paged' })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT', message: expect.stringMatching(/needs float16/) })
+      await expect(importGguf({ file: files.qwen2, outDir: dir('bad'), blockSize: 16 })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT', message: expect.stringMatching(/needs the paged attention form/) })
     })
 
     it('float16 int4 imports pack q/k/v blocks of one type into one MatMulNBits (minimums and zero points), and agree', async () => {

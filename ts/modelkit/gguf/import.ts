@@ -2,7 +2,8 @@
 // (docs/model-format.md, "Importing GGUF files"). The steps, each in its own module:
 //
 //   reader.ts        header, metadata, tensor table (checked against the file's size)
-//   architecture.ts  llama / qwen2 -> the Llama graph's sizes, options and weight names
+//   architecture.ts  the architecture (a row of architectures.ts) -> the decoder graph's sizes,
+//                    features and weight names
 //   tokenizer.ts     the vocabulary -> tokenizer.json, tokenizer_config.json, chat_template.jinja
 //   tensors.ts       each weight, dequantized (fp32) or as MatMulNBits blocks (int4, int4.ts)
 //   ../llama.ts      the graph (GroupQueryAttention, as onnxruntime-genai's builder emits for CPU)
@@ -28,6 +29,7 @@ import { CONFIG_FILE, DATA_FILE, MODEL_FILE, type FileSize, fileSizes, writeConf
 import { DataType } from '../onnx-builder'
 import { DataFileWriter, asHalfSpecs, floatBytes, layoutWeights, type WeightLayout } from '../weights'
 import { type Architecture, type ModelPlan, planModel } from './architecture'
+import { architectureSpec } from './architectures'
 import { ggmlTypeName } from './ggml-types'
 import { GgufData, type GgufFile, readGguf } from './reader'
 import { type Mapping, type PlannedTensor, planTensors } from './tensors'
@@ -82,6 +84,12 @@ export interface ImportOptions {
    * builder's `-p fp16 -e cuda` folders (KV and logits float16 too; MatMulNBits scales float16).
    */
   dtype?: KvType
+  /**
+   * The folder's context (its rotary tables' positions and the engine's maxLength): at most the
+   * file's context_length, which is the default. It also picks LongRoPE's factors (the long ones
+   * above the file's original context), as llama.cpp's context size does.
+   */
+  contextLength?: number
   /** Bytes of model.onnx.data written so far. */
   onProgress?: (done: number, total: number, label: string) => void
 }
@@ -120,7 +128,7 @@ export async function importGguf(options: ImportOptions): Promise<ImportSummary>
   const started = Date.now()
   const { weights, kv, accuracyLevel, dtype, attention, paged } = checkOptions(options)
   const file = readGguf(resolve(options.file))
-  const plan = planModel(file)
+  const plan = planModel(file, options.contextLength === undefined ? {} : { contextLength: options.contextLength })
   const tokenizer = convertTokenizer(file, plan.dims.contextLength)
   if (tokenizer.size > plan.dims.vocabSize) {
     throw new OrtexError('MODEL_LOAD', `${file.path}: the vocabulary has ${tokenizer.size} tokens but the embedding only ${plan.dims.vocabSize} rows`)
@@ -179,6 +187,9 @@ function checkOptions(options: ImportOptions): CheckedOptions {
   if (dtype === 'fp16' && kv !== 'fp16') throw invalid('float16 weights (dtype fp16) keep float16 KV')
   const attention = options.attention ?? 'gqa'
   if (attention !== 'gqa' && attention !== 'paged') throw invalid(`attention must be 'gqa' or 'paged', got ${JSON.stringify(attention)}`)
+  if (options.contextLength !== undefined && !(Number.isInteger(options.contextLength) && options.contextLength >= 1)) {
+    throw invalid(`contextLength must be a positive integer, got ${JSON.stringify(options.contextLength)}`)
+  }
   if (!options.file) throw invalid('file is required')
   if (!options.outDir) throw invalid('outDir is required')
   return { weights, kv, accuracyLevel: checkAccuracyLevel(weights, options.accuracyLevel), dtype, attention, paged: checkPaged(options, attention, dtype) }
@@ -282,6 +293,7 @@ async function writeGraph(
   // float32 models keep float32 logits; float16 ones give float16 logits, as the builder's.
   const options = {
     attention: o.attention,
+    features: plan.features,
     attentionBias: plan.attentionBias,
     tiedEmbeddings: plan.tiedEmbeddings,
     linear: o.storage,
@@ -310,7 +322,8 @@ function importedConfig(plan: ModelPlan, tokenizer: TokenizerConversion, o: Pick
     dims: plan.dims,
     attention: o.attention,
     filename: MODEL_FILE,
-    modelType: plan.architecture,
+    modelType: architectureSpec(plan.architecture).modelType,
+    ...slidingWindow(plan, o.attention),
     bosTokenId: tokenizer.bosTokenId ?? eos[0]!,
     eosTokenId: eos.length === 1 ? eos[0]! : eos,
     padTokenId: tokenizer.padTokenId,
@@ -318,6 +331,20 @@ function importedConfig(plan: ModelPlan, tokenizer: TokenizerConversion, o: Pick
     // As make-model: float16 folders are the builder's CUDA ones, but for the CPU reference kernel.
     provider: o.dtype === 'fp16' && o.paged?.kernel !== 'reference' ? 'cuda' : 'cpu',
   })
+}
+
+/**
+ * genai_config's sliding_window where the graph has GroupQueryAttention windows (one size, its
+ * layers), as onnxruntime-genai's builder writes it; the executor checks that the two agree.
+ * PagedAttention and the paged reference kernel keep their windows in the graph only (the
+ * executor reads a config window for GroupQueryAttention layers alone).
+ */
+function slidingWindow(plan: ModelPlan, attention: ImportAttention): { slidingWindow?: { windowSize: number; layers: number[] } } {
+  const windowed = plan.features.layers?.flatMap((layer, l) => (layer.window === undefined ? [] : [[l, layer.window] as const])) ?? []
+  if (windowed.length === 0 || attention !== 'gqa') return {}
+  const sizes = new Set(windowed.map(([, w]) => w))
+  if (sizes.size !== 1) return {}
+  return { slidingWindow: { windowSize: windowed[0]![1], layers: windowed.map(([l]) => l) } }
 }
 
 /** Streams every planned tensor, in layout order, from the GGUF file to the data file. */

@@ -1,20 +1,25 @@
 // Which tensors the imported folder's data file holds, and how each is made from the GGUF file:
 //
-//   embedding, norms, biases   float32, dequantized (q/k biases of llama put in head order)
+//   embedding, norms, biases   float32, dequantized (q/k biases of llama put in head order; a
+//                              fused qkv bias's range of elements)
 //   linear, --weights fp32     float32 [in, out] for MatMul: dequantized rows, unpermuted,
 //                              transposed (the whole tensor is held once, as float32)
 //   linear, --weights int4     MatMulNBits qweight / scales / qzeros (+ mins), int4.ts
 //   lm_head, --weights int4    a Q8_0 lm_head (or the Q8_0 embedding it is tied to) as 8-bit
 //                              MatMulNBits blocks, exactly (int8.ts): qweight / scales
-//   cos_cache, sin_cache       [context, head_size / 2] rotary tables from the metadata
+//   cos_cache<suffix>, sin_cache<suffix>
+//                              [context, dims / 2] rotary tables from the metadata, one pair
+//                              per table of the plan (the global one without a suffix)
+// A linear weight may be a range of a fused tensor's rows (attn_qkv, Phi-3's ffn_up): rows are
+// read from that range, so its blocks stay whole.
 //
 // Tensors are produced one at a time, in layout order, as chunks for the data file writer; at most
 // one converted tensor is in memory.
 
 import { DataType } from '../onnx-builder'
-import type { LlamaDims, LinearStorage } from '../llama'
+import type { LinearStorage } from '../llama'
 import type { TensorSpec } from '../weights'
-import { type ModelPlan, type SourceTensor, inverseFrequencies, permutedRow } from './architecture'
+import { type ModelPlan, type RotaryPlan, type SourceTensor, inverseFrequencies, permutedRow } from './architecture'
 import { dequantize } from './dequantize'
 import { GgmlTypeId } from './ggml-types'
 import { hasMinimums, mapsExactly, packInt4 } from './int4'
@@ -56,20 +61,23 @@ function blocksTensor(proj: string, t: SourceTensor): PlannedTensor {
   return proj === 'lm_head' && t.source.type === GgmlTypeId.Q8_0 ? int8Tensor(proj, t) : int4Tensor(proj, t)
 }
 
-function rowCount(t: GgufTensorInfo): number {
-  return t.elements / t.dims[0]!
+/** The rows the weight has: its range of a fused tensor, or all of the source's (a bias's rows
+ *  are its elements). */
+function rowCount(t: SourceTensor): number {
+  return t.rows?.count ?? (t.role === 'bias' ? t.source.elements : t.source.elements / t.source.dims[0]!)
 }
 
-/** Source row of output row r (llama's permuted q/k rows, see architecture.ts). */
+/** Source row of output row r (a fused tensor's range; llama's permuted q/k rows, see architecture.ts). */
 function sourceRow(t: SourceTensor, r: number): number {
-  return t.unpermuteHeadSize === undefined ? r : permutedRow(r, t.unpermuteHeadSize)
+  const first = t.rows?.first ?? 0
+  return first + (t.unpermuteHeadSize === undefined ? r : permutedRow(r, t.unpermuteHeadSize))
 }
 
 /** Dequantized rows [first, first + count) of t, in output order, into out. */
 function readRows(data: GgufData, t: SourceTensor, first: number, count: number, out: Float32Array): void {
   const K = t.source.dims[0]!
   if (t.unpermuteHeadSize === undefined) {
-    dequantize(t.source.type, data.rows(t.source, first, count), count * K, out)
+    dequantize(t.source.type, data.rows(t.source, sourceRow(t, first), count), count * K, out)
     return
   }
   for (let r = 0; r < count; r++) dequantize(t.source.type, data.rows(t.source, sourceRow(t, first + r), 1), K, out, r * K)
@@ -81,20 +89,20 @@ function asBytes(values: Float32Array): Uint8Array {
 
 /** Embedding, norms, biases: the rows as they are (a bias is one row per element). */
 function rowsTensor(t: SourceTensor): PlannedTensor {
-  const rows = rowCount(t.source)
+  const rows = t.source.elements / t.source.dims[0]!
   const K = t.source.dims[0]!
-  const dims = t.role === 'embedding' ? [rows, K] : [t.source.elements]
-  const isBias = t.role === 'bias' && t.unpermuteHeadSize !== undefined
+  const isBias = t.role === 'bias'
+  const dims = t.role === 'embedding' ? [rows, K] : [isBias ? rowCount(t) : t.source.elements]
   return {
     specs: [{ name: t.name, dims }],
     source: t.source,
     mapping: 'dequantized',
     *chunks(data) {
       if (isBias) {
-        // A permuted bias is one row of heads * D values: reorder its elements like q/k rows.
+        // A bias is one row of values: its range of a fused bias, in head order (like q/k rows).
         const values = new Float32Array(t.source.elements)
         dequantize(t.source.type, data.rows(t.source, 0, 1), t.source.elements, values)
-        yield [0, asBytes(Float32Array.from(values, (_, i) => values[sourceRow(t, i)]!))]
+        yield [0, asBytes(Float32Array.from({ length: rowCount(t) }, (_, i) => values[sourceRow(t, i)]!))]
         return
       }
       const step = Math.max(1, Math.floor(ROWS_PER_READ * 1024 / K))
@@ -110,7 +118,7 @@ function rowsTensor(t: SourceTensor): PlannedTensor {
 
 /** A linear weight for MatMul: GGUF [out rows][in] -> float32 [in, out]. */
 function transposedTensor(t: SourceTensor): PlannedTensor {
-  const N = rowCount(t.source)
+  const N = rowCount(t)
   const K = t.source.dims[0]!
   return {
     specs: [{ name: t.name, dims: [K, N] }],
@@ -134,7 +142,7 @@ function transposedTensor(t: SourceTensor): PlannedTensor {
 
 /** A linear weight for MatMulNBits, named `<proj>.qweight` etc. (llama.ts's int4 storage). */
 function int4Tensor(proj: string, t: SourceTensor): PlannedTensor {
-  const N = rowCount(t.source)
+  const N = rowCount(t)
   const K = t.source.dims[0]!
   if (K % 32 !== 0) throw new Error(`${t.source.name}: rows of ${K} elements cannot be 4-bit blocks of 32`)
   const blocks = K / 32
@@ -162,7 +170,7 @@ function int4Tensor(proj: string, t: SourceTensor): PlannedTensor {
 /** A Q8_0 linear weight as 8-bit MatMulNBits blocks, `<proj>.qweight` [N, K/32, 32] and
  *  `<proj>.scales` (no zero points: 128). */
 function int8Tensor(proj: string, t: SourceTensor): PlannedTensor {
-  const N = rowCount(t.source)
+  const N = rowCount(t)
   const K = t.source.dims[0]!
   if (K % 32 !== 0) throw new Error(`${t.source.name}: rows of ${K} elements cannot be 8-bit blocks of 32`)
   const blocks = K / 32
@@ -184,23 +192,29 @@ function int8Tensor(proj: string, t: SourceTensor): PlannedTensor {
 /** Positions of a rotary table computed at a time: a long context's table is never held whole. */
 const POSITIONS_PER_CHUNK = 4096
 
-/** cos/sin [context, head_size / 2] of p * invFreq[i], in chunks of positions. */
+/** Each table's cos/sin [context, dims / 2] of p * invFreq[i] (times its magnitude), in chunks of positions. */
 function rotaryTables(plan: ModelPlan): PlannedTensor[] {
-  const d: LlamaDims = plan.dims
-  const half = d.headSize / 2
-  const factors = plan.rope.frequencyFactors
-  const table = (name: string, fn: (x: number) => number): PlannedTensor => ({
-    specs: [{ name, dims: [d.contextLength, half] }],
+  return plan.rotaries.flatMap((table) => [
+    rotaryTable(plan, table, `cos_cache${table.suffix}`, Math.cos),
+    rotaryTable(plan, table, `sin_cache${table.suffix}`, Math.sin),
+  ])
+}
+
+function rotaryTable(plan: ModelPlan, table: RotaryPlan, name: string, fn: (x: number) => number): PlannedTensor {
+  const context = plan.dims.contextLength
+  const half = table.dims / 2
+  const factors = table.frequencyFactors
+  return {
+    specs: [{ name, dims: [context, half] }],
     *chunks(data) {
       const divisors = factors ? new Float32Array(data.rows(factors, 0, 1).buffer.slice(0)) : undefined
-      const invFreq = inverseFrequencies(d, plan.rope, divisors)
-      const values = new Float32Array(Math.min(POSITIONS_PER_CHUNK, d.contextLength) * half)
-      for (let first = 0; first < d.contextLength; first += POSITIONS_PER_CHUNK) {
-        const count = Math.min(POSITIONS_PER_CHUNK, d.contextLength - first)
-        for (let r = 0; r < count; r++) for (let i = 0; i < half; i++) values[r * half + i] = fn((first + r) * invFreq[i]!)
+      const invFreq = inverseFrequencies(table, divisors)
+      const values = new Float32Array(Math.min(POSITIONS_PER_CHUNK, context) * half)
+      for (let first = 0; first < context; first += POSITIONS_PER_CHUNK) {
+        const count = Math.min(POSITIONS_PER_CHUNK, context - first)
+        for (let r = 0; r < count; r++) for (let i = 0; i < half; i++) values[r * half + i] = table.magnitude * fn((first + r) * invFreq[i]!)
         yield [0, asBytes(values.subarray(0, count * half))]
       }
     },
-  })
-  return [table('cos_cache', Math.cos), table('sin_cache', Math.sin)]
+  }
 }

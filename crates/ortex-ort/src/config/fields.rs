@@ -126,10 +126,25 @@ const FIELDS: &[(&str, Field)] = &[
 ];
 
 /// `model.type` values ortex has been checked with (bench/model_coverage.py, against
-/// onnxruntime-genai and transformers): the graph computes everything for these, so none needs
-/// anything done outside it.
-pub const MODEL_TYPES: &[&str] =
-    &["llama", "mistral", "qwen2", "qwen3", "phi3", "phi", "gemma", "gemma2", "granite", "olmo", "smollm3", "nemotron"];
+/// onnxruntime-genai and transformers; the GGUF importer's architectures against llama.cpp): the
+/// graph computes everything for these, so none needs anything done outside it.
+pub const MODEL_TYPES: &[&str] = &[
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "phi3",
+    "phi",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "granite",
+    "olmo",
+    "olmo2",
+    "smollm3",
+    "nemotron",
+];
 
 fn field(path: &str) -> Option<Field> {
     FIELDS.iter().find(|(p, _)| *p == path).map(|&(_, f)| f)

@@ -17,7 +17,7 @@ import { dequantize } from '../../ts/modelkit/gguf/dequantize'
 import { GgmlTypeId, type GgmlTypeName } from '../../ts/modelkit/gguf/ggml-types'
 import { importGguf, type ImportSummary } from '../../ts/modelkit/gguf/import'
 import { int4Value, packInt4 } from '../../ts/modelkit/gguf/int4'
-import { int8Value, packQ8_0 } from '../../ts/modelkit/gguf/int8'
+import { int8Value, packInt8 } from '../../ts/modelkit/gguf/int8'
 import { ARCHITECTURES, MODEL_LIMITS } from '../../ts/modelkit/gguf/architecture'
 import { GGUF_LIMITS, readGguf } from '../../ts/modelkit/gguf/reader'
 import { SENTENCE_PIECE_LIMITS, SUPPORTED_PRE_TOKENIZERS } from '../../ts/modelkit/gguf/tokenizer'
@@ -517,33 +517,41 @@ describe('int4 packing (MatMulNBits blocks of 32)', () => {
     }
   })
 
-  it('Q8_0 blocks are kept exactly as 8-bit blocks, and the kernel reads them so', async () => {
-    const { data, row } = rows('Q8_0', 14)
-    const w = packQ8_0(GgmlTypeId.Q8_0, N, K, row)
-    const expected = new Float32Array(N * K)
-    dequantize(GgmlTypeId.Q8_0, data, N * K, expected)
-    let mismatches = 0
-    for (let n = 0; n < N; n++) for (let k = 0; k < K; k++) if (int8Value(w, K, n, k) !== expected[n * K + k]) mismatches++
-    expect(mismatches).toBe(0)
-    expect(() => packQ8_0(GgmlTypeId.Q4_0, N, K, row)).toThrow(/Q8_0 only/)
-    const dir = mkdtempSync(join(root, 'nbits8-'))
-    writeFileSync(join(dir, 'model.onnx'), matMulNBitsModel(w, N, K))
-    const ort = (await import('onnxruntime-node')).default
-    const model = await ort.InferenceSession.create(join(dir, 'model.onnx'))
-    const identity = new Float32Array(K * K)
-    for (let k = 0; k < K; k++) identity[k * K + k] = 1
-    const y = (await model.run({ a: new ort.Tensor('float32', identity, [K, K]) })).y!.data as Float32Array
-    let worst = 0
-    for (let k = 0; k < K; k++) for (let n = 0; n < N; n++) worst = Math.max(worst, Math.abs(y[k * N + n]! - int8Value(w, K, n, k)))
-    expect(worst).toBeLessThan(1e-6)
-    await model.release()
+  for (const [type, blockSize, minimums] of [['Q8_0', 32, false], ['Q5_0', 32, false], ['Q5_1', 32, true], ['Q5_K', 32, true], ['Q6_K', 16, false]] as const) {
+    it(`${type} blocks are kept exactly as 8-bit blocks of ${blockSize}, and the kernel reads them so`, async () => {
+      const { data, row } = rows(type, 14)
+      const w = packInt8(GgmlTypeId[type], N, K, row)
+      expect(w.blockSize).toBe(blockSize)
+      expect(w.mins !== undefined).toBe(minimums)
+      const expected = new Float32Array(N * K)
+      dequantize(GgmlTypeId[type], data, N * K, expected)
+      let mismatches = 0
+      for (let n = 0; n < N; n++) for (let k = 0; k < K; k++) if (int8Value(w, N, K, n, k) !== expected[n * K + k]) mismatches++
+      expect(mismatches).toBe(0)
+      const dir = mkdtempSync(join(root, 'nbits8-'))
+      writeFileSync(join(dir, 'model.onnx'), matMulNBitsModel(w, N, K))
+      const ort = (await import('onnxruntime-node')).default
+      const model = await ort.InferenceSession.create(join(dir, 'model.onnx'))
+      const identity = new Float32Array(K * K)
+      for (let k = 0; k < K; k++) identity[k * K + k] = 1
+      const y = (await model.run({ a: new ort.Tensor('float32', identity, [K, K]) })).y!.data as Float32Array
+      let worst = 0
+      for (let k = 0; k < K; k++) for (let n = 0; n < N; n++) worst = Math.max(worst, Math.abs(y[k * N + n]! - int8Value(w, N, K, n, k)))
+      expect(worst).toBeLessThan(1e-6)
+      await model.release()
+    })
+  }
+
+  it('other types are not 8-bit blocks', () => {
+    expect(() => packInt8(GgmlTypeId.Q4_0, N, K, rows('Q4_0', 15).row)).toThrow(/8-bit blocks are not made from Q4_0/)
   })
 })
 
 /** A one-node model: y = MatMulNBits(a, B) (+ block sums of a times the minimums), float32
- *  compute; 8-bit blocks (no zero points) where `w` has no qzeros. */
-function matMulNBitsModel(w: { qweight: Uint8Array; scales: Float32Array; qzeros?: Uint8Array; mins?: Float32Array }, N: number, K: number): Uint8Array {
-  const blocks = K / 32
+ *  compute; 8-bit blocks (no zero points) of `w.blockSize` (default 32) where `w` has no qzeros. */
+function matMulNBitsModel(w: { qweight: Uint8Array; scales: Float32Array; qzeros?: Uint8Array; mins?: Float32Array; blockSize?: number }, N: number, K: number): Uint8Array {
+  const blockSize = w.blockSize ?? 32
+  const blocks = K / blockSize
   const bits = w.qzeros ? 4 : 8
   const init = (name: string, dataType: number, dims: number[], bytes: Uint8Array) => ({ name, dataType, dims, rawData: bytes })
   const f32Bytes = (a: Float32Array) => new Uint8Array(a.buffer, a.byteOffset, a.byteLength)
@@ -554,10 +562,10 @@ function matMulNBitsModel(w: { qweight: Uint8Array; scales: Float32Array; qzeros
       domain: 'com.microsoft',
       input: w.qzeros ? ['a', 'B', 'scales', 'zeros'] : ['a', 'B', 'scales'],
       output: [w.mins ? 'product' : 'y'],
-      attribute: [attr('K', K), attr('N', N), attr('bits', bits), attr('block_size', 32), attr('accuracy_level', 0)],
+      attribute: [attr('K', K), attr('N', N), attr('bits', bits), attr('block_size', blockSize), attr('accuracy_level', 0)],
     },
   ]
-  const initializers = [init('B', 2, [N, blocks, (32 * bits) / 8], w.qweight), init('scales', 1, [N, blocks], f32Bytes(w.scales))]
+  const initializers = [init('B', 2, [N, blocks, (blockSize * bits) / 8], w.qweight), init('scales', 1, [N, blocks], f32Bytes(w.scales))]
   if (w.qzeros) initializers.push(init('zeros', 2, [N, Math.ceil(blocks / 2)], w.qzeros))
   if (w.mins) {
     initializers.push(init('mins', 1, [blocks, N], f32Bytes(w.mins)), init('shape', 7, [3], new Uint8Array(new BigInt64Array([0n, BigInt(blocks), 32n]).buffer)))
@@ -614,8 +622,9 @@ describe('imported folders', () => {
 
   it('say what they kept exactly, requantized and dequantized', () => {
     expect(summaries.llama.fp32.tensors.exact).toEqual({})
-    expect(summaries.llama.int4.tensors.exact).toEqual({ Q4_0: 2, Q4_1: 2, Q4_K: 2 })
-    expect(summaries.llama.int4.tensors.requantized).toEqual({ F16: 1, BF16: 1, Q5_0: 1, Q5_1: 1, Q8_0: 1, Q5_K: 1, Q6_K: 2, F32: 1 })
+    // 4-bit blocks as they are, the 5-, 6- and 8-bit ones as 8-bit blocks; float weights requantized.
+    expect(summaries.llama.int4.tensors.exact).toEqual({ Q4_0: 2, Q4_1: 2, Q4_K: 2, Q5_0: 1, Q5_1: 1, Q8_0: 1, Q5_K: 1, Q6_K: 2 })
+    expect(summaries.llama.int4.tensors.requantized).toEqual({ F16: 1, BF16: 1, F32: 1 })
     expect(summaries.qwen2.int4.tensors.exact).toEqual({ Q4_0: 6, Q4_1: 4, Q4_K: 5 }) // the tied lm_head is the Q4_0 embedding
     expect(summaries.qwen2.int4.tensors.requantized).toEqual({})
     const parameters = (TINY.hidden * 384 * 2 + TINY.layers * (2 * TINY.hidden + 2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 512) + TINY.hidden)
@@ -826,7 +835,8 @@ describe('imported folders', () => {
     const int4 = await importGguf({ file, outDir: dirs.int4, weights: 'int4' })
     const kv32 = await importGguf({ file, outDir: dirs.kv32, weights: 'int4', kv: 'fp32' })
     expect([fp32.kv, int4.kv, kv32.kv]).toEqual(['fp32', 'fp16', 'fp32'])
-    expect(int4.tensors.exact).toEqual({ Q4_0: 2, Q4_1: 2, Q4_K: 2, Q8_0: 1 }) // the lm_head's Q8_0 blocks
+    // The layers' exact blocks, and the lm_head's Q8_0 blocks (the second Q8_0) beside a layer's.
+    expect(int4.tensors.exact).toEqual({ Q4_0: 2, Q4_1: 2, Q4_K: 2, Q5_0: 1, Q5_1: 1, Q5_K: 1, Q6_K: 1, Q8_0: 2 })
     const graph = decodeModel(dirs.int4).graph!
     const lmHead = graph.node!.find((n) => n.name === '/lm_head/MatMulNBits')!
     expect(Number(lmHead.attribute!.find((a) => a.name === 'bits')!.i)).toBe(8)
@@ -942,7 +952,7 @@ describe('ortex import (the command)', () => {
     const lines = run.stdout.trim().split('\n')
     expect(lines).toHaveLength(1)
     expect(lines[0]).toMatch(
-      new RegExp(`^${out.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}: llama "tiny llama", [\\d,]+ parameters, int4 weights \\(blocks kept exactly: .*Q4_1 x2.*; requantized to 4 bits: .*Q6_K x2.*; float32: .*\\), int8 activations, float16 KV, [\\d.]+ MB in [\\d.]+ s$`),
+      new RegExp(`^${out.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}: llama "tiny llama", [\\d,]+ parameters, int4 weights \\(blocks kept exactly: .*Q4_1 x2.*Q6_K x2.* \\(Q5_0, Q5_1, Q8_0, Q5_K, Q6_K as 8-bit blocks\\); requantized to 4 bits: .*BF16 x1.*; float32: .*\\), int8 activations, float16 KV, [\\d.]+ MB in [\\d.]+ s$`),
     )
     expect(json(out, 'genai_config.json').model.type).toBe('llama')
     const level0 = ortex(files.llama, '--out', join(root, 'cli-level0'), '--weights', 'int4', '--accuracy-level', '0', '--kv', 'fp32')

@@ -455,11 +455,25 @@ function declarePaged({ d, logitsType }: GraphContext, p: PagedGraph): void {
   })
 }
 
-/** The bits of a block weight `[N, K/32, 32 * bits / 8]`. */
-function blockBitsOf(ctx: GraphContext, qweight: string): number {
-  const blob = ctx.weightDims(qweight)[2] ?? 0
-  if (blob !== 16 && blob !== 32) throw new Error(`${qweight}: blocks of ${blob} bytes are neither 4- nor 8-bit blocks of 32`)
-  return (blob * 8) / 32
+/**
+ * The geometry of a block weight `<proj>.qweight` [N, K / block_size, block_size * bits / 8] of a
+ * projection whose input is K wide: 4-bit blocks of 32, or 8-bit blocks of 32 or 16.
+ */
+function blockGeometry(ctx: GraphContext, proj: string): { N: number; K: number; bits: number; blockSize: number } {
+  const [N = 0, blocks = 0, blob = 0] = ctx.weightDims(`${proj}.qweight`)
+  const K = inputSize(ctx, proj)
+  const blockSize = K / blocks
+  const bits = (blob * 8) / blockSize
+  const known = (bits === 4 && blockSize === 32) || (bits === 8 && (blockSize === 32 || blockSize === 16))
+  if (!known) throw new Error(`${proj}.qweight: ${blocks} blocks of ${blob} bytes over ${K} inputs are neither 4-bit blocks of 32 nor 8-bit blocks of 32 or 16`)
+  return { N, K, bits, blockSize }
+}
+
+/** The input width of a projection (its weight's K). */
+function inputSize({ d }: GraphContext, proj: string): number {
+  if (proj.endsWith('.o_proj')) return d.numHeads * d.headSize
+  if (proj.endsWith('.down_proj')) return d.intermediateSize
+  return d.hiddenSize
 }
 
 function declareInputsOutputs({ g, d, options, kvType, logitsType }: GraphContext): void {
@@ -663,12 +677,12 @@ function packedQkvLinear(ctx: GraphContext, h: string, l: number): string | unde
   if (ctx.options.linear.kind === 'fp32') {
     y = g.op('MatMul', [h, concat('weight', 1)], undefined, { name: `${base}/MatMul` })
   } else {
-    const kinds = projs.map((proj) => [blockBitsOf(ctx, `${proj}.qweight`), ctx.has(`${proj}.qzeros`), ctx.has(`${proj}.mins`)].join())
+    const geometry = projs.map((proj) => blockGeometry(ctx, proj))
+    const kinds = projs.map((proj, i) => [geometry[i]!.bits, geometry[i]!.blockSize, ctx.has(`${proj}.qzeros`), ctx.has(`${proj}.mins`)].join())
     if (new Set(kinds).size !== 1) return undefined
-    const [, blocks = 0] = ctx.weightDims(`${projs[0]}.qweight`)
-    const N = projs.reduce((n, proj) => n + (ctx.weightDims(`${proj}.qweight`)[0] ?? 0), 0)
-    const K = blocks * 32
-    const attrs = { K: I(K), N: I(N), bits: I(blockBitsOf(ctx, `${projs[0]}.qweight`)), block_size: I(32), accuracy_level: I((ctx.options.linear as { accuracyLevel: number }).accuracyLevel) }
+    const N = geometry.reduce((n, x) => n + x.N, 0)
+    const { K, bits, blockSize } = geometry[0]!
+    const attrs = { K: I(K), N: I(N), bits: I(bits), block_size: I(blockSize), accuracy_level: I((ctx.options.linear as { accuracyLevel: number }).accuracyLevel) }
     const zeros = ctx.has(`${projs[0]}.qzeros`) ? [concat('qzeros', 0)] : []
     y = g.op('MatMulNBits', [h, concat('qweight', 0), concat('scales', 0), ...zeros], attrs, { name: `${base}/MatMulNBits`, domain: 'com.microsoft' })
     if (ctx.has(`${projs[0]}.mins`)) {
@@ -853,12 +867,11 @@ function int4Linear(
   outputs: { outputs?: string[] },
 ): string {
   const { g, w } = ctx
-  const [N = 0, blocks = 0] = ctx.weightDims(`${proj}.qweight`)
-  const K = blocks * 32
+  const { N, K, bits, blockSize } = blockGeometry(ctx, proj)
   const hasMins = ctx.has(`${proj}.mins`)
-  const bits = blockBitsOf(ctx, `${proj}.qweight`)
-  const attrs = { K: I(K), N: I(N), bits: I(bits), block_size: I(32), accuracy_level: I(accuracyLevel) }
-  // 8-bit blocks (a Q8_0 lm_head) have no zero points: MatMulNBits takes 128.
+  if (hasMins && blockSize !== 32) throw new Error(`${proj}: minimums need blocks of 32`)
+  const attrs = { K: I(K), N: I(N), bits: I(bits), block_size: I(blockSize), accuracy_level: I(accuracyLevel) }
+  // 8-bit blocks have no zero points: MatMulNBits takes 128.
   const zeros = ctx.has(`${proj}.qzeros`) ? [w(`${proj}.qzeros`)] : []
   const inputs = [x, w(`${proj}.qweight`), w(`${proj}.scales`), ...zeros]
   if (!hasMins) return g.op('MatMulNBits', inputs, attrs, { name: `${base}/MatMulNBits`, domain: 'com.microsoft', ...outputs })

@@ -30,13 +30,15 @@ import { DataType } from '../onnx-builder'
 import { DataFileWriter, asHalfSpecs, floatBytes, layoutWeights, type WeightLayout } from '../weights'
 import { type Architecture, type ModelPlan, planModel } from './architecture'
 import { architectureSpec } from './architectures'
-import { ggmlTypeName } from './ggml-types'
+import { GgmlTypeId, ggmlTypeName } from './ggml-types'
+import { mapsToInt8 } from './int8'
 import { GgufData, type GgufFile, readGguf } from './reader'
 import { type Mapping, type PlannedTensor, planTensors } from './tensors'
 import { type TokenizerConversion, convertTokenizer } from './tokenizer'
 
-/** Bumped whenever the imported bytes for a given file change (2: float16 KV and an 8-bit Q8_0 lm_head in int4 imports). */
-export const IMPORTER_VERSION = 2
+/** Bumped whenever the imported bytes for a given file change (2: float16 KV and an 8-bit Q8_0
+ *  lm_head in int4 imports; 3: every 5-, 6- and 8-bit linear as exact 8-bit blocks in int4 imports). */
+export const IMPORTER_VERSION = 3
 
 export type WeightFormat = 'fp32' | 'int4'
 
@@ -392,7 +394,9 @@ export function describeImport(s: ImportSummary): string {
       .map(([type, n]) => `${type} x${n}`)
       .join(', ')
   const parts: string[] = []
-  if (Object.keys(s.tensors.exact).length > 0) parts.push(`blocks kept exactly: ${list(s.tensors.exact)}`)
+  const exact = Object.keys(s.tensors.exact)
+  const wide = exact.filter((type) => mapsToInt8(GgmlTypeId[type as keyof typeof GgmlTypeId]))
+  if (exact.length > 0) parts.push(`blocks kept exactly: ${list(s.tensors.exact)}${wide.length > 0 ? ` (${wide.join(', ')} as 8-bit blocks)` : ''}`)
   if (Object.keys(s.tensors.requantized).length > 0) parts.push(`requantized to 4 bits: ${list(s.tensors.requantized)}`)
   if (Object.keys(s.tensors.dequantized).length > 0) parts.push(`${s.dtype === 'fp16' ? 'float16' : 'float32'}: ${list(s.tensors.dequantized)}`)
   const name = s.name === undefined ? '' : ` "${s.name}"`

@@ -4,9 +4,11 @@
 //                              fused qkv bias's range of elements)
 //   linear, --weights fp32     float32 [in, out] for MatMul: dequantized rows, unpermuted,
 //                              transposed (the whole tensor is held once, as float32)
-//   linear, --weights int4     MatMulNBits qweight / scales / qzeros (+ mins), int4.ts
-//   lm_head, --weights int4    a Q8_0 lm_head (or the Q8_0 embedding it is tied to) as 8-bit
-//                              MatMulNBits blocks, exactly (int8.ts): qweight / scales
+//   linear, --weights int4     MatMulNBits qweight / scales / qzeros (+ mins), int4.ts: 4-bit
+//                              blocks, the file's own for Q4_0/Q4_1/Q4_K, requantized from
+//                              float ones; the 5-, 6- and 8-bit types (Q5_0, Q5_1, Q5_K, Q6_K,
+//                              Q8_0: also a tied lm_head's embedding) as 8-bit blocks, exactly
+//                              (int8.ts): qweight / scales (+ mins)
 //   cos_cache<suffix>, sin_cache<suffix>
 //                              [context, dims / 2] rotary tables from the metadata, one pair
 //                              per table of the plan (the global one without a suffix)
@@ -23,7 +25,7 @@ import { type ModelPlan, type RotaryPlan, type SourceTensor, inverseFrequencies,
 import { dequantize } from './dequantize'
 import { GgmlTypeId } from './ggml-types'
 import { hasMinimums, mapsExactly, packInt4 } from './int4'
-import { packQ8_0 } from './int8'
+import { int8BlockSize, int8HasMinimums, mapsToInt8, packInt8 } from './int8'
 import type { GgufData, GgufTensorInfo } from './reader'
 
 /** How a source tensor was written: its values as float32, or as MatMulNBits blocks (its own or requantized). */
@@ -54,11 +56,13 @@ export function planTensors(plan: ModelPlan, storage: LinearStorage): PlannedTen
 }
 
 /**
- * A linear weight as MatMulNBits blocks: 4-bit, but 8-bit (exactly) for a Q8_0 lm_head, as
- * llama.cpp keeps it (the lm_head is where 4 bits cost the most: SmolLM2's answers changed).
+ * A linear weight as MatMulNBits blocks: the file's own blocks, 4-bit ones as they are and 5-, 6-
+ * and 8-bit ones as 8-bit blocks (exactly: the lm_head is where 4 bits cost the most, SmolLM2's
+ * answers changed, and Q4_K_M files keep Q6_K and Q5_0 where they matter); float weights are
+ * quantized to 4 bits.
  */
 function blocksTensor(proj: string, t: SourceTensor): PlannedTensor {
-  return proj === 'lm_head' && t.source.type === GgmlTypeId.Q8_0 ? int8Tensor(proj, t) : int4Tensor(proj, t)
+  return mapsToInt8(t.source.type) ? int8Tensor(proj, t) : int4Tensor(proj, t)
 }
 
 /** The rows the weight has: its range of a fused tensor, or all of the source's (a bias's rows
@@ -167,24 +171,28 @@ function int4Tensor(proj: string, t: SourceTensor): PlannedTensor {
   }
 }
 
-/** A Q8_0 linear weight as 8-bit MatMulNBits blocks, `<proj>.qweight` [N, K/32, 32] and
- *  `<proj>.scales` (no zero points: 128). */
+/** A 5-, 6- or 8-bit linear weight as 8-bit MatMulNBits blocks, `<proj>.qweight` [N, K/bs, bs],
+ *  `<proj>.scales` (no zero points: 128) and `<proj>.mins` [K/bs, N] for the types with minimums. */
 function int8Tensor(proj: string, t: SourceTensor): PlannedTensor {
   const N = rowCount(t)
   const K = t.source.dims[0]!
-  if (K % 32 !== 0) throw new Error(`${t.source.name}: rows of ${K} elements cannot be 8-bit blocks of 32`)
-  const blocks = K / 32
+  const bs = int8BlockSize(t.source.type)
+  if (K % bs !== 0) throw new Error(`${t.source.name}: rows of ${K} elements cannot be 8-bit blocks of ${bs}`)
+  const blocks = K / bs
+  const specs: TensorSpec[] = [
+    { name: `${proj}.qweight`, dims: [N, blocks, bs], dataType: DataType.UINT8 },
+    { name: `${proj}.scales`, dims: [N, blocks] },
+  ]
+  if (int8HasMinimums(t.source.type)) specs.push({ name: `${proj}.mins`, dims: [blocks, N] })
   return {
-    specs: [
-      { name: `${proj}.qweight`, dims: [N, blocks, 32], dataType: DataType.UINT8 },
-      { name: `${proj}.scales`, dims: [N, blocks] },
-    ],
+    specs,
     source: t.source,
     mapping: 'exact',
     *chunks(data) {
-      const w = packQ8_0(t.source.type, N, K, (n) => data.rows(t.source, sourceRow(t, n), 1))
+      const w = packInt8(t.source.type, N, K, (n) => data.rows(t.source, sourceRow(t, n), 1))
       yield [0, w.qweight]
       yield [1, asBytes(w.scales)]
+      if (w.mins) yield [2, asBytes(w.mins)]
     },
   }
 }

@@ -2,16 +2,15 @@
 // names, shapes and types alone, then each tensor's bytes appended to the file descriptor as they
 // are made, so a model of a gigabyte never sits in memory. The header (and the metadata values'
 // types) are the test writer's (test/helpers/gguf-writer.ts); its ggufBytes builds a whole file in
-// one Buffer, which is right for the tests' tiny models and wrong here.
-//
-// Also llama.cpp's reference Q4_0 quantizer (ggml-quants.c, quantize_row_q4_0_ref), so that a
-// Q4_0 file is the F32 file's model quantized the way llama-quantize would.
+// one Buffer, which is right for the tests' tiny models and wrong here. llama.cpp's reference Q4_0
+// quantizer lives beside the test writer too, and is re-exported here for the benchmark's files.
 
-import { setFloat16 } from '@petamoriken/float16'
 import { closeSync, openSync, writeSync } from 'node:fs'
 
 import { type MetaValue, ggufHeader } from '../../test/helpers/gguf-writer'
-import { GGML_TYPES, GgmlTypeId } from '../../ts/modelkit/gguf/ggml-types'
+import { GGML_TYPES } from '../../ts/modelkit/gguf/ggml-types'
+
+export { Q4_0_BLOCK, quantizeQ4_0 } from '../../test/helpers/gguf-writer'
 
 /** A tensor as the header describes it; its bytes come later, through GgufStream.append. */
 export interface TensorHeader {
@@ -81,44 +80,4 @@ export class GgufStream {
     closeSync(this.fd)
     if (this.tensor !== this.sizes.length) throw new Error(`the file got ${this.tensor} of its ${this.sizes.length} tensors`)
   }
-}
-
-export const Q4_0_BLOCK = 32
-const Q4_0_BYTES = GGML_TYPES.get(GgmlTypeId.Q4_0)!.typeSize
-
-const f = Math.fround
-
-/**
- * quantize_row_q4_0_ref: per block of 32, d = (the value of largest magnitude, signed) / -8,
- * q = min(15, trunc(x / d + 8.5)) with x / d as x * (1 / d) in float32, element j in the low
- * nibble of byte j and element j + 16 in its high nibble, d stored as float16.
- */
-export function quantizeQ4_0(values: Float32Array): Uint8Array {
-  if (values.length % Q4_0_BLOCK !== 0) throw new Error(`Q4_0 needs whole blocks of ${Q4_0_BLOCK} values, got ${values.length}`)
-  const blocks = values.length / Q4_0_BLOCK
-  const out = new Uint8Array(blocks * Q4_0_BYTES)
-  const view = new DataView(out.buffer)
-  for (let b = 0; b < blocks; b++) {
-    const x = b * Q4_0_BLOCK
-    let amax = 0
-    let max = 0
-    for (let j = 0; j < Q4_0_BLOCK; j++) {
-      const v = values[x + j]!
-      if (amax < Math.abs(v)) {
-        amax = Math.abs(v)
-        max = v
-      }
-    }
-    const d = f(max / -8)
-    const id = d !== 0 ? f(1 / d) : 0
-    const at = b * Q4_0_BYTES
-    setFloat16(view, at, d, true)
-    for (let j = 0; j < Q4_0_BLOCK / 2; j++) {
-      // x * id + 8.5 is at least 0.5 (|x * id| <= 8), so the C cast's truncation is a floor.
-      const q0 = Math.min(15, Math.trunc(f(f(values[x + j]! * id) + 8.5)))
-      const q1 = Math.min(15, Math.trunc(f(f(values[x + j + Q4_0_BLOCK / 2]! * id) + 8.5)))
-      out[at + 2 + j] = q0 | (q1 << 4)
-    }
-  }
-  return out
 }

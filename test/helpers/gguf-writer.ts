@@ -278,3 +278,46 @@ export function randomTensorData(type: number, elements: number, std: number, rn
   }
   return out
 }
+
+// llama.cpp's reference Q4_0 quantizer (ggml-quants.c), so that a Q4_0 file is its F32 twin's model
+// quantized the way llama-quantize would.
+
+export const Q4_0_BLOCK = 32
+const Q4_0_BYTES = GGML_TYPES.get(GgmlTypeId.Q4_0)!.typeSize
+
+const f = Math.fround
+
+/**
+ * quantize_row_q4_0_ref: per block of 32, d = (the value of largest magnitude, signed) / -8,
+ * q = min(15, trunc(x / d + 8.5)) with x / d as x * (1 / d) in float32, element j in the low
+ * nibble of byte j and element j + 16 in its high nibble, d stored as float16.
+ */
+export function quantizeQ4_0(values: Float32Array): Uint8Array {
+  if (values.length % Q4_0_BLOCK !== 0) throw new Error(`Q4_0 needs whole blocks of ${Q4_0_BLOCK} values, got ${values.length}`)
+  const blocks = values.length / Q4_0_BLOCK
+  const out = new Uint8Array(blocks * Q4_0_BYTES)
+  const view = new DataView(out.buffer)
+  for (let b = 0; b < blocks; b++) {
+    const x = b * Q4_0_BLOCK
+    let amax = 0
+    let max = 0
+    for (let j = 0; j < Q4_0_BLOCK; j++) {
+      const v = values[x + j]!
+      if (amax < Math.abs(v)) {
+        amax = Math.abs(v)
+        max = v
+      }
+    }
+    const d = f(max / -8)
+    const id = d !== 0 ? f(1 / d) : 0
+    const at = b * Q4_0_BYTES
+    setFloat16(view, at, d, true)
+    for (let j = 0; j < Q4_0_BLOCK / 2; j++) {
+      // x * id + 8.5 is at least 0.5 (|x * id| <= 8), so the C cast's truncation is a floor.
+      const q0 = Math.min(15, Math.trunc(f(f(values[x + j]! * id) + 8.5)))
+      const q1 = Math.min(15, Math.trunc(f(f(values[x + j + Q4_0_BLOCK / 2]! * id) + 8.5)))
+      out[at + 2 + j] = q0 | (q1 << 4)
+    }
+  }
+  return out
+}

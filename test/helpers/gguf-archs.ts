@@ -40,7 +40,7 @@ export const ARCH_NOTES: Readonly<Record<ArchName, string>> = {
   phi3:
     'fused attn_qkv [hidden, hidden + 2 kv]; ffn_up holds gate then up [hidden, 2 x ff] (SwiGLU); LongRoPE rope_factors_long/short.weight ' +
     '[rotary / 2] with rope.scaling.attn_factor and rope.scaling.original_context_length 256 under context_length 1024 (llama.cpp takes the ' +
-    'long factors when its context is over 256); partial rotary (rope.dimension_count 24 of head 32); an attention.sliding_window of 16 that ' +
+    'long factors when its context is over 256); partial rotary (rope.dimension_count 48 of head 64); an attention.sliding_window of 16 that ' +
     'llama.cpp ignores for phi3; untied',
   smollm3: 'no rotary on every fourth layer (layer 3 of 4): llama.cpp fixes the step at 4, and the converter writes no key for it; tied',
   granite: 'embedding_scale 6, residual_scale 0.5, attention.scale 0.25 (not 1/sqrt(head)) and logit_scale 2 (logits divided by it); tied',
@@ -101,7 +101,7 @@ export interface ArchOptions {
   metadata?: Array<[string, MetaValue]>
   /** phi3: LongRoPE factors and their metadata (default true). */
   longRope?: boolean
-  /** phi3: rope.dimension_count (default 24 of the head's 32). */
+  /** phi3: rope.dimension_count (default 48 of the head's 64). */
   rotaryDims?: number
 }
 
@@ -267,7 +267,7 @@ const DEFINITIONS: Readonly<Record<ArchName, ArchDefinition>> = {
   },
   gemma3: {
     shape: { ...SHAPE, layers: 6, kvHeads: 1, headSize: 64 },
-    seed: 173,
+    seed: 298,
     scales: { embedding: 0.01, qk: 2, residual: 1, logits: 8 },
     vocabulary: { kind: 'spm' },
     tied: true,
@@ -314,8 +314,10 @@ const DEFINITIONS: Readonly<Record<ArchName, ArchDefinition>> = {
     omit: ['rope.freq_base'],
   },
   phi3: {
-    shape: { ...SHAPE, context: 1024 },
-    seed: 73,
+    // Heads of 64 rotated over 48 (partial): GroupQueryAttention rotates multiples of 16, as
+    // Phi-3.5 (96 of 96) and Phi-4-mini (96 of 128) are.
+    shape: { ...SHAPE, heads: 2, kvHeads: 1, headSize: 64, context: 1024 },
+    seed: 37,
     scales: { embedding: 1, qk: 1, residual: 1, logits: 8 },
     vocabulary: { kind: 'bpe', pre: 'gpt-2' },
     tied: false,
@@ -425,7 +427,7 @@ const DEFINITIONS: Readonly<Record<ArchName, ArchDefinition>> = {
   },
 }
 
-const PHI3_ROTARY = 24
+const PHI3_ROTARY = 48
 const PHI3_ORIGINAL_CONTEXT = 256
 const QWEN3MOE_EXPERTS = 8
 const QWEN3MOE_USED = 2
@@ -687,7 +689,7 @@ export const ARCH_FEATURES: Readonly<Record<ArchName, ArchFeature[]>> = {
   phi3: [
     { feature: 'the long rotary factors (short ones at a context of 256)', without: (o) => archModel('phi3', o), contextSize: PHI3_ORIGINAL_CONTEXT },
     { feature: 'rope.scaling.attn_factor', without: (o) => withMetadata(archModel('phi3', o), [['phi3.rope.scaling.attn_factor', undefined]]) },
-    { feature: 'partial rotary (24 of 32)', without: (o) => archModel('phi3', { ...o, rotaryDims: 32 }) },
+    { feature: 'partial rotary (48 of 64)', without: (o) => archModel('phi3', { ...o, rotaryDims: 64 }) },
   ],
   smollm3: [{ feature: 'no rotary on layer 3 (as llama: rotary everywhere)', without: (o) => asArchitecture(archModel('smollm3', o), 'llama') }],
   granite: [

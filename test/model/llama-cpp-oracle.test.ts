@@ -135,13 +135,22 @@ describe('each feature that sets an architecture apart changes llama.cpp\'s toke
   }
 })
 
+/**
+ * How far ortex's float32 logits may be from llama.cpp's on an F32 file: float32 rounding, but
+ * for the GELU-gated architectures, whose GELU llama.cpp's CPU computes through a float16 table
+ * of its input (GGML_GELU_FP16): on these files that moves a logit by up to about 0.02 (of a
+ * spread of about 8), against 1e-4 for the SiLU-gated ones, and never a greedy choice.
+ */
+const LOGIT_TOLERANCE: Partial<Record<(typeof ARCHS)[number], number>> = { gemma3: 0.05, gemma2: 0.05 }
+
 describe("ortex gives llama.cpp's tokens on the same file", () => {
-  for (const arch of ['llama', 'qwen2'] as const) {
+  for (const arch of ARCHS.filter((a) => a !== 'qwen3moe')) {
+    const tolerance = LOGIT_TOLERANCE[arch] ?? 1e-3
     it(`${arch}: the fp32 import of the F32 file: greedy tokens equal, logits within float32 rounding`, async () => {
       const c = await compareWithLlamaCpp(arch, { weights: 'fp32', root })
       expect(c.greedyEqual, describeComparison(c)).toBe(true)
       expect(c.agreement, describeComparison(c)).toBe(1)
-      expect(c.maxLogitError, describeComparison(c)).toBeLessThan(1e-3)
+      expect(c.maxLogitError, describeComparison(c)).toBeLessThan(tolerance)
     })
 
     it(`${arch}: the int4 import of the Q4_0 file with float activations: llama.cpp's greedy tokens and logits on the F32 twin`, async () => {
@@ -149,7 +158,7 @@ describe("ortex gives llama.cpp's tokens on the same file", () => {
       const c = await compareWithLlamaCpp(arch, { weights: 'int4', import: { accuracyLevel: 0, kv: 'fp32' }, reference: 'F32', root })
       expect(c.greedyEqual, describeComparison(c)).toBe(true)
       expect(c.agreement, describeComparison(c)).toBe(1)
-      expect(c.maxLogitError, describeComparison(c)).toBeLessThan(1e-3)
+      expect(c.maxLogitError, describeComparison(c)).toBeLessThan(tolerance)
     })
 
     it(`${arch}: the int4 import of the Q4_0 file: teacher-forced top-1 as llama.cpp's on the Q4_0 file`, async () => {
@@ -160,11 +169,5 @@ describe("ortex gives llama.cpp's tokens on the same file", () => {
       expect(c.agreement, describeComparison(c)).toBeGreaterThanOrEqual(int4AgreementFloor(c))
       expect(c.clearAgreement, describeComparison(c)).toBeGreaterThanOrEqual(0.99)
     })
-  }
-
-  // The architectures the importer is being taught: the same three checks each, written by
-  // whoever teaches it (the importer refuses them today).
-  for (const arch of ARCHS.filter((a) => a !== 'llama' && a !== 'qwen2')) {
-    it.todo(`${arch}: fp32 and int4 (float activations) greedy tokens equal llama.cpp's; int4 teacher-forced top-1 as llama.cpp's on the Q4_0 file`)
   }
 })

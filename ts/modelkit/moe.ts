@@ -8,13 +8,15 @@
 //   qwen2moe passes false)
 //   y = sum over the k experts of weight * down(silu(gate(x)) * up(x))
 //
-// The experts run as plain operators, each expert on the rows that chose it:
+// The experts run as plain operators, each expert on the rows routed to it. A token's k choices
+// are its slots (slot s = token s / k); the slots are sorted by expert, so each expert's rows are
+// one run of the sorted rows:
 //
-//   x [.., H] -> rows [N, H] -> router -> Softmax -> TopK -> weights, scattered into [N, E]
-//                                                     (zero where an expert was not chosen)
-//   for each expert e:  NonZero(column e) = its rows -> Gather -> gate_up -> SiLU * up -> down
-//                       -> times the row's weight
-//   every expert's rows and outputs, concatenated -> ScatterND(add) into zeros [N, H] -> [.., H]
+//   x [.., H] -> rows [N, H] -> router -> Softmax -> TopK -> experts, weights   [N, k]
+//   slots sorted by expert -> X = their rows [N k, H]; per expert e a run [start_e, end_e)
+//   for each expert e:  X[start_e : end_e] -> gate_up -> SiLU(gate) * up -> down
+//   the experts' outputs, concatenated, back in slot order [N, k, H] -> times the weights
+//   -> summed over the k slots (in llama.cpp's order) -> [.., H]
 //
 // Each expert's weights are initializers of their own, so ONNX Runtime prepacks them like any
 // other MatMul / MatMulNBits, and a token costs k experts, not E. ONNX Runtime's fused CPU kernels
@@ -22,6 +24,13 @@
 // qwen3moe's routing with and without renormalization but runs slower than these operators;
 // com.microsoft.QMoE has no per-block minimum (Q4_1, Q4_K are not exact in it), always
 // renormalizes, and runs an order of magnitude slower on the CPU.
+//
+// Load time: ONNX Runtime's memory planner looks for a freed buffer of the same shape for every
+// value whose rank it knows, through all buffers freed so far; values with a dimension it cannot
+// name (an expert's row count) never match, so with known ranks the search grows with every
+// expert of every layer and the model's load time with the square of its experts. The experts'
+// rows are therefore sliced from a view of unknown rank (a Reshape to a shape computed at run
+// time), which their values inherit: the planner skips them.
 //
 // Weights (prefix p, e.g. `model.layers.3.mlp`; gate and up share one projection per expert,
 // gate's F outputs first):
@@ -32,7 +41,7 @@
 //          p.experts.{e}.down_proj.{qweight, scales, qzeros, mins}      llama.ts's int4 storage
 //          (mins only where the blocks have minimums; qweight [N, K/32, 32] for 8-bit blocks)
 
-import { DataType, type GraphBuilder, I, Is, S } from './onnx-builder'
+import { DataType, type GraphBuilder, I, S } from './onnx-builder'
 
 export interface ExpertDims {
   hiddenSize: number
@@ -80,24 +89,28 @@ export function moeFeedForward(graph: MoeGraph, x: string, block: MoeBlock): str
   checkBlock(graph, block)
   const { g } = graph
   const { dims, nodes: base } = block
-  const H = dims.hiddenSize
+  const { hiddenSize: H, numExpertsPerToken: k } = dims
   const rows = g.op('Reshape', [x, g.int64([-1, H])], undefined, { name: `${base}/rows/Reshape` })
-  const weights = routingWeights(graph, rows, block)
-  const inputSums = block.storage.kind === 'int4' && anyMinimums(graph, block) ? blockSums(g, rows, H, `${base}/rows`) : undefined
-  const chosen: string[] = []
-  const outputs: string[] = []
-  for (let e = 0; e < dims.numExperts; e++) {
-    const [tokens, y] = expert(graph, rows, weights, inputSums, block, e)
-    chosen.push(tokens)
-    outputs.push(y)
-  }
-  // Each token's k contributions are added to its row in the order of the experts' index, whatever
-  // else is in the batch, so a row's output does not depend on the other rows.
-  const indices = g.op('Concat', chosen, { axis: I(1) }, { name: `${base}/experts/rows/Concat` })
-  const scatterIndices = g.op('Transpose', [indices], { perm: Is([1, 0]) }, { name: `${base}/experts/rows/Transpose` })
-  const updates = g.op('Concat', outputs, { axis: I(0) }, { name: `${base}/experts/outputs/Concat` })
-  const zeros = g.op('ConstantOfShape', [g.op('Shape', [rows], undefined, { name: `${base}/rows/Shape` })], undefined, { name: `${base}/zeros` })
-  const sum = g.op('ScatterND', [zeros, scatterIndices, updates], { reduction: S('add') }, { name: `${base}/experts/ScatterND` })
+  const { experts, weights } = route(graph, rows, block)
+  const slots = sortSlots(g, experts, dims.numExperts, k, `${base}/slots`)
+  const view = (t: string, tail: number[], name: string) =>
+    g.op('Reshape', [t, tail.length ? g.op('Concat', [slots.unknownLength, g.int64(tail)], { axis: I(0) }, { name: `${name}/shape` }) : slots.unknownLength], undefined, { name })
+  const sortedRows = view(g.op('Gather', [rows, slots.tokens], { axis: I(0) }, { name: `${base}/slots/rows/Gather` }), [H], `${base}/slots/rows/Reshape`)
+  const sums =
+    block.storage.kind === 'int4' && anyMinimums(graph, block)
+      ? view(g.op('Gather', [blockSums(g, rows, H, `${base}/rows`), slots.tokens], { axis: I(0) }, { name: `${base}/slots/block_sums/Gather` }), [H / 32], `${base}/slots/block_sums/Reshape`)
+      : undefined
+  const outputs = Array.from({ length: dims.numExperts }, (_, e) => {
+    const run = (t: string, tag: string) => g.op('Slice', [t, slots.starts[e]!, slots.ends[e]!], undefined, { name: `${base}/experts.${e}/${tag}/Slice` })
+    return expert(graph, run(sortedRows, 'rows'), sums && run(sums, 'block_sums'), block, e)
+  })
+  // Back in slot order: token t's k outputs are rows t k .. t k + k - 1, weighted and added in
+  // slot order as llama.cpp adds them, whatever else is in the batch.
+  const sorted = g.op('Concat', outputs, { axis: I(0) }, { name: `${base}/experts/Concat` })
+  const inSlotOrder = g.op('Gather', [sorted, slots.inverse], { axis: I(0) }, { name: `${base}/slots/Gather` })
+  const perToken = g.op('Reshape', [inSlotOrder, g.int64([-1, k, H])], undefined, { name: `${base}/slots/Reshape` })
+  const weighted = g.op('Mul', [perToken, g.op('Unsqueeze', [weights, g.int64([-1])], undefined, { name: `${base}/weights/Unsqueeze` })], undefined, { name: `${base}/weighted` })
+  const sum = g.op('ReduceSum', [weighted, g.int64([1])], { keepdims: I(0) }, { name: `${base}/ReduceSum` })
   return g.op('Reshape', [sum, g.op('Shape', [x], undefined, { name: `${base}/Shape` })], undefined, { name: `${base}/Reshape` })
 }
 
@@ -111,51 +124,80 @@ function checkBlock(graph: MoeGraph, block: MoeBlock): void {
 }
 
 /**
- * [N, E]: each row's weight for each expert, zero for the experts it did not choose. TopK takes
- * the lower index first among equal probabilities where llama.cpp's sort leaves the order of ties
- * unspecified: the two can pick different experts only on exactly equal probabilities.
+ * Each row's k experts [N, k] (best first) and their weights. TopK takes the lower index first
+ * among equal probabilities where llama.cpp's sort leaves the order of ties unspecified: the two
+ * can choose differently only between exactly equal probabilities.
  */
-function routingWeights(graph: MoeGraph, rows: string, block: MoeBlock): string {
+function route(graph: MoeGraph, rows: string, block: MoeBlock): { experts: string; weights: string } {
   const { g, w } = graph
   const base = `${block.nodes}/router`
   const logits = g.op('MatMul', [rows, w(routerWeightName(block.weights))], undefined, { name: `${base}/MatMul` })
   const probs = g.op('Softmax', [logits], { axis: I(-1) }, { name: `${base}/Softmax` })
-  const [top, chosen] = g.node('TopK', [probs, g.int64([block.dims.numExpertsPerToken])], {
+  const [top, experts] = g.node('TopK', [probs, g.int64([block.dims.numExpertsPerToken])], {
     name: `${base}/TopK`,
     outputs: 2,
     attrs: { axis: I(-1), largest: I(1), sorted: I(1) },
   }) as [string, string]
+  if (!block.renormalize) return { experts, weights: top }
   // llama.cpp clamps the sum to at least 2^-14 before dividing; the k largest of E probabilities
   // sum to at least k / E, above that for any E up to its limit of 1024 experts, so no clamp here.
-  const weights = block.renormalize
-    ? g.op('Div', [top, g.op('ReduceSum', [top, g.int64([-1])], { keepdims: I(1) }, { name: `${base}/ReduceSum` })], undefined, { name: `${base}/Div` })
-    : top
-  const zeros = g.op('ConstantOfShape', [g.op('Shape', [probs], undefined, { name: `${base}/Shape` })], undefined, { name: `${base}/zeros` })
-  return g.op('ScatterElements', [zeros, chosen, weights], { axis: I(1) }, { name: `${base}/ScatterElements` })
+  const sum = g.op('ReduceSum', [top, g.int64([-1])], { keepdims: I(1) }, { name: `${base}/ReduceSum` })
+  return { experts, weights: g.op('Div', [top, sum], undefined, { name: `${base}/Div` }) }
 }
 
-/** Expert e on the rows that chose it: [1, n] row indices (NonZero's form) and [n, H] weighted outputs. */
-function expert(graph: MoeGraph, rows: string, weights: string, inputSums: string | undefined, block: MoeBlock, e: number): [string, string] {
+interface SortedSlots {
+  /** [N k]: the token of each slot, the slots sorted by expert. */
+  tokens: string
+  /** [N k]: where each slot (in slot order) is among the sorted ones. */
+  inverse: string
+  /** Expert e's run of sorted slots: [start, end) as 1-element tensors of unknown rank. */
+  starts: string[]
+  ends: string[]
+  /** [-1], as a tensor whose length is unknown until run time (the views of unknown rank). */
+  unknownLength: string
+}
+
+/**
+ * The slots (N k of them, slot s of token s / k) sorted by expert. TopK is stable (equal keys in
+ * index order), so an expert's rows stay in token order; the runs' bounds are the cumulative
+ * counts of the experts.
+ */
+function sortSlots(g: GraphBuilder, experts: string, E: number, k: number, base: string): SortedSlots {
+  const ids = g.op('Reshape', [experts, g.int64([-1])], undefined, { name: `${base}/ids` })
+  const count = g.op('Shape', [ids], undefined, { name: `${base}/Shape` })
+  const ascending = (t: string, name: string) => {
+    const key = g.op('Cast', [t], { to: I(DataType.FLOAT) }, { name: `${name}/Cast` })
+    return g.node('TopK', [key, count], { name: `${name}/TopK`, outputs: 2, attrs: { axis: I(0), largest: I(0), sorted: I(1) } })[1]!
+  }
+  const order = ascending(ids, `${base}/order`)
+  const inverse = ascending(order, `${base}/inverse`)
+  const tokens = g.op('Div', [order, g.int64([k], [])], undefined, { name: `${base}/tokens` })
+  const ones = g.op('Expand', [g.int64([1]), count], undefined, { name: `${base}/ones` })
+  const counts = g.op('ScatterElements', [g.int64(new Array<number>(E).fill(0)), ids, ones], { axis: I(0), reduction: S('add') }, { name: `${base}/counts` })
+  const ends = g.op('CumSum', [counts, g.int64([0], [])], undefined, { name: `${base}/ends` })
+  const starts = g.op('Sub', [ends, counts], undefined, { name: `${base}/starts` })
+  // [-1] sliced out to a run-time length (N k >= 1), so its length is unknown to shape inference.
+  const unknownLength = g.op('Slice', [g.int64([-1]), g.int64([0]), count], undefined, { name: `${base}/unknown_length` })
+  const split = (t: string, tag: string) =>
+    g.node('Split', [g.op('Reshape', [t, unknownLength], undefined, { name: `${base}/${tag}/Reshape` })], {
+      name: `${base}/${tag}/Split`,
+      outputs: E,
+      attrs: { axis: I(0), num_outputs: I(E) },
+    })
+  return { tokens, inverse, starts: split(starts, 'starts'), ends: split(ends, 'ends'), unknownLength }
+}
+
+/** Expert e on its rows h [n, H] (`sums`: their block sums, where the projection has minimums) -> [n, H]. */
+function expert(graph: MoeGraph, h: string, sums: string | undefined, block: MoeBlock, e: number): string {
   const { g } = graph
   const F = block.dims.expertIntermediateSize
   const base = `${block.nodes}/experts.${e}`
-  const column = g.op('Gather', [weights, g.int64([e], [])], { axis: I(1) }, { name: `${base}/weights/Gather` })
-  // A chosen expert whose weight is exactly zero is skipped: its contribution would be zero.
-  const tokens = g.op('NonZero', [column], undefined, { name: `${base}/NonZero` })
-  const list = g.op('Reshape', [tokens, g.int64([-1])], undefined, { name: `${base}/tokens` })
-  const h = g.op('Gather', [rows, list], { axis: I(0) }, { name: `${base}/rows/Gather` })
-  const sums = inputSums && g.op('Gather', [inputSums, list], { axis: I(0) }, { name: `${base}/rows/block_sums/Gather` })
   const gateUp = projection(graph, h, sums, block, e, 'gate_up_proj')
   const [gate, up] = g.node('Split', [gateUp, g.int64([F, F])], { name: `${base}/Split`, outputs: 2, attrs: { axis: I(-1) } }) as [string, string]
   const sigmoid = g.op('Sigmoid', [gate], undefined, { name: `${base}/act/Sigmoid` })
   const silu = g.op('Mul', [gate, sigmoid], undefined, { name: `${base}/act/Mul` })
   const product = g.op('Mul', [silu, up], undefined, { name: `${base}/Mul` })
-  const down = projection(graph, product, undefined, block, e, 'down_proj')
-  // Weighted after the down projection, as llama.cpp does.
-  const weight = g.op('Reshape', [g.op('Gather', [column, list], { axis: I(0) }, { name: `${base}/weight/Gather` }), g.int64([-1, 1])], undefined, {
-    name: `${base}/weight/Reshape`,
-  })
-  return [tokens, g.op('Mul', [down, weight], undefined, { name: `${base}/weighted` })]
+  return projection(graph, product, undefined, block, e, 'down_proj')
 }
 
 /** h [n, K] -> [n, N] through expert e's projection; `sums`: h's block sums where already gathered. */
@@ -179,8 +221,11 @@ function projection(graph: MoeGraph, h: string, sums: string | undefined, block:
   const zeros = graph.has(`${name}.qzeros`) ? [w(`${name}.qzeros`)] : []
   const product = g.op('MatMulNBits', [h, w(`${name}.qweight`), w(`${name}.scales`), ...zeros], attrs, { name: `${base}/MatMulNBits`, domain: 'com.microsoft' })
   if (!graph.has(`${name}.mins`)) return product
-  // Blocks with minimums (Q4_1, Q4_K): add h's 32-element block sums times the minimums.
-  const offsets = g.op('MatMul', [sums ?? blockSums(g, h, K, base), w(`${name}.mins`)], undefined, { name: `${base}/mins/MatMul` })
+  // Blocks with minimums (Q4_1, Q4_K): add h's 32-element block sums times the minimums. An
+  // expert's own block sums (of its product) are a MatMul by a block indicator, which keeps the
+  // unknown rank and holds for an expert without rows (ReduceSum returns an empty input unreduced).
+  const blockSum = sums ?? g.op('MatMul', [h, blockIndicator(g, K)], undefined, { name: `${base}/block_sums/MatMul` })
+  const offsets = g.op('MatMul', [blockSum, w(`${name}.mins`)], undefined, { name: `${base}/mins/MatMul` })
   return g.op('Add', [product, offsets], undefined, { name: `${base}/mins/Add` })
 }
 
@@ -188,14 +233,17 @@ function anyMinimums(graph: MoeGraph, block: MoeBlock): boolean {
   return Array.from({ length: block.dims.numExperts }, (_, e) => graph.has(`${expertProjectionName(block.weights, e, 'gate_up_proj')}.mins`)).some(Boolean)
 }
 
-/**
- * Sums of the 32-element blocks of x [n, K] along its last axis: [n, K / 32]. The last Reshape
- * is for an expert without rows: ONNX Runtime's ReduceSum returns an empty input unreduced.
- */
+/** Sums of the 32-element blocks of x [n, K] along its last axis: [n, K / 32] (n >= 1). */
 function blockSums(g: GraphBuilder, x: string, K: number, base: string): string {
   const blocks = g.op('Reshape', [x, g.int64([0, K / 32, 32])], undefined, { name: `${base}/block_sums/Reshape` })
-  const sums = g.op('ReduceSum', [blocks, g.int64([-1])], { keepdims: I(1) }, { name: `${base}/block_sums/ReduceSum` })
-  return g.op('Reshape', [sums, g.int64([0, K / 32])], undefined, { name: `${base}/block_sums/Squeeze` })
+  return g.op('ReduceSum', [blocks, g.int64([-1])], { keepdims: I(0) }, { name: `${base}/block_sums/ReduceSum` })
+}
+
+/** [K, K / 32]: 1 where input k is in block b, so x [n, K] times it is x's block sums. */
+function blockIndicator(g: GraphBuilder, K: number): string {
+  const values = new Array<number>(K * (K / 32)).fill(0)
+  for (let i = 0; i < K; i++) values[i * (K / 32) + Math.floor(i / 32)] = 1
+  return g.float(values, [K, K / 32])
 }
 
 function checkDims(graph: MoeGraph, name: string, dims: number[]): void {

@@ -14,7 +14,7 @@
 //
 //   x [.., H] -> rows [N, H] -> router -> Softmax -> TopK -> experts, weights   [N, k]
 //   slots sorted by expert -> X = their rows [N k, H]; per expert e a run [start_e, end_e)
-//   for each expert e:  X[start_e : end_e] -> gate_up -> SiLU(gate) * up -> down
+//   for each expert e:  X[start_e : end_e] -> gate_up -> SiLU(gate) * up -> down   (6 nodes)
 //   the experts' outputs, concatenated, back in slot order [N, k, H] -> times the weights
 //   -> summed over the k slots (in llama.cpp's order) -> [.., H]
 //
@@ -194,8 +194,9 @@ function expert(graph: MoeGraph, h: string, sums: string | undefined, block: Moe
   const base = `${block.nodes}/experts.${e}`
   const gateUp = projection(graph, h, sums, block, e, 'gate_up_proj')
   const [gate, up] = g.node('Split', [gateUp, g.int64([F, F])], { name: `${base}/Split`, outputs: 2, attrs: { axis: I(-1) } }) as [string, string]
-  const sigmoid = g.op('Sigmoid', [gate], undefined, { name: `${base}/act/Sigmoid` })
-  const silu = g.op('Mul', [gate, sigmoid], undefined, { name: `${base}/act/Mul` })
+  // SiLU: com.microsoft.QuickGelu with alpha 1 is x sigmoid(x) in one node (bit for bit Sigmoid and
+  // Mul on the CPU), one node fewer per expert.
+  const silu = g.op('QuickGelu', [gate], { alpha: { kind: 'float', value: 1 } }, { name: `${base}/act/QuickGelu`, domain: 'com.microsoft' })
   const product = g.op('Mul', [silu, up], undefined, { name: `${base}/Mul` })
   return projection(graph, product, undefined, block, e, 'down_proj')
 }
@@ -222,8 +223,9 @@ function projection(graph: MoeGraph, h: string, sums: string | undefined, block:
   const product = g.op('MatMulNBits', [h, w(`${name}.qweight`), w(`${name}.scales`), ...zeros], attrs, { name: `${base}/MatMulNBits`, domain: 'com.microsoft' })
   if (!graph.has(`${name}.mins`)) return product
   // Blocks with minimums (Q4_1, Q4_K): add h's 32-element block sums times the minimums. An
-  // expert's own block sums (of its product) are a MatMul by a block indicator, which keeps the
-  // unknown rank and holds for an expert without rows (ReduceSum returns an empty input unreduced).
+  // expert's own block sums (of its product) are a MatMul by a block indicator, which holds for an
+  // expert without rows (ReduceSum returns an empty input unreduced). MatMul and Add, not Gemm:
+  // Gemm's output is 2-D whatever its input, and a known rank is what the planner searches for.
   const blockSum = sums ?? g.op('MatMul', [h, blockIndicator(g, K)], undefined, { name: `${base}/block_sums/MatMul` })
   const offsets = g.op('MatMul', [blockSum, w(`${name}.mins`)], undefined, { name: `${base}/mins/MatMul` })
   return g.op('Add', [product, offsets], undefined, { name: `${base}/mins/Add` })

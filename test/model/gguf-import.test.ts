@@ -417,7 +417,7 @@ describe('what the importer refuses, by name', () => {
   it('other architectures, experts, partial rotary, YaRN', async () => {
     const cases: Array<[string, TinyGgufOptions['metadata'], RegExp]> = [
       ['qwen35', [['general.architecture', str('qwen35')]], new RegExp(`the architecture "qwen35" is not supported \\(supported: ${ARCHITECTURES.join(', ')}\\)`)],
-      ['moe', [['llama.expert_count', u32(8)]], /llama\.expert_count is 8: mixture-of-experts models are not supported/],
+      ['moe', [['llama.expert_count', u32(8)]], /llama\.expert_count is 8: mixture-of-experts llama models are not supported/],
       ['partial', [['llama.rope.dimension_count', u32(32)]], /partial rotary/],
       ['yarn', [['llama.rope.scaling.type', str('yarn')]], /rope\.scaling\.type "yarn" is not supported/],
     ]

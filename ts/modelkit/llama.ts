@@ -23,6 +23,7 @@
 // The defaults are the random model of `ortex make-model`, whose bytes must not change.
 // See docs/model-format.md for the input/output contract.
 
+import { type ExpertDims, moeFeedForward } from './moe'
 import { DataType, F, GraphBuilder, I, Is, S, type ExternalTensor } from './onnx-builder'
 import {
   LOGITS_INDICES,
@@ -205,6 +206,8 @@ export interface DecoderFeatures {
   rotaries?: RotaryTable[]
   /** Per layer; default every layer on rotary table 0 without a window. */
   layers?: LayerFeatures[]
+  /** Every layer's feed-forward is a mixture of experts (moe.ts, `model.layers.{l}.mlp` weights). */
+  experts?: { dims: ExpertDims; renormalize: boolean }
 }
 
 /** The default rotary table: the whole head, named as make-model and the builder name it. */
@@ -277,8 +280,8 @@ type ElementType = typeof DataType.FLOAT | typeof DataType.FLOAT16
 
 const elementType = (t: KvType): ElementType => (t === 'fp16' ? DataType.FLOAT16 : DataType.FLOAT)
 
-type ResolvedFeatures = Required<Omit<DecoderFeatures, 'attentionSoftcap' | 'residualScale' | 'logitScale' | 'finalSoftcap' | 'embeddingScale' | 'qkNorm'>> &
-  Pick<DecoderFeatures, 'attentionSoftcap' | 'residualScale' | 'logitScale' | 'finalSoftcap' | 'embeddingScale' | 'qkNorm'>
+type OptionalFeature = 'attentionSoftcap' | 'residualScale' | 'logitScale' | 'finalSoftcap' | 'embeddingScale' | 'qkNorm' | 'experts'
+type ResolvedFeatures = Required<Omit<DecoderFeatures, OptionalFeature>> & Pick<DecoderFeatures, OptionalFeature>
 
 /** The features with their defaults, checked against the sizes. */
 function resolveFeatures(d: LlamaDims, f: DecoderFeatures): ResolvedFeatures {
@@ -796,11 +799,16 @@ function rotary({ g, d }: GraphContext, shared: SharedInputs, x: string, base: s
   return g.op('Concat', [lo, hi], { axis: I(3) }, { name: `${base}/Concat` })
 }
 
-/** The gated MLP: down(act(gate(h)) * up(h)), act SiLU (SwiGLU) or GELU-tanh (GeGLU). */
+/** The gated MLP: down(act(gate(h)) * up(h)), act SiLU (SwiGLU) or GELU-tanh (GeGLU); or the
+ *  architecture's mixture of experts. */
 function mlp(ctx: GraphContext, h: string, l: number): string {
   const { g } = ctx
   const p = `model.layers.${l}.mlp`
   const base = `/model/layers.${l}/mlp`
+  if (ctx.f.experts) {
+    const { dims, renormalize } = ctx.f.experts
+    return moeFeedForward(ctx, h, { weights: p, nodes: base, dims, renormalize, storage: ctx.options.linear })
+  }
   const gate = linear(ctx, h, `${p}.gate_proj`, `${base}/gate_proj`)
   const up = linear(ctx, h, `${p}.up_proj`, `${base}/up_proj`)
   const prod = g.op('Mul', [activation(ctx, gate, `${base}/act`), up], undefined, { name: `${base}/Mul` })

@@ -21,8 +21,10 @@
 
 import { OrtexError } from '../../errors'
 import type { DecoderFeatures, LayerFeatures, LlamaDims, RotaryTable } from '../llama'
+import type { ExpertDims } from '../moe'
 import { type ArchMetadata, ARCHITECTURES, type Architecture, type ArchitectureSpec, architectureSpec } from './architectures'
 import { canDequantize } from './dequantize'
+import { type ExpertSources, expertSources, expertTensorNames, readExpertDims } from './experts'
 import { GgmlTypeId, ggmlTypeName } from './ggml-types'
 import { type GgufFile, type GgufTensorInfo, Metadata } from './reader'
 
@@ -66,6 +68,8 @@ export interface ModelPlan {
   features: DecoderFeatures
   rotaries: RotaryPlan[]
   tensors: SourceTensor[]
+  /** A mixture-of-experts model's expert sizes and each layer's router and experts (experts.ts). */
+  experts?: { dims: ExpertDims; layers: ExpertSources[] }
   /** Parameters of the model as the file stores them (the rotary factors excluded). */
   parameters: number
 }
@@ -128,7 +132,7 @@ export function planModel(file: GgufFile, options: { contextLength?: number } = 
   const spec = architectureSpec(arch)
   const am = archMetadata(file, m, arch)
   const expertCount = am.count('expert_count', 0)
-  if (expertCount > 0) refuse(file, `${arch}.expert_count is ${expertCount}: mixture-of-experts models are not supported`)
+  if (expertCount > 0 && !spec.experts) refuse(file, `${arch}.expert_count is ${expertCount}: mixture-of-experts ${arch} models are not supported`)
   if (am.has('attention.clamp_kqv')) refuse(file, `${arch}.attention.clamp_kqv is not supported (q/k/v clamping)`)
   const tensorsByName = new Map(file.tensors.map((t) => [t.name, t]))
   const dims = readDims(file, am, arch, tensorsByName, options.contextLength)
@@ -136,7 +140,8 @@ export function planModel(file: GgufFile, options: { contextLength?: number } = 
   const tiedEmbeddings = !tensorsByName.has('output.weight')
   const attentionBias = tensorsByName.has('blk.0.attn_q.bias') || tensorsByName.has('blk.0.attn_qkv.bias')
   const { rotaries, layers } = rotaryAndWindows(file, am, arch, spec, dims, rotaryDims, tensorsByName)
-  const tensors = mapTensors(file, arch, spec, dims, tensorsByName, { tiedEmbeddings, attentionBias })
+  const experts = spec.experts ? planLayerExperts(file, arch, dims, tensorsByName) : undefined
+  const tensors = mapTensors(file, arch, spec, dims, tensorsByName, { tiedEmbeddings, attentionBias, experts: experts !== undefined })
   const sizes = { hidden: dims.hiddenSize, heads: dims.numHeads, headSize: dims.headSize, layers: dims.numLayers }
   const features: DecoderFeatures = {
     ...(spec.scalars?.(am, sizes) ?? {}),
@@ -145,7 +150,9 @@ export function planModel(file: GgufFile, options: { contextLength?: number } = 
     activation: spec.activation,
     rotaries: rotaries.map(({ suffix, dims }) => ({ suffix, dims })),
     layers,
+    ...(experts && spec.experts ? { experts: { dims: experts.dims, renormalize: spec.experts.renormalize } } : {}),
   }
+  const expertParameters = experts?.layers.reduce((n, l) => n + l.router.elements + l.gate.elements + l.up.elements + l.down.elements, 0) ?? 0
   return {
     architecture: arch,
     name: m.string('general.name', undefined),
@@ -155,8 +162,15 @@ export function planModel(file: GgufFile, options: { contextLength?: number } = 
     features,
     rotaries,
     tensors,
-    parameters: tensors.reduce((n, t) => n + (t.rows ? t.rows.count * (t.role === 'bias' ? 1 : t.source.dims[0]!) : t.source.elements), 0),
+    ...(experts ? { experts } : {}),
+    parameters: expertParameters + tensors.reduce((n, t) => n + (t.rows ? t.rows.count * (t.role === 'bias' ? 1 : t.source.dims[0]!) : t.source.elements), 0),
   }
+}
+
+/** Every layer's router and experts (a mixture-of-experts architecture), checked. */
+function planLayerExperts(file: GgufFile, arch: Architecture, d: LlamaDims, tensors: Map<string, GgufTensorInfo>): NonNullable<ModelPlan['experts']> {
+  const dims = readExpertDims(file, arch, d.hiddenSize)
+  return { dims, layers: Array.from({ length: d.numLayers }, (_, l) => expertSources(file, tensors, l, dims)) }
 }
 
 function readDims(file: GgufFile, am: ArchMetadata, arch: Architecture, tensors: Map<string, GgufTensorInfo>, contextLimit: number | undefined): LlamaDims {
@@ -300,7 +314,7 @@ interface Mapping {
   rows?: { first: number; count: number }
 }
 
-function layerMappings(l: number, d: LlamaDims, spec: ArchitectureSpec, tensors: Map<string, GgufTensorInfo>, attentionBias: boolean): Mapping[] {
+function layerMappings(l: number, d: LlamaDims, spec: ArchitectureSpec, tensors: Map<string, GgufTensorInfo>, attentionBias: boolean, experts: boolean): Mapping[] {
   const H = d.hiddenSize
   const q = d.numHeads * d.headSize
   const kv = d.numKvHeads * d.headSize
@@ -332,14 +346,16 @@ function layerMappings(l: number, d: LlamaDims, spec: ArchitectureSpec, tensors:
   add(`${b}.attn_output.weight`, `${p}.self_attn.o_proj.weight`, 'linear', [q, H])
   if (spec.norms !== 'pre') add(`${b}.post_attention_norm.weight`, `${p}.post_attn_norm.weight`, 'norm', [H])
   if (spec.norms !== 'post') add(`${b}.ffn_norm.weight`, `${p}.post_attention_layernorm.weight`, 'norm', [H])
-  if (spec.fusedGateUp) {
+  if (experts) {
+    // The router and experts are planned apart (experts.ts).
+  } else if (spec.fusedGateUp) {
     add(`${b}.ffn_up.weight`, `${p}.mlp.gate_proj.weight`, 'linear', [H, 2 * ff], { rows: { first: 0, count: ff } })
     add(`${b}.ffn_up.weight`, `${p}.mlp.up_proj.weight`, 'linear', [H, 2 * ff], { rows: { first: ff, count: ff } })
   } else {
     add(`${b}.ffn_gate.weight`, `${p}.mlp.gate_proj.weight`, 'linear', [H, ff])
     add(`${b}.ffn_up.weight`, `${p}.mlp.up_proj.weight`, 'linear', [H, ff])
   }
-  add(`${b}.ffn_down.weight`, `${p}.mlp.down_proj.weight`, 'linear', [ff, H])
+  if (!experts) add(`${b}.ffn_down.weight`, `${p}.mlp.down_proj.weight`, 'linear', [ff, H])
   if (spec.norms !== 'pre') add(`${b}.post_ffw_norm.weight`, `${p}.post_mlp_norm.weight`, 'norm', [H])
   // Biases last in the layer: the data files of the imports before other architectures kept this order.
   if (attentionBias) {
@@ -361,13 +377,14 @@ function mapTensors(
   spec: ArchitectureSpec,
   d: LlamaDims,
   tensors: Map<string, GgufTensorInfo>,
-  options: { tiedEmbeddings: boolean; attentionBias: boolean },
+  options: { tiedEmbeddings: boolean; attentionBias: boolean; experts: boolean },
 ): SourceTensor[] {
   const mappings: Mapping[] = [{ gguf: 'token_embd.weight', name: 'model.embed_tokens.weight', role: 'embedding', dims: [d.hiddenSize, d.vocabSize] }]
-  for (let l = 0; l < d.numLayers; l++) mappings.push(...layerMappings(l, d, spec, tensors, options.attentionBias))
+  for (let l = 0; l < d.numLayers; l++) mappings.push(...layerMappings(l, d, spec, tensors, options.attentionBias, options.experts))
   mappings.push({ gguf: 'output_norm.weight', name: 'model.norm.weight', role: 'norm', dims: [d.hiddenSize] })
   if (!options.tiedEmbeddings) mappings.push({ gguf: 'output.weight', name: 'lm_head.weight', role: 'linear', dims: [d.hiddenSize, d.vocabSize] })
   const used = new Set(GLOBAL_EXTRAS.filter((name) => name === 'rope_freqs.weight' || spec.longRope))
+  if (options.experts) for (let l = 0; l < d.numLayers; l++) for (const name of Object.values(expertTensorNames(l))) used.add(name)
   const mapped = mappings.map(({ gguf, name, role, dims, unpermute, rows }) => {
     const source = tensors.get(gguf) ?? refuse(file, `the tensor "${gguf}" is missing`)
     if (source.dims.join() !== dims.join()) refuse(file, `${gguf} has the shape [${source.dims}], expected [${dims}]`)

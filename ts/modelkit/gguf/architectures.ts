@@ -50,6 +50,9 @@ export interface ArchitectureSpec {
   fusedGateUp?: boolean
   /** LongRoPE: rope_factors_long / rope_factors_short and the attention factor (Phi-3). */
   longRope?: boolean
+  /** Every layer's feed-forward is a mixture of experts (moe.ts): renormalize the top k's
+   *  probabilities or not, as llama.cpp's build_moe_ffn call for the architecture says. */
+  experts?: { renormalize: boolean }
   scalars?: (m: ArchMetadata, sizes: { hidden: number; heads: number; headSize: number; layers: number }) => ArchScalars
   windows?: SlidingWindows
   /** Layers without rotary; undefined: none. */
@@ -87,6 +90,16 @@ export const ARCHITECTURE_SPECS = {
     qkNorm: 'head',
     activation: 'silu',
     note: 'Qwen3 (dense): RMSNorm of each q/k head before the rotary',
+  },
+  qwen3moe: {
+    modelType: 'qwen3_moe',
+    rope: 'neox',
+    norms: 'pre',
+    qkNorm: 'head',
+    activation: 'silu',
+    // qwen3moe.cpp passes norm_w = true whatever the file says (the converter writes no norm_topk_prob).
+    experts: { renormalize: true },
+    note: 'Qwen3 mixture of experts (Qwen3-30B-A3B): each token routed to the top k of n experts, their weights renormalized',
   },
   gemma3: {
     modelType: 'gemma3_text',

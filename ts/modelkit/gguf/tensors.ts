@@ -21,6 +21,7 @@
 import { DataType } from '../onnx-builder'
 import type { LinearStorage } from '../llama'
 import type { TensorSpec } from '../weights'
+import { planExperts } from './experts'
 import { type ModelPlan, type RotaryPlan, type SourceTensor, inverseFrequencies, permutedRow } from './architecture'
 import { dequantize } from './dequantize'
 import { GgmlTypeId } from './ggml-types'
@@ -51,6 +52,7 @@ export function planTensors(plan: ModelPlan, storage: LinearStorage): PlannedTen
     else out.push(rowsTensor(t))
   }
   if (plan.tiedEmbeddings && int4) out.push(blocksTensor('lm_head', plan.tensors.find((t) => t.role === 'embedding')!))
+  plan.experts?.layers.forEach((sources, l) => out.push(...planExperts(sources, `model.layers.${l}.mlp`, plan.experts!.dims, storage)))
   out.push(...rotaryTables(plan))
   return out
 }

@@ -131,6 +131,9 @@ export async function importGguf(options: ImportOptions): Promise<ImportSummary>
   const { weights, kv, accuracyLevel, dtype, attention, paged } = checkOptions(options)
   const file = readGguf(resolve(options.file))
   const plan = planModel(file, options.contextLength === undefined ? {} : { contextLength: options.contextLength })
+  if (plan.experts && dtype === 'fp16') {
+    throw new OrtexError('INVALID_ARGUMENT', `${file.path}: a mixture-of-experts model imports with float32 arithmetic only (its experts' block has no float16 form yet): leave dtype fp32`)
+  }
   const tokenizer = convertTokenizer(file, plan.dims.contextLength)
   if (tokenizer.size > plan.dims.vocabSize) {
     throw new OrtexError('MODEL_LOAD', `${file.path}: the vocabulary has ${tokenizer.size} tokens but the embedding only ${plan.dims.vocabSize} rows`)

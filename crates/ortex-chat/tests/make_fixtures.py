@@ -409,6 +409,23 @@ def fixtures():
         ],
     }
 
+    yield "qwq", {
+        "source": f"PyPI {LLAMA_CPP_SDIST[0]}=={LLAMA_CPP_SDIST[1]} sdist, {LLAMA_CPP_TEMPLATES}/Qwen-QwQ-32B.jinja "
+                  f"(llama.cpp's copy of the Hub template, whose generation prompt opens <think> and closes it again "
+                  f"unless enable_thinking); eos as in Qwen/QwQ-32B's tokenizer_config.json",
+        "tokenizer": bare_tokenizer(llama_cpp_template("Qwen-QwQ-32B.jinja"), eos_token="<|im_end|>",
+                                    pad_token="<|endoftext|>"),
+        "cases": [
+            case("thinking_opened", SYSTEM_USER, extra={"enable_thinking": True}),
+            case("thinking_closed", SYSTEM_USER, extra={"enable_thinking": False}),
+            case("earlier_thinking_stripped", [
+                {"role": "user", "content": "2+2?"},
+                {"role": "assistant", "content": "<think>\nTwo and two.\n</think>\n\n4"},
+                {"role": "user", "content": "3+3?"},
+            ], extra={"enable_thinking": True}),
+        ],
+    }
+
     yield "mistral_nemo", {
         "source": f"PyPI {LLAMA_CPP_SDIST[0]}=={LLAMA_CPP_SDIST[1]} sdist, {LLAMA_CPP_TEMPLATES}/"
                   f"mistralai-Mistral-Nemo-Instruct-2407.jinja (llama.cpp's copy of the Hub template); bos/eos/unk "

@@ -25,8 +25,7 @@ import type { ChatFilesInput, ChatRenderInput, ChatTurnView, TurnOptionsInput } 
 import { JsonCopier, copyJson } from './json'
 import type { Request, Turn } from './request'
 import type { ChatMessage, ChatTemplateOptions, TurnOptions, TurnResult } from './types'
-import type { ToolPlan } from './tools/format'
-import { attachToolPlan } from './tools/options'
+import { type OutputPlan, attachOutputPlan } from './tools/output'
 import { applyToolPlan } from './tools/plan'
 import * as opts from './options'
 import * as v from './validate'
@@ -206,8 +205,8 @@ export interface ChatInit {
   templateOptions: ChatTemplateOptions
   /** Starts the engine's driven loop (as generate does). */
   start(): void
-  /** Tool calling on every send (createChat's tools); null: none. */
-  tools: ToolPlan | null
+  /** How every send's output is read: tool calls (createChat's tools) and reasoning. */
+  output: OutputPlan
 }
 
 /**
@@ -221,7 +220,7 @@ export class Chat {
   private readonly conversation: CoreConversation
   private readonly options: ChatTemplateOptions
   private readonly start: () => void
-  private readonly tools: ToolPlan | null
+  private readonly output: OutputPlan
   private readonly history: ChatMessage[] = []
   private pending: Turn | null = null
 
@@ -233,7 +232,7 @@ export class Chat {
     this.request = init.request
     this.options = init.templateOptions
     this.start = init.start
-    this.tools = init.tools
+    this.output = init.output
     if (init.system !== null) this.history.push({ role: 'system', content: init.system })
   }
 
@@ -254,7 +253,8 @@ export class Chat {
     const messages = [...this.history, message]
     if (messages.length > MAX_CHAT_MESSAGES) throw invalidArgument(`a chat holds at most ${MAX_CHAT_MESSAGES} messages`)
     const renderOptions = { ...this.options, addGenerationPrompt: true }
-    const prompt = this.tools === null ? messages : applyToolPlan(this.tools, this.host, messages, renderOptions, present)
+    const { tools, reasoning } = this.output
+    const prompt = tools === null ? messages : applyToolPlan(tools, this.host, messages, renderOptions, present, reasoning)
     const checked = opts.turnOptions('options', present)
     const input = renderInput(prompt, renderOptions)
     // One call renders, plans, truncates and begins; bad options throw before the context changes.
@@ -263,7 +263,7 @@ export class Chat {
       (id, core) => this.host.beginConversationTurn(id, this.conversation, input, this.parseSpecialTokens, core),
       false,
     )
-    if (this.tools !== null) attachToolPlan(turn, this.tools)
+    attachOutputPlan(turn, this.output)
     this.history.push(message)
     this.pending = turn
     void turn.done.then((result) => this.finished(result))
@@ -278,8 +278,13 @@ export class Chat {
 
   private finished(result: TurnResult): void {
     this.pending = null
+    // The reply goes into the history as OpenAI's messages (and vLLM's, for the reasoning) have
+    // it; the template renders it (Qwen 3's prints the reasoning of the turns since the last user
+    // message and drops the earlier ones).
+    const reply: ChatMessage = { role: 'assistant', content: result.content === undefined ? result.text : (result.content ?? '') }
+    if (typeof result.reasoning === 'string') reply.reasoning_content = result.reasoning
     const calls = result.toolCalls ?? []
-    // The calls go into the history as OpenAI's messages have them; the template renders them.
-    this.history.push(calls.length === 0 ? { role: 'assistant', content: result.content ?? result.text } : { role: 'assistant', content: result.content ?? '', tool_calls: calls })
+    if (calls.length > 0) reply.tool_calls = calls
+    this.history.push(reply)
   }
 }

@@ -14,9 +14,9 @@ import type { OrtexError } from './errors'
 import type { ChatRenderInput } from './generated/boundary'
 import { JsonCopier } from './json'
 import type { Request, Turn } from './request'
-import type { ToolPlan } from './tools/format'
-import { TOOL_KEYS, attachToolPlan, takeToolPlan } from './tools/options'
-import { applyToolPlan, toolFamily } from './tools/plan'
+import { type OutputPlan, attachOutputPlan } from './tools/output'
+import { TOOL_KEYS, takeToolPlan } from './tools/options'
+import { applyToolPlan, reasoningPlan, toolFamily } from './tools/plan'
 import type { ChatMessage, ChatOptions, ChatTemplateOptions, CreateChatOptions, RequestOptions } from './types'
 import * as opts from './options'
 import * as v from './validate'
@@ -49,8 +49,8 @@ interface ChatArguments {
   parseSpecialTokens: boolean
   /** The request's and the turn's options. */
   present: Map<string, unknown>
-  /** Tool calling (tools/); null: none. */
-  tools: ToolPlan | null
+  /** How the output is read: tool calls and reasoning (tools/). */
+  output: OutputPlan
 }
 
 /** @internal The chat calls of one engine, and its template once loaded. */
@@ -79,7 +79,7 @@ export class EngineChat {
     return this.beginChat(this.chatArguments(messages, options))
   }
 
-  private beginChat({ template, input, parseSpecialTokens, present, tools }: ChatArguments): Turn {
+  private beginChat({ template, input, parseSpecialTokens, present, output }: ChatArguments): Turn {
     const { request, checked } = this.engine.ownedRequest(present)
     let turn: Turn
     try {
@@ -89,7 +89,7 @@ export class EngineChat {
       request.close()
       throw chat.toChatError(error)
     }
-    if (tools !== null) attachToolPlan(turn, tools)
+    attachOutputPlan(turn, output)
     this.engine.start()
     return turn
   }
@@ -102,7 +102,7 @@ export class EngineChat {
     const args = this.chatArguments(messages, options)
     const core = this.engine.core as Partial<NativeCoreEngine>
     if (core.beginChatTurnAsync === undefined) return this.beginChat(args)
-    const { template, input, parseSpecialTokens, present, tools } = args
+    const { template, input, parseSpecialTokens, present, output } = args
     const json = chat.renderInputJson(input)
     const { request, checked } = this.engine.ownedRequest(present)
     let turn: Turn
@@ -112,7 +112,7 @@ export class EngineChat {
       request.close()
       throw this.engine.convertError(error)
     }
-    if (tools !== null) attachToolPlan(turn, tools)
+    attachOutputPlan(turn, output)
     this.engine.start()
     return turn
   }
@@ -128,9 +128,11 @@ export class EngineChat {
     this.engine.checkUsable()
     const template = this.loadChatTemplate()
     const host = this.chatHost()
-    const tools = takeToolPlan('options', present, templateOptions.tools, () => toolFamily(host, (messages, options) => chat.render(host, messages, options)))
-    const prompt = tools === null ? checked : applyToolPlan(tools, host, checked, templateOptions, present)
-    return { template, input: chat.renderInput(prompt, { ...templateOptions, addGenerationPrompt: true }), parseSpecialTokens, present, tools }
+    const render = (messages: ChatMessage[], options: ChatTemplateOptions) => chat.render(host, messages, options)
+    const tools = takeToolPlan('options', present, templateOptions.tools, () => toolFamily(host, render))
+    const reasoning = reasoningPlan(host, render, templateOptions)
+    const prompt = tools === null ? checked : applyToolPlan(tools, host, checked, templateOptions, present, reasoning)
+    return { template, input: chat.renderInput(prompt, { ...templateOptions, addGenerationPrompt: true }), parseSpecialTokens, present, output: { tools, reasoning } }
   }
 
   /** A conversation on one request: `send(content)` returns the reply's Turn and prefills only
@@ -145,9 +147,11 @@ export class EngineChat {
     const host = this.chatHost()
     // Fail now, not at the first send, on a folder without a template.
     host.template()
-    const tools = takeToolPlan('options', present, templateOptions.tools, () => toolFamily(host, (messages, options) => chat.render(host, messages, options)))
+    const render = (messages: ChatMessage[], options: ChatTemplateOptions) => chat.render(host, messages, options)
+    const tools = takeToolPlan('options', present, templateOptions.tools, () => toolFamily(host, render))
+    const reasoning = reasoningPlan(host, render, templateOptions)
     const request = this.engine.createRequest(Object.fromEntries(present))
-    return new chat.Chat({ host, parseSpecialTokens, request, system, templateOptions, tools, start: () => this.engine.start() })
+    return new chat.Chat({ host, parseSpecialTokens, request, system, templateOptions, output: { tools, reasoning }, start: () => this.engine.start() })
   }
 
   private chatHost(): chat.ChatHost {

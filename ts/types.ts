@@ -349,7 +349,11 @@ export interface TurnResult {
   logprobs?: TokenLogprob[]
   /** A chat turn with tools: the calls the model made (empty when it answered in text). */
   toolCalls?: ToolCall[]
-  /** A chat turn with tools: the text for the user, without the calls' markup (null when the
-   *  turn was only calls); `text` stays what the model wrote. */
+  /** A chat turn with tools, or whose template thinks between tags: the text for the user,
+   *  without the calls' markup and the reasoning block (null when the turn was only calls, or
+   *  only reasoning); `text` stays what the model wrote. */
   content?: string | null
+  /** A chat turn whose template thinks between tags (Qwen 3's `<think>`): the thinking, trimmed;
+   *  null when the turn did not think. */
+  reasoning?: string | null
 }

@@ -1,12 +1,10 @@
 // The tool options of engine.chat and engine.createChat (`tools`, `toolChoice`,
-// `parallelToolCalls`), checked into a ToolPlan, and what a turn with a plan gets: its prompt
-// shaped for the template's family, its constraint, and its calls parsed on its result.
+// `parallelToolCalls`), checked into a ToolPlan, and the parser of a turn's calls under a plan
+// (output.ts parses a turn's result with it).
 
 import { randomBytes } from 'node:crypto'
 
 import { invalidArgument } from '../errors'
-import type { Turn } from '../request'
-import type { TurnResult } from '../types'
 import * as v from '../validate'
 import { type ToolFamily, type ToolFunction, type ToolMode, type ToolPlan } from './format'
 import { ToolCallParser } from './parse'
@@ -87,37 +85,4 @@ export function newCallId(family: ToolFamily): () => string {
 /** The parser for a turn's output under `plan` (a stream's deltas, or the whole text). */
 export function toolCallParser(plan: ToolPlan): ToolCallParser {
   return new ToolCallParser(plan.family, newCallId(plan.family))
-}
-
-/** `result` with the calls its text holds, and the content beside them. */
-export function withToolCalls(plan: ToolPlan, result: TurnResult): TurnResult {
-  const parser = toolCallParser(plan)
-  parser.push(result.text)
-  parser.finish()
-  const { content, toolCalls } = parser.result()
-  return { ...result, toolCalls, content }
-}
-
-/** Each turn with tools, with its plan: the server streams its calls with it. */
-const plans = new WeakMap<Turn, ToolPlan>()
-
-/** A chat turn begun with `plan`: its result will carry the calls. `done` becomes the parsed
- *  result (a view over the turn's own, whenever it finished), so nothing of the turn's machinery
- *  knows about tools. */
-export function attachToolPlan(turn: Turn, plan: ToolPlan): void {
-  plans.set(turn, plan)
-  const done = turn.done.then((result) => {
-    try {
-      return withToolCalls(plan, result)
-    } catch {
-      // A turn's end never rejects: text the parser could not read is all content.
-      return { ...result, toolCalls: [], content: result.text }
-    }
-  })
-  Object.defineProperty(turn, 'done', { value: done, enumerable: true })
-}
-
-/** The tool plan `turn` was begun with; null for a turn without tools. */
-export function toolPlanOf(turn: Turn): ToolPlan | null {
-  return plans.get(turn) ?? null
 }

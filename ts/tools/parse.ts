@@ -5,6 +5,7 @@
 //   hermes    content <tool_call>{"name":..,"arguments":..}</tool_call> <tool_call>..</tool_call>
 //   llama3    {"name":..,"parameters":..}        (or <|python_tag|>{...}); any other start is content
 //   mistral   content [TOOL_CALLS][{"name":..,"arguments":..}, ...]
+//   phi4      content <|tool_call|>[{"name":..,"arguments":..}, ...]<|/tool_call|>
 //   generic   {"tool_calls":[{"name":..,"arguments":..}, ...]}  or  {"response": "content"}
 //
 // Text that may still turn out to start a call (`<tool_` at the end of what arrived) is held back
@@ -12,6 +13,7 @@
 
 import { JsonScanner, type JsonLayout } from './json-scan'
 import type { ToolFamily } from './format'
+import { partialSuffix } from './reasoning'
 import type { ToolCall } from '../types'
 
 /** One streamed change to a call: its first delta has the id and name, later ones argument text. */
@@ -47,6 +49,7 @@ const SYNTAX: Record<ToolFamily, FamilySyntax> = {
   hermes: { trigger: '<tool_call>', closer: '</tool_call>', layout: { ...CALL, argumentKeys: ['arguments', 'parameters'] } },
   llama3: { trigger: null, closer: null, layout: { ...CALL, argumentKeys: ['parameters', 'arguments'] } },
   mistral: { trigger: '[TOOL_CALLS]', closer: null, layout: { callDepth: 2, callsKey: null, contentKey: null, argumentKeys: ['arguments', 'parameters'] } },
+  phi4: { trigger: '<|tool_call|>', closer: '<|/tool_call|>', layout: { callDepth: 2, callsKey: null, contentKey: null, argumentKeys: ['arguments', 'parameters'] } },
   generic: { trigger: null, closer: null, layout: { callDepth: 3, callsKey: 'tool_calls', contentKey: 'response', argumentKeys: ['arguments', 'parameters'] } },
 }
 
@@ -210,7 +213,7 @@ export class ToolCallParser {
     if (scanner.done) this.mode = this.syntax.closer !== null ? 'closer' : 'text'
   }
 
-  /** hermes: whitespace and the closing tag after a call's JSON are not content. */
+  /** hermes and phi4: whitespace and the closing tag after the calls' JSON are not content. */
   private closer(ending: boolean): void {
     const closer = this.syntax.closer!
     const text = this.held.trimStart()
@@ -267,12 +270,4 @@ function normalizedArguments(raw: string): string {
   } catch {
     return raw
   }
-}
-
-/** The length of the longest suffix of `text` that is a proper prefix of `word`. */
-function partialSuffix(text: string, word: string): number {
-  for (let n = Math.min(word.length - 1, text.length); n > 0; n--) {
-    if (text.endsWith(word.slice(0, n))) return n
-  }
-  return 0
 }

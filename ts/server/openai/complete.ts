@@ -10,7 +10,7 @@ import type { ServerResponse } from 'node:http'
 
 import type { Engine } from '../../engine'
 import { OrtexError } from '../../errors'
-import { toolCallParser, toolPlanOf } from '../../tools/options'
+import { OutputParser, outputPlanOf } from '../../tools/output'
 import type { ToolCallDelta } from '../../tools/parse'
 import type { Turn } from '../../request'
 import type { FinishReason, TokenLogprob, TurnResult } from '../../types'
@@ -91,7 +91,8 @@ async function startTurn(context: CompletionContext, job: CompletionJob): Promis
     if (turn.maxGeneratedTokens === undefined && context.defaultMaxTokens !== undefined) {
       turn.maxGeneratedTokens = context.defaultMaxTokens
     }
-    return engine.chatAsync(job.messages!, job.tools === null ? turn : { ...turn, ...job.tools })
+    const options = job.tools === null ? turn : { ...turn, ...job.tools }
+    return engine.chatAsync(job.messages!, job.templateVariables === undefined ? options : { ...options, variables: job.templateVariables })
   }
   return engine.generate(job.prompt!, job.turn)
 }
@@ -219,10 +220,12 @@ function choiceDelta(
   finish: OpenAiFinishReason | null,
   logprobs: object | null = null,
   calls: ToolCallDelta[] = [],
+  reasoning = '',
 ): object {
   if (job.kind === 'completion') return { index: 0, text: text ?? '', logprobs, finish_reason: finish }
   const delta: Record<string, unknown> = {}
   if (role) delta.role = 'assistant'
+  if (reasoning.length > 0) delta.reasoning_content = reasoning
   if (text !== null) delta.content = text
   if (calls.length > 0) delta.tool_calls = calls.map(toolCallDelta)
   return { index: 0, delta, logprobs, finish_reason: finish }
@@ -299,7 +302,11 @@ function startError(context: CompletionContext, job: CompletionJob, error: unkno
  *  constraint the core cannot compile is the tools' own when the request has tools). */
 function optionParam(message: string, job: CompletionJob): string | null {
   if (message.startsWith('options.constraint cannot be combined with tools')) return 'response_format'
-  if (message.startsWith('constraint')) return job.tools !== null ? 'tools' : 'response_format'
+  if (message.startsWith('constraint')) {
+    const own = job.turn.constraint?.type
+    if (own === 'regex' || own === 'lark') return 'structured_outputs'
+    return job.tools !== null ? 'tools' : 'response_format'
+  }
   for (const [option, param] of [
     ['options.toolChoice', 'tool_choice'],
     ['options.parallelToolCalls', 'parallel_tool_calls'],
@@ -335,6 +342,9 @@ async function answerTurn(context: CompletionContext, job: CompletionJob, turn: 
   const finish = finishReasonOf(result.finishReason, calls.length > 0)
   const logprobs = new LogprobWriter(job).shape(result.logprobs ?? [])
   const message: Record<string, unknown> = { role: 'assistant', content: result.content === undefined ? result.text : result.content, refusal: null }
+  // A template whose model thinks between tags: the thinking apart, as vLLM's reasoning parsers
+  // give it (null when the turn did not think).
+  if (result.reasoning !== undefined) message.reasoning_content = result.reasoning
   if (calls.length > 0) message.tool_calls = calls
   const choice = job.kind === 'chat' ? { index: 0, message, logprobs, finish_reason: finish } : { index: 0, text: result.text, logprobs, finish_reason: finish }
   sink.json(200, { ...shape, choices: [choice], usage: usageOf(result) })
@@ -381,19 +391,20 @@ async function streamTurn(context: CompletionContext, job: CompletionJob, turn: 
   // log-probability with the next chunk that has text.
   let pending: TokenLogprob[] = []
   let sent = ''
-  // A turn with tools streams what its text parses into: content, and each call's deltas.
-  const plan = toolPlanOf(turn)
-  const parser = plan === null ? null : toolCallParser(plan)
-  const sendParsed = async (content: string, calls: ToolCallDelta[]): Promise<void> => {
-    if (content.length === 0 && calls.length === 0) return
-    await sink.write(event([choiceDelta(job, content.length > 0 ? content : null, false, null, logprobs.shape(pending), calls)]))
+  // A turn with tools, or whose template thinks between tags, streams what its text parses into:
+  // reasoning, content, and each call's deltas.
+  const plan = outputPlanOf(turn)
+  const parser = plan === null ? null : new OutputParser(plan)
+  const sendParsed = async (reasoning: string, content: string, calls: ToolCallDelta[]): Promise<void> => {
+    if (reasoning.length === 0 && content.length === 0 && calls.length === 0) return
+    await sink.write(event([choiceDelta(job, content.length > 0 ? content : null, false, null, logprobs.shape(pending), calls, reasoning)]))
     pending = []
   }
   const send = async (text: string): Promise<void> => {
     sent += text
     if (parser !== null) {
       const piece = parser.push(text)
-      return sendParsed(piece.content, piece.calls)
+      return sendParsed(piece.reasoning, piece.content, piece.calls)
     }
     await sink.write(event([choiceDelta(job, text, false, null, logprobs.shape(pending))]))
     pending = []
@@ -415,7 +426,7 @@ async function streamTurn(context: CompletionContext, job: CompletionJob, turn: 
   if (result.text.length > sent.length && result.text.startsWith(sent)) await send(result.text.slice(sent.length))
   if (parser !== null) {
     const last = parser.finish()
-    await sendParsed(last.content, last.calls)
+    await sendParsed(last.reasoning, last.content, last.calls)
   }
   const called = parser !== null && parser.result().toolCalls.length > 0
   if (result.finishReason === 'failed') {

@@ -3,7 +3,7 @@
 
 import type { ChatMessage, TurnOptions } from '../../types'
 import { ApiError, invalidParam, unsupportedParam } from './errors'
-import { type ChatTools, chatTools, messageKeys, responseFormat, toolMessageFields } from './tools'
+import { type ChatTools, chatTemplateKwargs, chatTools, messageKeys, responseFormat, structuredOutputs, toolMessageFields } from './tools'
 
 export type JobKind = 'chat' | 'completion'
 
@@ -22,6 +22,8 @@ export interface CompletionJob {
   logprobs: { top: number } | null
   /** kind 'chat': the tools the model may call; null when none. */
   tools: ChatTools | null
+  /** kind 'chat': `chat_template_kwargs`, the template's variables; undefined when none. */
+  templateVariables?: Record<string, unknown>
 }
 
 /** OpenAI's limits on alternatives: 20 for chat, 5 for completions. */
@@ -57,13 +59,15 @@ const CHAT_UNSUPPORTED: Record<string, string> = {
   logit_bias: 'logit_bias is not supported',
 }
 const TOOL_FIELDS = ['tools', 'tool_choice', 'parallel_tool_calls', 'response_format']
+/** Extensions of vLLM's (and llama.cpp's, for the kwargs) chat requests. */
+const TEMPLATE_FIELDS = ['chat_template_kwargs', 'structured_outputs']
 const COMPLETION_UNSUPPORTED: Record<string, string> = {
   logit_bias: 'logit_bias is not supported',
   echo: 'echo is not supported',
   suffix: 'suffix is not supported',
   best_of: 'best_of is not supported',
 }
-const CHAT_FIELDS = [...SAMPLING_FIELDS, 'messages', 'max_completion_tokens', 'logprobs', 'top_logprobs', ...TOOL_FIELDS, ...Object.keys(CHAT_UNSUPPORTED)]
+const CHAT_FIELDS = [...SAMPLING_FIELDS, 'messages', 'max_completion_tokens', 'logprobs', 'top_logprobs', ...TOOL_FIELDS, ...TEMPLATE_FIELDS, ...Object.keys(CHAT_UNSUPPORTED)]
 const COMPLETION_FIELDS = [...SAMPLING_FIELDS, 'prompt', 'logprobs', ...Object.keys(COMPLETION_UNSUPPORTED)]
 const ROLES = new Set(['system', 'developer', 'user', 'assistant', 'tool'])
 
@@ -303,9 +307,12 @@ export function parseChatRequest(value: unknown): CompletionJob {
   const maxTokens = integer(body, 'max_completion_tokens', 1, 2 ** 31 - 1) ?? legacyMaxTokens
   const logprobs = chatLogprobs(body)
   const turn = withLogprobs(turnOptions(body, maxTokens), logprobs)
-  const constraint = responseFormat(body)
+  const constraint = structuredOutputs(body) ?? responseFormat(body)
   if (constraint !== undefined) turn.constraint = constraint
-  return { kind: 'chat', ...common(body), messages: messages(body), prompt: null, turn, logprobs, tools: chatTools(body) }
+  const job: CompletionJob = { kind: 'chat', ...common(body), messages: messages(body), prompt: null, turn, logprobs, tools: chatTools(body) }
+  const variables = chatTemplateKwargs(body)
+  if (variables !== undefined) job.templateVariables = variables
+  return job
 }
 
 /** OpenAI's default for /v1/completions. */

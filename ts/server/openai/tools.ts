@@ -1,7 +1,8 @@
-// The chat fields of tool calling and structured output: `tools`, `tool_choice`,
-// `parallel_tool_calls`, `response_format`, and the messages that carry calls (an assistant's
-// `tool_calls`, a `tool` message's result), checked as OpenAI checks them and turned into the
-// engine's chat options (ToolOptions, TurnOptions.constraint).
+// The chat fields of tool calling, structured output and the template: `tools`, `tool_choice`,
+// `parallel_tool_calls`, `response_format`, vLLM's `structured_outputs` and `chat_template_kwargs`,
+// and the messages that carry calls and reasoning (an assistant's `tool_calls` and
+// `reasoning_content`, a `tool` message's result), checked as OpenAI checks them and turned into
+// the engine's chat options (ToolOptions, TurnOptions.constraint, ChatTemplateOptions.variables).
 
 import type { ChatMessage, Constraint, FunctionTool, ToolChoice } from '../../types'
 import { invalidParam } from './errors'
@@ -111,12 +112,48 @@ export function responseFormat(body: Body): Constraint | undefined {
   throw invalidParam('response_format.type', `response_format.type must be "text", "json_object" or "json_schema", got ${JSON.stringify(format.type)}`, 'invalid_value')
 }
 
-/** The fields of an assistant message with calls, or of a tool message, checked. */
+/** vLLM's `structured_outputs` (`regex`, or `grammar`: a Lark grammar in llguidance's dialect) as
+ *  the turn's constraint; undefined when absent. One kind per request, and not beside
+ *  `response_format`. */
+export function structuredOutputs(body: Body): Constraint | undefined {
+  if (!present(body, 'structured_outputs')) return undefined
+  const spec = body.structured_outputs
+  if (!isObject(spec)) throw invalidParam('structured_outputs', 'structured_outputs must be an object', 'invalid_type')
+  const kinds = Object.keys(spec).filter((key) => present(spec, key))
+  for (const key of kinds) {
+    if (key !== 'regex' && key !== 'grammar') {
+      throw invalidParam(`structured_outputs.${key}`, `structured_outputs.${key} is not supported (regex and grammar are; use response_format for JSON)`, 'unsupported_parameter')
+    }
+  }
+  if (kinds.length !== 1) throw invalidParam('structured_outputs', 'structured_outputs must hold exactly one of regex or grammar', 'invalid_value')
+  if (present(body, 'response_format')) throw invalidParam('structured_outputs', 'structured_outputs cannot be combined with response_format', 'invalid_value')
+  const key = kinds[0]!
+  const value = spec[key]
+  if (typeof value !== 'string' || value.length === 0) throw invalidParam(`structured_outputs.${key}`, `structured_outputs.${key} must be a non-empty string`, 'invalid_type')
+  return key === 'regex' ? { type: 'regex', pattern: value } : { type: 'lark', grammar: value }
+}
+
+/** `chat_template_kwargs` (vLLM's and llama.cpp's): more variables for the chat template, such as
+ *  `enable_thinking`; undefined when absent. */
+export function chatTemplateKwargs(body: Body): Record<string, unknown> | undefined {
+  if (!present(body, 'chat_template_kwargs')) return undefined
+  const kwargs = body.chat_template_kwargs
+  if (!isObject(kwargs)) throw invalidParam('chat_template_kwargs', 'chat_template_kwargs must be an object', 'invalid_type')
+  return kwargs
+}
+
+/** The fields of an assistant message with calls or reasoning, or of a tool message, checked. */
 export function toolMessageFields(param: string, m: Body, out: ChatMessage): void {
   if (m.role === 'assistant' && present(m, 'tool_calls')) {
     const calls = m.tool_calls
     if (!Array.isArray(calls)) throw invalidParam(`${param}.tool_calls`, `${param}.tool_calls must be an array`, 'invalid_type')
     out.tool_calls = calls.map((call, i) => toolCall(`${param}.tool_calls[${i}]`, call))
+  }
+  // An earlier reply's thinking, as this server (and vLLM) returned it: templates that print it
+  // (Qwen 3's, for the turns since the last user message) read `reasoning_content`.
+  if (m.role === 'assistant' && present(m, 'reasoning_content')) {
+    if (typeof m.reasoning_content !== 'string') throw invalidParam(`${param}.reasoning_content`, `${param}.reasoning_content must be a string`, 'invalid_type')
+    out.reasoning_content = m.reasoning_content
   }
   if (m.role === 'tool') {
     if (typeof m.tool_call_id !== 'string') throw invalidParam(`${param}.tool_call_id`, `${param}.tool_call_id must be a string`, 'missing_required_parameter')
@@ -138,7 +175,7 @@ function toolCall(param: string, call: unknown): object {
 
 /** The keys each role's message may have. */
 export function messageKeys(role: unknown): readonly string[] {
-  if (role === 'assistant') return ['role', 'content', 'name', 'tool_calls', 'refusal']
+  if (role === 'assistant') return ['role', 'content', 'name', 'tool_calls', 'refusal', 'reasoning_content']
   if (role === 'tool') return ['role', 'content', 'tool_call_id']
   return ['role', 'content', 'name']
 }

@@ -416,7 +416,8 @@ describe('what the importer refuses, by name', () => {
 
   it('other architectures, experts, partial rotary, YaRN', async () => {
     const cases: Array<[string, TinyGgufOptions['metadata'], RegExp]> = [
-      ['qwen35', [['general.architecture', str('qwen35')]], new RegExp(`the architecture "qwen35" is not supported \\(supported: ${ARCHITECTURES.join(', ')}\\)`)],
+      ['qwen35', [['general.architecture', str('qwen35')]], new RegExp(`the architecture "qwen35" is not supported: the importer lacks Qwen3\\.5's linear-attention \\(Gated DeltaNet\\) layers, .* \\(supported: ${ARCHITECTURES.join(', ')}\\)`)],
+      ['jamba', [['general.architecture', str('jamba')]], new RegExp(`the architecture "jamba" is not supported \\(supported: ${ARCHITECTURES.join(', ')}\\)`)],
       ['moe', [['llama.expert_count', u32(8)]], /llama\.expert_count is 8: mixture-of-experts llama models are not supported/],
       ['partial', [['llama.rope.dimension_count', u32(32)]], /partial rotary/],
       ['yarn', [['llama.rope.scaling.type', str('yarn')]], /rope\.scaling\.type "yarn" is not supported/],

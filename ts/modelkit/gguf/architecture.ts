@@ -22,7 +22,7 @@
 import { OrtexError } from '../../errors'
 import type { DecoderFeatures, LayerFeatures, LlamaDims, RotaryTable } from '../llama'
 import type { ExpertDims } from '../moe'
-import { type ArchMetadata, ARCHITECTURES, type Architecture, type ArchitectureSpec, architectureSpec } from './architectures'
+import { type ArchMetadata, ARCHITECTURES, type Architecture, type ArchitectureSpec, UNSUPPORTED_ARCHITECTURES, architectureSpec } from './architectures'
 import { canDequantize } from './dequantize'
 import { type ExpertSources, expertSources, expertTensorNames, readExpertDims } from './experts'
 import { GgmlTypeId, ggmlTypeName } from './ggml-types'
@@ -126,7 +126,8 @@ export function planModel(file: GgufFile, options: { contextLength?: number } = 
   const m = new Metadata(file)
   const architecture = m.string('general.architecture')
   if (!(ARCHITECTURES as readonly string[]).includes(architecture)) {
-    refuse(file, `the architecture "${architecture}" is not supported (supported: ${ARCHITECTURES.join(', ')})`)
+    const missing = UNSUPPORTED_ARCHITECTURES[architecture]
+    refuse(file, `the architecture "${architecture}" is not supported${missing ? `: the importer lacks ${missing}` : ''} (supported: ${ARCHITECTURES.join(', ')})`)
   }
   const arch = architecture as Architecture
   const spec = architectureSpec(arch)

@@ -180,3 +180,23 @@ export const ARCHITECTURES = Object.keys(ARCHITECTURE_SPECS) as Architecture[]
 export function architectureSpec(arch: Architecture): ArchitectureSpec {
   return ARCHITECTURE_SPECS[arch]
 }
+
+/**
+ * What the importer lacks for architectures people bring that it refuses, said with the refusal
+ * (any other unknown architecture is refused by its name alone).
+ */
+export const UNSUPPORTED_ARCHITECTURES: Readonly<Record<string, string>> = {
+  qwen35: "Qwen3.5's linear-attention (Gated DeltaNet) layers, which keep a recurrent state instead of a KV cache",
+  qwen35moe: "Qwen3.5's linear-attention (Gated DeltaNet) layers and its experts",
+  qwen3next: "Qwen3-Next's linear-attention (Gated DeltaNet) layers and its shared experts",
+  qwen2moe: "Qwen2-MoE's shared expert beside the routed ones",
+  qwen3vl: 'the vision tower and its deepstack inputs (the text-only Qwen3 files import as qwen3)',
+  gemma3n: "Gemma 3n's per-layer embeddings, AltUp and LAuReL blocks",
+  llama4: "Llama 4's chunked attention, no-rope layers with temperature tuning and its shared experts",
+  deepseek2: "multi-head latent attention (MLA), which caches a compressed latent instead of keys and values",
+  'gpt-oss': "gpt-oss's attention sinks, its clamped SwiGLU experts and YaRN rotary",
+  phi2: 'LayerNorm with biases and the parallel attention and feed-forward of Phi-2',
+  lfm2: "LFM2's short convolution layers, which keep a state instead of a KV cache",
+  granitehybrid: "Granite 4's Mamba-2 layers, which keep a recurrent state instead of a KV cache",
+  mistral3: "Mistral 3's vision tower (its text weights as a llama file import)",
+}

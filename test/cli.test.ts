@@ -6,6 +6,8 @@ import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { afterAll, describe, expect, it } from 'vitest'
+import { ARCHITECTURES, ARCHITECTURE_NOTES, SUPPORTED_TYPES } from '../ts/modelkit/gguf/architecture'
+import { int4Treatment } from '../ts/modelkit/gguf/supported'
 
 const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..')
 const CLI = path.join(repo, 'dist', 'cli.js')
@@ -58,6 +60,22 @@ describe('ortex --help', () => {
       }
     })
   }
+})
+
+describe('ortex import --help', () => {
+  it("lists every architecture and tensor type of the importer's own tables", () => {
+    const lines = ortex('import', '--help').stdout.split('\n')
+    for (const architecture of ARCHITECTURES) {
+      const line = lines.find((l) => l.startsWith(`  ${architecture} `) || l === `  ${architecture}`)
+      expect(line, architecture).toBeDefined()
+      expect(line!.endsWith(ARCHITECTURE_NOTES[architecture] ?? architecture)).toBe(true)
+    }
+    for (const type of SUPPORTED_TYPES) {
+      const line = lines.find((l) => l.startsWith('  ') && l.trim().split(/,? +/).includes(type))
+      expect(line, type).toBeDefined()
+      expect(line!.endsWith(`  ${int4Treatment(type)}`)).toBe(true)
+    }
+  })
 })
 
 describe('wrong invocations: one line on stderr, a non-zero exit status', () => {

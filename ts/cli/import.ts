@@ -6,15 +6,17 @@ import { parseArgs } from 'node:util'
 
 import { UsageError, choiceFlag, integerFlag, progressBar } from './args'
 
-export const IMPORT_HELP = `Usage: ortex import <file.gguf> --out DIR [--weights fp32|int4] [--kv fp32|fp16]
+const USAGE = `Usage: ortex import <file.gguf> --out DIR [--weights fp32|int4] [--kv fp32|fp16]
                     [--accuracy-level 0|4] [--dtype fp32|fp16] [--attention gqa|paged]
                     [--paged-kernel cuda|reference] [--block-size N]
 
 Converts a GGUF file (llama.cpp's format) into a model folder that ortex and onnxruntime-genai load:
 genai_config.json, model.onnx with its weights in model.onnx.data, tokenizer.json,
-tokenizer_config.json and chat_template.jinja. Architectures: llama (SmolLM, TinyLlama, Llama 2/3,
-Mistral) and qwen2. Tensor types: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
+tokenizer_config.json and chat_template.jinja. What it reads (any other architecture or tensor
+type is refused by name):
+`
 
+const OPTIONS = `
 Options:
   --out DIR            the folder to write (created if missing; our files in it are overwritten)
   --weights FORMAT     'fp32' (default: every weight dequantized to float32) or 'int4' (linear
@@ -38,6 +40,12 @@ Options:
   -h, --help           show this help
 `
 
+/** The help: usage, what the importer supports (from its own tables), the options. */
+async function importHelp(): Promise<string> {
+  const { describeSupport } = await import('../modelkit/gguf/supported')
+  return `${USAGE}\n${describeSupport()}${OPTIONS}`
+}
+
 export async function runImportCommand(argv: string[]): Promise<void> {
   const { values, positionals } = parseArgs({
     args: argv,
@@ -56,7 +64,7 @@ export async function runImportCommand(argv: string[]): Promise<void> {
     },
   })
   if (values.help) {
-    process.stdout.write(IMPORT_HELP)
+    process.stdout.write(await importHelp())
     return
   }
   if (positionals.length !== 1 || positionals[0] === '') throw new UsageError('give one GGUF file: ortex import <file.gguf> --out DIR')

@@ -21,6 +21,13 @@ export const ARCHITECTURES = ['llama', 'qwen2'] as const
 export const SUPPORTED_TYPES = Object.keys(GgmlTypeId)
 export type Architecture = (typeof ARCHITECTURES)[number]
 
+/** A line per architecture for `ortex import --help` and the docs: the models it covers and what
+ *  it adds (an architecture without one is listed by name alone). */
+export const ARCHITECTURE_NOTES: Partial<Record<Architecture, string>> = {
+  llama: 'SmolLM, TinyLlama, Llama 2/3, Mistral',
+  qwen2: 'Qwen2, Qwen2.5: biases on q, k and v',
+}
+
 /** What a graph weight is made from. */
 export interface SourceTensor {
   /** The weight's name in the graph (Hugging Face naming, as llama.ts expects). */

@@ -106,6 +106,7 @@ describe('wrong invocations: one line on stderr, a non-zero exit status', () => 
     { args: ['import', 'a.gguf', 'b.gguf', '--out', missing], status: 2, message: /give one GGUF file/ },
     { args: ['import', 'model.gguf'], status: 2, message: /give --out DIR/ },
     { args: ['import', 'model.gguf', '--out', missing, '--weights', 'q8'], status: 2, message: /--weights must be 'fp32' or 'int4', got "q8"/ },
+    { args: ['import', 'model.gguf', '--out', missing, '--workers', '0'], status: 2, message: /--workers must be an integer in \[1, 256\], got "0"/ },
     { args: ['import', 'model.gguf', '--out', missing, '--attention', 'mha'], status: 2, message: /--attention must be 'gqa' or 'paged', got "mha"/ },
     { args: ['import', 'model.gguf', '--out', missing, '--attention', 'paged'], status: 1, message: /INVALID_ARGUMENT: the cuda paged kernel needs float16 \(dtype fp16\)/ },
     { args: ['import', 'model.gguf', '--out', missing, '--dtype', 'fp16', '--kv', 'fp32'], status: 1, message: /INVALID_ARGUMENT: float16 weights \(dtype fp16\) keep float16 KV/ },

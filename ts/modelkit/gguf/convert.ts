@@ -76,19 +76,22 @@ function asHalfTensor(t: PlannedTensor): PlannedTensor {
 
 /**
  * Every planned tensor's bytes, in order: on this thread for one worker (chunk by chunk, as the
- * tensor makes them), else from `workers` threads (each tensor whole). Falls back to this thread
- * where the worker script is not built (the sources run without a build): the bytes are the same.
+ * tensor makes them), else from `workers` threads (each tensor whole). Without a worker count,
+ * one per core, or this thread where the worker script is not built (sources bundled elsewhere):
+ * the bytes are the same. A count asked for needs the script.
  */
 export async function* convertTensors(
   job: ConversionJob,
   data: GgufData,
   planned: PlannedTensor[],
   layout: WeightLayout,
-  workers: number,
+  workers: number | undefined,
 ): AsyncGenerator<[PlannedTensor, TensorParts]> {
   const script = fromPackageRoot(WORKER_SCRIPT)
-  const threads = Math.min(workers, planned.length)
-  if (threads <= 1 || !existsSync(script)) {
+  const built = existsSync(script)
+  if (workers !== undefined && workers > 1 && !built) throw new Error(`${workers} import workers need the worker script ${script}, which is not built (npm run build:ts)`)
+  const threads = Math.min(workers ?? (built ? defaultImportWorkers() : 1), planned.length)
+  if (threads <= 1) {
     for (const t of planned) for (const part of t.chunks(data)) yield [t, [part]]
     return
   }

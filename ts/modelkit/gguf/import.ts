@@ -27,7 +27,7 @@ import type { PagedKernel } from '../paged'
 import { CONFIG_FILE, DATA_FILE, MODEL_FILE, type FileSize, fileSizes, writeConfigLast, writeModelFile } from '../model-folder'
 import { DataFileWriter, layoutWeights, type WeightLayout } from '../weights'
 import { type Architecture, type ModelPlan, planModel } from './architecture'
-import { type ConversionJob, MAX_IMPORT_WORKERS, convertTensors, defaultImportWorkers, plannedTensors } from './convert'
+import { type ConversionJob, MAX_IMPORT_WORKERS, convertTensors, plannedTensors } from './convert'
 import { ggmlTypeName } from './ggml-types'
 import { GgufData, type GgufFile, readGguf } from './reader'
 import type { Mapping, PlannedTensor } from './tensors'
@@ -125,6 +125,8 @@ const IMPORT_FILES = [MODEL_FILE, DATA_FILE, ...TOKENIZER_FILES, CHAT_TEMPLATE_F
 
 export async function importGguf(options: ImportOptions): Promise<ImportSummary> {
   const started = Date.now()
+  if (!options.file) throw new OrtexError('INVALID_ARGUMENT', 'file is required')
+  if (!options.outDir) throw new OrtexError('INVALID_ARGUMENT', 'outDir is required')
   const { weights, kv, accuracyLevel, dtype, attention, paged, workers } = checkOptions(options)
   const file = readGguf(resolve(options.file))
   const plan = planModel(file)
@@ -166,19 +168,20 @@ export async function importGguf(options: ImportOptions): Promise<ImportSummary>
   }
 }
 
-interface CheckedOptions {
+export interface CheckedOptions {
   weights: WeightFormat
   kv: KvType
   accuracyLevel: AccuracyLevel | null
   dtype: KvType
   attention: ImportAttention
   paged: { kernel: PagedKernel; blockSize: number } | undefined
-  workers: number
+  /** Absent: one per core where the worker script is built (convert.ts). */
+  workers: number | undefined
 }
 
-/** The options' defaults filled in and each checked (INVALID_ARGUMENT): what an import of a file
- *  with these options writes depends on these values alone (and on the file). */
-export function checkOptions(options: ImportOptions): CheckedOptions {
+/** The options that shape an import, their defaults filled in and each checked (INVALID_ARGUMENT):
+ *  what an import writes depends on these values and the file alone. */
+export function checkOptions(options: Omit<ImportOptions, 'file' | 'outDir'>): CheckedOptions {
   const invalid = (message: string) => new OrtexError('INVALID_ARGUMENT', message)
   const weights = options.weights ?? 'fp32'
   if (weights !== 'fp32' && weights !== 'int4') throw invalid(`weights must be 'fp32' or 'int4', got ${JSON.stringify(weights)}`)
@@ -189,15 +192,15 @@ export function checkOptions(options: ImportOptions): CheckedOptions {
   if (dtype === 'fp16' && kv !== 'fp16') throw invalid('float16 weights (dtype fp16) keep float16 KV')
   const attention = options.attention ?? 'gqa'
   if (attention !== 'gqa' && attention !== 'paged') throw invalid(`attention must be 'gqa' or 'paged', got ${JSON.stringify(attention)}`)
-  if (!options.file) throw invalid('file is required')
-  if (!options.outDir) throw invalid('outDir is required')
-  const workers = options.workers ?? defaultImportWorkers()
-  if (!Number.isInteger(workers) || workers < 1 || workers > MAX_IMPORT_WORKERS) throw invalid(`workers must be an integer in [1, ${MAX_IMPORT_WORKERS}], got ${JSON.stringify(workers)}`)
+  const workers = options.workers
+  if (workers !== undefined && (!Number.isInteger(workers) || workers < 1 || workers > MAX_IMPORT_WORKERS)) {
+    throw invalid(`workers must be an integer in [1, ${MAX_IMPORT_WORKERS}], got ${JSON.stringify(workers)}`)
+  }
   return { weights, kv, accuracyLevel: checkAccuracyLevel(weights, options.accuracyLevel), dtype, attention, paged: checkPaged(options, attention, dtype), workers }
 }
 
 /** The paged form's kernel and block size (none for gqa, which takes neither). */
-function checkPaged(options: ImportOptions, attention: ImportAttention, dtype: KvType): CheckedOptions['paged'] {
+function checkPaged(options: Omit<ImportOptions, 'file' | 'outDir'>, attention: ImportAttention, dtype: KvType): CheckedOptions['paged'] {
   const invalid = (message: string) => new OrtexError('INVALID_ARGUMENT', message)
   if (attention !== 'paged') {
     if (options.pagedKernel !== undefined || options.blockSize !== undefined) throw invalid('a paged kernel or block size needs the paged attention form')
@@ -318,7 +321,7 @@ function importedConfig(plan: ModelPlan, tokenizer: TokenizerConversion, o: Pick
 async function writeData(
   file: GgufFile,
   path: string,
-  o: { planned: PlannedTensor[]; layout: WeightLayout; job: ConversionJob; workers: number },
+  o: { planned: PlannedTensor[]; layout: WeightLayout; job: ConversionJob; workers: number | undefined },
   onProgress: ImportOptions['onProgress'],
 ): Promise<void> {
   const data = new GgufData(file)

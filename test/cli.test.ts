@@ -76,6 +76,13 @@ describe('ortex import --help', () => {
       expect(line!.endsWith(`  ${int4Treatment(type)}`)).toBe(true)
     }
   })
+
+  it("and docs/model-format.md's table of architectures lists the same ones", () => {
+    const doc = readFileSync(path.join(repo, 'docs', 'model-format.md'), 'utf8')
+    const section = doc.split('### Supported architectures and tensor types')[1]!.split('\n### ')[0]!
+    const rows = [...section.matchAll(/^\| `([a-z0-9_]+)` \|/gm)].map((m) => m[1])
+    expect(rows).toEqual([...ARCHITECTURES])
+  })
 })
 
 describe('wrong invocations: one line on stderr, a non-zero exit status', () => {

@@ -1,25 +1,29 @@
 // An import's conversion thread (convert.ts): plans the import again from the file and the
 // options the main thread gives it, then converts each tensor it is handed by index and sends
-// the bytes back (the buffers transferred). Errors go back as replies, with their OrtexError code.
+// each chunk back as it is made (the buffers transferred), then the tensor's end. Errors go back
+// as messages, with their OrtexError code.
 
 import { parentPort, workerData } from 'node:worker_threads'
 import { planModel } from './architecture'
-import { type ConversionJob, type TensorParts, plannedTensors } from './convert'
+import { type ConversionJob, plannedTensors } from './convert'
 import { GgufData, readGguf } from './reader'
 
 const job = workerData as ConversionJob
 const port = parentPort!
-let converter: ((index: number) => { names: string[]; parts: TensorParts }) | null = null
+let convert: ((index: number) => void) | null = null
 let planError: unknown = null
 try {
   const file = readGguf(job.file)
   const planned = plannedTensors(planModel(file), job.storage, job.dtype)
   const data = new GgufData(file)
-  converter = (index) => {
+  convert = (index) => {
     const t = planned[index]!
-    // Copies: a tensor may reuse one buffer for its successive chunks.
-    const parts: TensorParts = Array.from(t.chunks(data), ([spec, chunk]) => [spec, chunk.slice()])
-    return { names: t.specs.map((s) => s.name), parts }
+    for (const [spec, chunk] of t.chunks(data)) {
+      // A copy: a tensor may reuse one buffer for its successive chunks.
+      const copy = chunk.slice()
+      port.postMessage({ index, chunk: [spec, copy] }, [copy.buffer as ArrayBuffer])
+    }
+    port.postMessage({ index, done: t.specs.map((s) => s.name) })
   }
 } catch (error) {
   planError = error
@@ -27,9 +31,8 @@ try {
 
 port.on('message', (index: number) => {
   try {
-    if (converter === null) throw planError
-    const { names, parts } = converter(index)
-    port.postMessage({ index, names, parts }, parts.map(([, chunk]) => chunk.buffer as ArrayBuffer))
+    if (convert === null) throw planError
+    convert(index)
   } catch (error) {
     const e = error as { code?: unknown; message?: unknown }
     const code = typeof e?.code === 'string' ? e.code : undefined

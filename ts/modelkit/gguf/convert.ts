@@ -8,10 +8,12 @@
 //   hand out tensor indices, in order  ──index──►  t.chunks(data): read, convert
 //   write tensor i once 0..i-1 are written ◄─bytes─ (the buffers transferred, not copied)
 //
-// A tensor is only handed out while fewer than MAX_TENSORS_IN_FLIGHT(n) tensors, holding at most
-// MAX_BYTES_IN_FLIGHT, are converted or converting and not yet written (one is always allowed),
-// so memory stays bounded whatever the model's size. Each tensor's conversion is a pure function
-// of the file's bytes, so the data file is the same byte for byte whatever the number of workers.
+// A worker sends each chunk as the tensor makes it, so the tensor being written streams through
+// (a float32 embedding is never held whole). A tensor is only handed out while fewer than
+// MAX_TENSORS_IN_FLIGHT(n) tensors, holding at most MAX_BYTES_IN_FLIGHT, are handed out and not
+// yet written (the next one to write always goes), so memory stays bounded whatever the model's
+// size; the costliest few go first (Schedule). Each tensor's conversion is a pure function of the
+// file's bytes, so the data file is the same byte for byte whatever the number of workers.
 
 import { existsSync } from 'node:fs'
 import { availableParallelism } from 'node:os'
@@ -98,13 +100,25 @@ export async function* convertTensors(
   yield* new WorkerPool(script, job, threads).convert(planned, layout)
 }
 
-type WorkerReply = { index: number; names: string[]; parts: TensorParts } | { index: number; error: { code?: string; message: string } }
+/** What a worker sends: a chunk of a tensor as it is made, the tensor's end (its specs' names, to
+ *  check against the main thread's), or the error that stopped it. */
+type WorkerMessage =
+  | { index: number; chunk: [number, Uint8Array] }
+  | { index: number; done: string[] }
+  | { index: number; error: { code?: string; message: string } }
 
-/** n worker threads converting tensors by index; results are handed back in index order. */
+/** A tensor handed out: the chunks received and not yet written, and whether it is finished. */
+interface Converting {
+  chunks: TensorParts
+  done: string[] | null
+  error: Error | null
+}
+
+/** n worker threads converting tensors by index; their chunks are handed back in layout order. */
 class WorkerPool {
   private readonly workers: Worker[]
   private readonly idle: Worker[]
-  private readonly results = new Map<number, WorkerReply>()
+  private readonly converting = new Map<number, Converting>()
   private failure: Error | null = null
   private wake: (() => void) | null = null
 
@@ -112,9 +126,14 @@ class WorkerPool {
     this.workers = Array.from({ length: threads }, () => new Worker(script, { workerData: job }))
     this.idle = [...this.workers]
     for (const worker of this.workers) {
-      worker.on('message', (reply: WorkerReply) => {
-        this.results.set(reply.index, reply)
-        this.idle.push(worker)
+      worker.on('message', (message: WorkerMessage) => {
+        const tensor = this.converting.get(message.index)!
+        if ('chunk' in message) tensor.chunks.push(message.chunk)
+        else {
+          if ('done' in message) tensor.done = message.done
+          else tensor.error = workerError(message.error)
+          this.idle.push(worker)
+        }
         this.notify()
       })
       worker.on('error', (error) => this.fail(error))
@@ -125,40 +144,45 @@ class WorkerPool {
   }
 
   async *convert(planned: PlannedTensor[], layout: WeightLayout): AsyncGenerator<[PlannedTensor, TensorParts]> {
-    const sizes = planned.map((t) => t.specs.reduce((n, s) => n + layout.tensors.get(s.name)!.length, 0))
-    const limit = MAX_TENSORS_IN_FLIGHT(this.workers.length)
-    let handedOut = 0
-    let bytesInFlight = 0
-    // Hands tensors to idle workers while under the bounds; the tensor to be written next always fits.
+    const schedule = new Schedule(planned, layout, this.workers.length)
     const handOut = (next: number) => {
-      while (handedOut < planned.length && this.idle.length > 0 && handedOut - next < limit) {
-        if (handedOut > next && bytesInFlight + sizes[handedOut]! > MAX_BYTES_IN_FLIGHT) break
-        bytesInFlight += sizes[handedOut]!
-        this.idle.pop()!.postMessage(handedOut++)
+      for (let index = schedule.pick(next); index !== null && this.idle.length > 0; index = schedule.pick(next)) {
+        schedule.handedOut(index)
+        this.converting.set(index, { chunks: [], done: null, error: null })
+        this.idle.pop()!.postMessage(index)
       }
     }
     try {
       for (let next = 0; next < planned.length; next++) {
-        const reply = await this.reply(next, () => handOut(next))
-        this.results.delete(next)
-        if ('error' in reply) throw workerError(reply.error)
-        checkParts(planned[next]!, reply, layout)
-        yield [planned[next]!, reply.parts]
-        bytesInFlight -= sizes[next]!
+        const t = planned[next]!
+        const written = t.specs.map(() => 0)
+        for (;;) {
+          const tensor = await this.progress(next, () => handOut(next))
+          if (tensor.error) throw tensor.error
+          const parts = tensor.chunks.splice(0)
+          for (const [spec, chunk] of parts) written[spec] = written[spec]! + chunk.byteLength
+          if (parts.length > 0) yield [t, parts]
+          if (tensor.done !== null && tensor.chunks.length === 0) {
+            checkTensor(t, tensor.done, written, layout)
+            break
+          }
+        }
+        this.converting.delete(next)
+        schedule.written(next)
       }
     } finally {
       await Promise.all(this.workers.map((w) => w.terminate()))
     }
   }
 
-  /** Tensor `index`'s reply, once its worker sent it; `handOut` runs first and at every reply
-   *  meanwhile, so that a worker that finished gets more work at once. */
-  private async reply(index: number, handOut: () => void): Promise<WorkerReply> {
+  /** Tensor `index` once it has chunks to write, has finished or failed; `handOut` runs first
+   *  and at every message meanwhile, so that a worker that finished gets more work at once. */
+  private async progress(index: number, handOut: () => void): Promise<Converting> {
     for (;;) {
       if (this.failure) throw this.failure
       handOut()
-      const reply = this.results.get(index)
-      if (reply !== undefined) return reply
+      const tensor = this.converting.get(index)
+      if (tensor !== undefined && (tensor.chunks.length > 0 || tensor.done !== null || tensor.error !== null)) return tensor
       await new Promise<void>((resolve) => (this.wake = resolve))
     }
   }
@@ -175,19 +199,72 @@ class WorkerPool {
   }
 }
 
+/**
+ * Which tensor to hand out next. Mostly layout order, so that converted tensors are written soon
+ * after they are made; but the costliest tensors (a requantized lm_head, the 6-bit feed-forward
+ * layers of a Q4_K_M file), at most one per worker, go first: started last, the longest of them
+ * would leave every other worker idle while it finishes. Cost is estimated as the source's
+ * elements, four times over where they are dequantized and requantized. Bounds: at most
+ * MAX_TENSORS_IN_FLIGHT tensors and MAX_BYTES_IN_FLIGHT bytes handed out and not yet written,
+ * except that the tensor to be written next is always handed out.
+ */
+class Schedule {
+  private readonly sizes: number[]
+  private readonly order: number[]
+  private readonly handed: boolean[]
+  private readonly limit: number
+  private cursor = 0
+  private inFlight = 0
+  private bytesInFlight = 0
+
+  constructor(planned: PlannedTensor[], layout: WeightLayout, workers: number) {
+    this.sizes = planned.map((t) => t.specs.reduce((n, s) => n + layout.tensors.get(s.name)!.length, 0))
+    this.handed = planned.map(() => false)
+    this.limit = MAX_TENSORS_IN_FLIGHT(workers)
+    const costs = planned.map((t) => (t.source?.elements ?? 0) * (t.mapping === 'requantized' ? 4 : 1))
+    const total = costs.reduce((a, b) => a + b, 0)
+    const heavy = planned
+      .map((_, i) => i)
+      .filter((i) => costs[i]! > total / (4 * workers) && this.sizes[i]! <= MAX_BYTES_IN_FLIGHT / 4)
+      .sort((a, b) => costs[b]! - costs[a]! || a - b)
+      .slice(0, workers)
+    this.order = [...heavy, ...planned.map((_, i) => i).filter((i) => !heavy.includes(i))]
+  }
+
+  /** The tensor to hand out now, or null while the bounds say wait. */
+  pick(next: number): number | null {
+    while (this.cursor < this.order.length && this.handed[this.order[this.cursor]!]) this.cursor++
+    if (this.cursor === this.order.length) return null
+    const candidate = this.order[this.cursor]!
+    const fits = this.inFlight < this.limit && (this.inFlight === 0 || this.bytesInFlight + this.sizes[candidate]! <= MAX_BYTES_IN_FLIGHT)
+    if (fits) return candidate
+    return this.handed[next] ? null : next
+  }
+
+  handedOut(index: number): void {
+    this.handed[index] = true
+    this.inFlight++
+    this.bytesInFlight += this.sizes[index]!
+  }
+
+  written(index: number): void {
+    this.inFlight--
+    this.bytesInFlight -= this.sizes[index]!
+  }
+}
+
 function workerError(error: { code?: string; message: string }): Error {
   return error.code === undefined ? new Error(error.message) : new OrtexError(error.code as never, error.message)
 }
 
 /** A worker's tensor is the main thread's, byte for byte in size: a worker built from other
- *  sources (a stale build) must fail the import, never write a shifted file. */
-function checkParts(t: PlannedTensor, reply: { names: string[]; parts: TensorParts }, layout: WeightLayout): void {
-  const names = t.specs.map((s) => s.name)
-  if (reply.names.join() !== names.join()) throw new Error(`import worker: converted ${reply.names.join(', ')} where ${names.join(', ')} was asked (is dist/ built from these sources?)`)
-  const bytes = t.specs.map(() => 0)
-  for (const [index, chunk] of reply.parts) bytes[index] = (bytes[index] ?? 0) + chunk.byteLength
+ *  sources (a stale build) fails the import before the next tensor is written, never leaving a
+ *  shifted file (the writer itself refuses bytes past a tensor's end). */
+function checkTensor(t: PlannedTensor, names: string[], written: number[], layout: WeightLayout): void {
+  const expected = t.specs.map((s) => s.name)
+  if (names.join() !== expected.join()) throw new Error(`import worker: converted ${names.join(', ')} where ${expected.join(', ')} was asked (is dist/ built from these sources?)`)
   t.specs.forEach((s, i) => {
     const want = layout.tensors.get(s.name)!.length
-    if (bytes[i] !== want) throw new Error(`import worker: ${s.name} came back with ${bytes[i]} bytes, expected ${want} (is dist/ built from these sources?)`)
+    if (written[i] !== want) throw new Error(`import worker: ${s.name} came back with ${written[i]} bytes, expected ${want} (is dist/ built from these sources?)`)
   })
 }

@@ -5,10 +5,11 @@
 // 1.07B-parameter Llama in llama.cpp's Q4_K_M layout (random-q4km.ts), which an int4 import keeps
 // exactly where it is Q4_K and requantizes where it is Q6_K.
 //
-// Every measurement is a child process of its own (wall time from spawn to exit, and its peak
-// resident memory, VmHWM, threads included); the systems take turns round by round and the medians
-// are reported. The file is read once before the first round, so every system starts from a warm
-// page cache.
+// Every measurement is a child process of its own (wall time from spawn to exit, its CPU time and
+// peak resident memory, VmHWM, threads included, and the CPU the rest of the machine used
+// meanwhile: threads only help where cores are free); the systems take turns round by round and
+// the medians are reported. The file is read once before the first round, so every system starts
+// from a warm page cache.
 //
 // Build first (npm run build:ts), then from the repository root:
 //   npx esbuild bench/gguf-import/main.ts --bundle --platform=node --format=esm --external:ortex \
@@ -18,7 +19,7 @@
 
 import { spawn } from 'node:child_process'
 import { createReadStream, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs'
-import { availableParallelism, cpus, loadavg } from 'node:os'
+import { availableParallelism, cpus } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
@@ -48,13 +49,22 @@ interface Sample {
   system: string
   wallS: number
   peakMb: number
-  /** The machine's one-minute load average when the child ended (other work skews the times). */
-  loadAverage: number
+  /** The child's CPU time (user + system, every thread). */
+  cpuS: number
+  /** CPU time of everything else on the machine while the child ran, in cores (busy time from
+   *  /proc/stat less the child's, over the wall time): what the child's threads competed with. */
+  otherCores: number
   /** What the child said of itself (llama.cpp's phases, the import's summary). */
   detail: Record<string, unknown>
 }
 
 const log = (line: string) => process.stderr.write(`${line}\n`)
+
+/** This process's CPU time so far, every thread, in seconds. */
+function cpuSeconds(): number {
+  const { user, system } = process.cpuUsage()
+  return (user + system) / 1e6
+}
 
 /** VmHWM of this process, in MiB. */
 function peakMb(): number {
@@ -62,9 +72,17 @@ function peakMb(): number {
   return m === null ? Number.NaN : Number(m[1]) / 1024
 }
 
+/** Busy CPU seconds of the whole machine so far (/proc/stat: user, nice, system, irq, softirq, steal). */
+function machineBusyS(): number {
+  const fields = readFileSync('/proc/stat', 'utf8').split('\n')[0]!.trim().split(/\s+/).slice(1).map(Number)
+  const [user, nice, system, , , irq, softirq, steal] = fields
+  return (user! + nice! + system! + irq! + softirq! + (steal ?? 0)) / 100
+}
+
 /** Runs a child; its last stdout line is its JSON result, merged with the wall time. */
 function run(system: string, args: string[], env: Record<string, string> = {}): Promise<Sample> {
   const started = performance.now()
+  const busyBefore = machineBusyS()
   return new Promise((resolve, reject) => {
     const child = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } })
     let stdout = ''
@@ -74,11 +92,14 @@ function run(system: string, args: string[], env: Record<string, string> = {}): 
     child.on('error', reject)
     child.on('exit', (code) => {
       const wallS = (performance.now() - started) / 1000
+      const busyS = machineBusyS() - busyBefore
       if (code !== 0) return reject(new Error(`${system} exited ${code}: ${stderr.trim().split('\n').slice(-3).join(' ')}`))
-      const peak = /^bench-peak-mb (\S+)$/m.exec(stderr + stdout)
+      const own = /^bench-own (\S+) (\S+)$/m.exec(stderr + stdout)
       const last = stdout.trim().split('\n').at(-1) ?? '{}'
       const detail = last.startsWith('{') ? (JSON.parse(last) as Record<string, unknown>) : { output: last }
-      resolve({ system, wallS, peakMb: peak ? Number(peak[1]) : Number(detail.peakMb), loadAverage: loadavg()[0]!, detail })
+      const peak = own ? Number(own[1]) : Number(detail.peakMb)
+      const cpuS = own ? Number(own[2]) : Number(detail.cpuS)
+      resolve({ system, wallS, peakMb: peak, cpuS, otherCores: Math.max(0, busyS - cpuS) / wallS, detail })
     })
   })
 }
@@ -99,7 +120,7 @@ async function llamaChild(file: string, threads: number): Promise<void> {
   await model.dispose()
   await llama.dispose()
   const s = (ms: number) => Number((ms / 1000).toFixed(3))
-  console.log(JSON.stringify({ getLlamaS: s(t1 - t0), loadModelS: s(t2 - t1), createContextS: s(t3 - t2), mmap: model.useMmap, peakMb: peak }))
+  console.log(JSON.stringify({ getLlamaS: s(t1 - t0), loadModelS: s(t2 - t1), createContextS: s(t3 - t2), mmap: model.useMmap, peakMb: peak, cpuS: cpuSeconds() }))
 }
 
 async function ortexLoadChild(file: string, threads: number): Promise<void> {
@@ -119,7 +140,7 @@ async function ortexLoadChild(file: string, threads: number): Promise<void> {
   const loadS = (performance.now() - t0) / 1000
   const peak = peakMb()
   await engine.close()
-  console.log(JSON.stringify({ loadS: Number(loadS.toFixed(3)), events: [...kinds], summary, peakMb: peak }))
+  console.log(JSON.stringify({ loadS: Number(loadS.toFixed(3)), events: [...kinds], summary, peakMb: peak, cpuS: cpuSeconds() }))
 }
 
 // ---- the parent ----------------------------------------------------------------------------------
@@ -164,9 +185,13 @@ async function main(): Promise<void> {
   await readThrough(file)
   mkdirSync(benchRoot, { recursive: true })
   const scratch = mkdtempSync(join(benchRoot, 'run-'))
-  // Prints the process's peak memory as it exits: the CLI's own children report through it.
-  const preload = join(scratch, 'peak.cjs')
-  writeFileSync(preload, `process.on('exit', () => { const m = /^VmHWM:\\s+(\\d+) kB/m.exec(require('fs').readFileSync('/proc/self/status', 'utf8')); process.stderr.write('bench-peak-mb ' + (m ? Number(m[1]) / 1024 : NaN) + '\\n') })\n`)
+  // Prints the process's peak memory and CPU time as it exits: the CLI reports through it.
+  const preload = join(scratch, 'own.cjs')
+  writeFileSync(
+    preload,
+    `process.on('exit', () => { const m = /^VmHWM:\\s+(\\d+) kB/m.exec(require('fs').readFileSync('/proc/self/status', 'utf8')); ` +
+      `const c = process.cpuUsage(); process.stderr.write('bench-own ' + (m ? Number(m[1]) / 1024 : NaN) + ' ' + (c.user + c.system) / 1e6 + '\\n') })\n`,
+  )
   const self = fileURLToPath(import.meta.url)
   const samples: Sample[] = []
   try {
@@ -185,7 +210,7 @@ async function main(): Promise<void> {
       ]
       for (const step of steps) {
         const sample = await step()
-        log(`round ${round}: ${sample.system}: ${sample.wallS.toFixed(2)} s, peak ${sample.peakMb.toFixed(0)} MiB, load ${sample.loadAverage.toFixed(1)} ${JSON.stringify(sample.detail)}`)
+        log(`round ${round}: ${sample.system}: ${sample.wallS.toFixed(2)} s (CPU ${sample.cpuS.toFixed(2)} s), peak ${sample.peakMb.toFixed(0)} MiB, other work ${sample.otherCores.toFixed(2)} cores ${JSON.stringify(sample.detail)}`)
         samples.push(sample)
       }
       rmSync(cache, { recursive: true, force: true })
@@ -196,13 +221,23 @@ async function main(): Promise<void> {
   const systems = [...new Set(samples.map((s) => s.system))]
   const rows = systems.map((system) => {
     const of = samples.filter((s) => s.system === system)
-    return { system, wallS: median(of.map((s) => s.wallS)), peakMb: median(of.map((s) => s.peakMb)), samples: of.map((s) => s.wallS) }
+    return {
+      system,
+      wallS: median(of.map((s) => s.wallS)),
+      cpuS: median(of.map((s) => s.cpuS)),
+      peakMb: median(of.map((s) => s.peakMb)),
+      otherCores: median(of.map((s) => s.otherCores)),
+      samples: of.map((s) => s.wallS),
+    }
   })
   const llama = rows[0]!.wallS
-  const lines = ['| what | wall (median) | vs llama.cpp load | peak RSS |', '|---|---:|---:|---:|']
-  for (const r of rows) lines.push(`| ${r.system} | ${r.wallS.toFixed(2)} s | ${(r.wallS / llama).toFixed(1)}x | ${r.peakMb.toFixed(0)} MiB |`)
-  const loads = samples.map((s) => s.loadAverage)
-  lines.push('', `${availableParallelism()} cores; load average ${Math.min(...loads).toFixed(1)} to ${Math.max(...loads).toFixed(1)} during the run`)
+  const lines = [
+    `| what | wall (median) | vs llama.cpp load | CPU time | peak RSS | other work (cores of ${availableParallelism()}) |`,
+    '|---|---:|---:|---:|---:|---:|',
+  ]
+  for (const r of rows) {
+    lines.push(`| ${r.system} | ${r.wallS.toFixed(2)} s | ${(r.wallS / llama).toFixed(1)}x | ${r.cpuS.toFixed(2)} s | ${r.peakMb.toFixed(0)} MiB | ${r.otherCores.toFixed(2)} |`)
+  }
   process.stdout.write(`${lines.join('\n')}\n`)
   const report = {
     file,

@@ -5,8 +5,9 @@
 //
 //   main thread                                    worker k (of n)
 //   plan, layout                                   plan again (the same function, the same file)
-//   hand out tensor indices, in order  ──index──►  t.chunks(data): read, convert
-//   write tensor i once 0..i-1 are written ◄─bytes─ (the buffers transferred, not copied)
+//   hand out tensor indices (Schedule) ──index──►  t.chunks(data): read, convert
+//   write tensor i's chunks once 0..i-1  ◄─chunk─  each chunk as it is made (transferred, not
+//   are written                          ◄─done──  copied), then the tensor's spec names
 //
 // A worker sends each chunk as the tensor makes it, so the tensor being written streams through
 // (a float32 embedding is never held whole). A tensor is only handed out while fewer than
@@ -77,8 +78,8 @@ function asHalfTensor(t: PlannedTensor): PlannedTensor {
 }
 
 /**
- * Every planned tensor's bytes, in order: on this thread for one worker (chunk by chunk, as the
- * tensor makes them), else from `workers` threads (each tensor whole). Without a worker count,
+ * Every planned tensor's bytes, in order, chunk by chunk as the tensors make them: on this thread
+ * for one worker, else from `workers` threads. Without a worker count,
  * one per core, or this thread where the worker script is not built (sources bundled elsewhere):
  * the bytes are the same. A count asked for needs the script.
  */

@@ -4,8 +4,8 @@
 // as messages, with their OrtexError code.
 
 import { parentPort, workerData } from 'node:worker_threads'
-import { planModel } from './architecture'
 import { type ConversionJob, plannedTensors } from './convert'
+import { importPlan } from './import'
 import { GgufData, readGguf } from './reader'
 
 const job = workerData as ConversionJob
@@ -14,7 +14,7 @@ let convert: ((index: number) => void) | null = null
 let planError: unknown = null
 try {
   const file = readGguf(job.file)
-  const planned = plannedTensors(planModel(file), job.storage, job.dtype)
+  const planned = plannedTensors(importPlan(file, job.options), job.storage, job.dtype)
   const data = new GgufData(file)
   convert = (index) => {
     const t = planned[index]!

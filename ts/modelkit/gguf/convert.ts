@@ -25,6 +25,7 @@ import type { KvType, LinearStorage } from '../llama'
 import { DataType } from '../onnx-builder'
 import { asHalfSpecs, floatBytes, type WeightLayout } from '../weights'
 import type { ModelPlan } from './architecture'
+import type { PlanOptions } from './import'
 import type { GgufData } from './reader'
 import { type PlannedTensor, planTensors } from './tensors'
 
@@ -42,9 +43,11 @@ export function defaultImportWorkers(): number {
   return Math.min(MAX_IMPORT_WORKERS, availableParallelism())
 }
 
-/** What a worker needs to plan the same tensors as the main thread. */
+/** What a worker needs to plan the same tensors as the main thread: the file and the import's
+ *  options (import.ts's importPlan), the linear layers' storage and the float type. */
 export interface ConversionJob {
   file: string
+  options: PlanOptions
   storage: LinearStorage
   dtype: KvType
 }

@@ -129,7 +129,7 @@ export async function importGguf(options: ImportOptions): Promise<ImportSummary>
   if (!options.outDir) throw new OrtexError('INVALID_ARGUMENT', 'outDir is required')
   const { weights, kv, accuracyLevel, dtype, attention, paged, workers } = checkOptions(options)
   const file = readGguf(resolve(options.file))
-  const plan = planModel(file)
+  const plan = importPlan(file, options)
   const tokenizer = convertTokenizer(file, plan.dims.contextLength)
   if (tokenizer.size > plan.dims.vocabSize) {
     throw new OrtexError('MODEL_LOAD', `${file.path}: the vocabulary has ${tokenizer.size} tokens but the embedding only ${plan.dims.vocabSize} rows`)
@@ -140,7 +140,8 @@ export async function importGguf(options: ImportOptions): Promise<ImportSummary>
   const outDir = resolve(options.outDir)
   const names = await staged(outDir, async (dir) => {
     const tokenizerFiles = await writeTokenizer(dir, tokenizer)
-    await writeData(file, join(dir, DATA_FILE), { planned, layout, job: { file: file.path, storage, dtype }, workers }, options.onProgress)
+    const job: ConversionJob = { file: file.path, options: planOptions(options), storage, dtype }
+    await writeData(file, join(dir, DATA_FILE), { planned, layout, job, workers }, options.onProgress)
     await writeGraph(dir, plan, { storage, kv, dtype, attention, paged }, layout, weights)
     await writeConfigLast(dir, importedConfig(plan, tokenizer, { dtype, attention, paged }))
     return [MODEL_FILE, DATA_FILE, ...tokenizerFiles]
@@ -166,6 +167,23 @@ export async function importGguf(options: ImportOptions): Promise<ImportSummary>
     totalBytes,
     elapsedMs: Date.now() - started,
   }
+}
+
+/**
+ * The model an import of `file` writes, planned from the file and the import's options: what
+ * importGguf and every conversion worker (convert-worker.ts, given the same options) plan from, so
+ * that they agree tensor by tensor. An option that changes the plan is passed on here.
+ */
+export function importPlan(file: GgufFile, _options: PlanOptions): ModelPlan {
+  return planModel(file)
+}
+
+/** The import's options a conversion worker gets: all that can travel to a thread. */
+export type PlanOptions = Omit<ImportOptions, 'onProgress'>
+
+function planOptions(options: ImportOptions): PlanOptions {
+  const { onProgress: _, ...rest } = options
+  return rest
 }
 
 export interface CheckedOptions {

@@ -2,12 +2,11 @@
 // contract.rs and fields.rs), and reaches the model tooling as ts/generated/folder-contract.ts
 // (crates/ortex-typegen; its test fails while the file is stale). Here: every genai_config.json
 // the tooling writes, in every form, has only fields ortex reads or accepts (none it refuses), as
-// the Rust loader checks them; its tensor names are the contract's; its model types load.
+// the Rust loader checks them; its tensor names are the contract's.
 
 import { describe, expect, it } from 'vitest'
-import { DECODER_INPUTS, DECODER_OUTPUTS, GENAI_CONFIG_FIELDS, MODEL_TYPES, PAGED_INPUTS } from '../../ts/generated/folder-contract'
+import { DECODER_INPUTS, DECODER_OUTPUTS, GENAI_CONFIG_FIELDS, PAGED_INPUTS } from '../../ts/generated/folder-contract'
 import { genaiConfig, type GenaiConfigOptions } from '../../ts/modelkit/genai-config'
-import { ARCHITECTURES } from '../../ts/modelkit/gguf/architecture'
 import { INPUT_IDS, LOGITS, pastKeyName, presentValueName } from '../../ts/modelkit/llama'
 import { BLOCK_TABLE, LOGITS_INDICES } from '../../ts/modelkit/paged'
 
@@ -53,10 +52,5 @@ describe('the folder contract (ts/generated/folder-contract.ts)', () => {
     const paged = genaiConfig({ ...BASE, attention: 'paged', blockSize: 16 }) as typeof gqa
     expect(Object.keys(paged.model.decoder.inputs)).toEqual(['input_ids', ...PAGED_INPUTS, 'past_key_names', 'past_value_names'])
     expect([BLOCK_TABLE, LOGITS_INDICES]).toEqual([DECODER_INPUTS.block_table, DECODER_INPUTS.logits_indices])
-  })
-
-  it('every architecture the importer writes is a model type ortex loads', () => {
-    for (const architecture of ARCHITECTURES) expect(MODEL_TYPES as readonly string[]).toContain(architecture)
-    expect(MODEL_TYPES as readonly string[]).toContain('llama')
   })
 })

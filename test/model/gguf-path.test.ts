@@ -242,6 +242,7 @@ describe('ortex generate and serve --model file.gguf', () => {
     const args = [CLI, 'generate', '--model', file, '--prompt', 'The river starts', '--max-tokens', '6', '--import-workers', '2']
     const first = spawnSync(process.execPath, args, { encoding: 'utf8', env: env() })
     expect(first.status, first.stderr).toBe(0)
+    expect(first.stderr).toMatch(new RegExp(`^reading ${file} \\([\\d.]+ MB\\) for the sha256 that keys its import$`, 'm'))
     expect(first.stderr).toMatch(new RegExp(`^importing ${file} into .*/gguf/imports/.* \\(its first use\\)$`, 'm'))
     expect(first.stderr).toMatch(/^importing .*: 50% \([\d.]+ of [\d.]+ MB\)$/m)
     expect(first.stderr).toMatch(new RegExp(`^imported ${file} into .*: llama "tiny llama", .* int4 weights .* in [\\d.]+ s$`, 'm'))

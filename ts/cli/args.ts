@@ -145,8 +145,8 @@ export async function openEngine(
 
 /**
  * A GGUF load's progress on stderr: on a terminal, a bar while the file is hashed and one while
- * it is imported; elsewhere a line when the import starts and at each quarter. Either way a line
- * that says which import runs: the summary `ortex import` prints, or the cached one reused.
+ * it is imported; elsewhere a line when each starts and one at each quarter of the import. Either
+ * way a line that says which import runs: the summary `ortex import` prints, or the cached one.
  */
 async function withImportProgress<T>(load: (onProgress: (event: GgufLoadEvent) => void) => Promise<T>): Promise<T> {
   const live = process.stderr.isTTY === true
@@ -158,6 +158,7 @@ async function withImportProgress<T>(load: (onProgress: (event: GgufLoadEvent) =
       shown.bar?.end()
       shown.bar = event.kind === 'hashing' || event.kind === 'importing' ? progressBar(event.kind) : null
       shown.phase = event.kind
+      if (event.kind === 'hashing' && !live) process.stderr.write(`reading ${event.file} (${(event.totalBytes / 1e6).toFixed(1)} MB) for the sha256 that keys its import\n`)
       if (event.kind === 'importing' && !live) process.stderr.write(`importing ${event.file} into ${event.folder} (its first use)\n`)
     }
     switch (event.kind) {

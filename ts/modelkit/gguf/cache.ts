@@ -27,7 +27,9 @@ import { basename, dirname, join, resolve } from 'node:path'
 import { OrtexError } from '../../errors'
 import type { GgufLoadEvent } from '../../types'
 import { cacheRoot } from '../cache-root'
+import { planModel } from './architecture'
 import { type CheckedOptions, IMPORTER_VERSION, type ImportOptions, checkOptions, describeImport, importGguf } from './import'
+import { readGguf } from './reader'
 
 /** The options of a GGUF load (types.ts's GgufLoadOptions): the import's, without the paths;
  *  weights default to int4. */
@@ -58,7 +60,9 @@ export async function importedFolder(path: string, options: GgufImportOptions = 
 }
 
 async function cachedImport(file: string, checked: CheckedOptions, onProgress: GgufImportOptions['onProgress']): Promise<string> {
-  const hashed = await contentHash(file, onProgress)
+  // Before seconds of hashing, the refusals that need only the header (not a GGUF file, a
+  // truncated or hostile one, an architecture or tensor type the importer does not read).
+  const hashed = await contentHash(file, onProgress, () => planModel(readGguf(file)))
   const folder = join(ggufRoot(), 'imports', `${hashed.sha256.slice(0, 32)}-${optionsTag(checked)}-i${IMPORTER_VERSION}`)
   let imported = false
   if (!isImported(folder)) {
@@ -169,13 +173,15 @@ function identityOf(file: string): Identity {
 const sameIdentity = (a: Identity, b: Identity) => a.dev === b.dev && a.ino === b.ino && a.size === b.size && a.mtimeNs === b.mtimeNs && a.ctimeNs === b.ctimeNs
 
 /** The sha256 of the file's bytes: the recorded one while the file's identity vouches for it,
- *  else read (with progress); `remember` records it, unless the file changed while it was read. */
-async function contentHash(file: string, onProgress: GgufImportOptions['onProgress']): Promise<{ sha256: string; remember: () => void }> {
+ *  else read (with progress) after `check`; `remember` records it, unless the file changed while
+ *  it was read. */
+async function contentHash(file: string, onProgress: GgufImportOptions['onProgress'], check: () => void): Promise<{ sha256: string; remember: () => void }> {
   const record = join(ggufRoot(), 'hashes', `${createHash('sha256').update(file).digest('hex').slice(0, 32)}.json`)
   const before = identityOf(file)
   const known = readRecord(record)
   const vouched = known !== null && known.file === file && sameIdentity(known.identity, before)
   if (vouched && Number(BigInt(before.mtimeNs) / 1_000_000n) < known.hashedAtMs - RACY_MS) return { sha256: known.sha256, remember: () => {} }
+  check()
   const hashedAtMs = Date.now()
   const sha256 = await hashBytes(file, Number(before.size), onProgress)
   const unchanged = sameIdentity(identityOf(file), before)

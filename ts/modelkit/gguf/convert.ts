@@ -34,9 +34,12 @@ const WORKER_SCRIPT = 'dist/gguf-worker.js'
 /** Most conversion threads an import starts. */
 export const MAX_IMPORT_WORKERS = 256
 /** Bytes of converted tensors held at once, besides the one being written (at least one tensor
- *  is always in flight, however large). */
+ *  is always in flight, however large): the bound on memory. */
 const MAX_BYTES_IN_FLIGHT = 512 * 1024 * 1024
-const MAX_TENSORS_IN_FLIGHT = (workers: number) => 2 * workers
+/** Tensors handed out and not yet written: enough that a worker finds work while the tensor to be
+ *  written next (a requantized feed-forward layer) and a hoisted one (the lm_head) take their
+ *  time; two per worker left workers idle about a fifth of the time. */
+const MAX_TENSORS_IN_FLIGHT = (workers: number) => 8 * workers
 
 /** The default: one conversion thread per core. */
 export function defaultImportWorkers(): number {

@@ -38,7 +38,7 @@ export const MAX_IMPORT_WORKERS = 256
 const MAX_BYTES_IN_FLIGHT = 512 * 1024 * 1024
 /** Tensors handed out and not yet written: enough that a worker finds work while the tensor to be
  *  written next (a requantized feed-forward layer) and a hoisted one (the lm_head) take their
- *  time; two per worker left workers idle about a fifth of the time. */
+ *  time, which two per worker were not. */
 const MAX_TENSORS_IN_FLIGHT = (workers: number) => 8 * workers
 
 /** The default: one conversion thread per core. */

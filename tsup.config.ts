@@ -47,7 +47,8 @@ function writeEsmWrappers(): void {
 
 export default defineConfig([
   {
-    entry: { ...ENTRY_POINTS, cli: 'ts/cli/main.ts' },
+    // gguf-worker: an import's conversion thread (ts/modelkit/gguf/convert.ts starts it by this name).
+    entry: { ...ENTRY_POINTS, cli: 'ts/cli/main.ts', 'gguf-worker': 'ts/modelkit/gguf/convert-worker.ts' },
     format: ['cjs'],
     outDir: 'dist',
     // A devDependency that the model tooling may reach (the reference loop): never bundle its

@@ -25,6 +25,9 @@ esbuild bench/prefix-cache/main.ts bench/out/prefix-cache.mjs && node bench/out/
 echo "== ortex against llama.cpp (node-llama-cpp) on the same GGUF files"
 esbuild bench/llama-cpp/main.ts bench/out/llama-cpp.mjs --external:node-llama-cpp --external:yauzl \
   && node bench/out/llama-cpp.mjs "$@"
+echo "== a GGUF file's import (1 and 2 workers) and first load against llama.cpp's load"
+esbuild bench/gguf-import/main.ts bench/out/gguf-import.mjs --external:node-llama-cpp --external:yauzl \
+  && node bench/out/gguf-import.mjs
 echo "== faithfulness: KL divergence against the float32 import, ortex's imports and llama.cpp"
 esbuild bench/quality/main.ts bench/out/quality.mjs --external:node-llama-cpp --external:yauzl \
   && node bench/out/quality.mjs

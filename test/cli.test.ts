@@ -6,6 +6,8 @@ import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { afterAll, describe, expect, it } from 'vitest'
+import { ARCHITECTURES, ARCHITECTURE_NOTES, SUPPORTED_TYPES } from '../ts/modelkit/gguf/architecture'
+import { int4Treatment } from '../ts/modelkit/gguf/supported'
 
 const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..')
 const CLI = path.join(repo, 'dist', 'cli.js')
@@ -60,6 +62,29 @@ describe('ortex --help', () => {
   }
 })
 
+describe('ortex import --help', () => {
+  it("lists every architecture and tensor type of the importer's own tables", () => {
+    const lines = ortex('import', '--help').stdout.split('\n')
+    for (const architecture of ARCHITECTURES) {
+      const line = lines.find((l) => l.startsWith(`  ${architecture} `) || l === `  ${architecture}`)
+      expect(line, architecture).toBeDefined()
+      expect(line!.endsWith(ARCHITECTURE_NOTES[architecture] ?? architecture)).toBe(true)
+    }
+    for (const type of SUPPORTED_TYPES) {
+      const line = lines.find((l) => l.startsWith('  ') && l.trim().split(/,? +/).includes(type))
+      expect(line, type).toBeDefined()
+      expect(line!.endsWith(`  ${int4Treatment(type)}`)).toBe(true)
+    }
+  })
+
+  it("and docs/model-format.md's table of architectures lists the same ones", () => {
+    const doc = readFileSync(path.join(repo, 'docs', 'model-format.md'), 'utf8')
+    const section = doc.split('### Supported architectures and tensor types')[1]!.split('\n### ')[0]!
+    const rows = [...section.matchAll(/^\| `([a-z0-9_]+)` \|/gm)].map((m) => m[1])
+    expect(rows).toEqual([...ARCHITECTURES])
+  })
+})
+
 describe('wrong invocations: one line on stderr, a non-zero exit status', () => {
   const missing = path.join(scratch, 'no-such-model')
   const cases: Array<{ args: string[]; status: number; message: RegExp }> = [
@@ -88,6 +113,7 @@ describe('wrong invocations: one line on stderr, a non-zero exit status', () => 
     { args: ['import', 'a.gguf', 'b.gguf', '--out', missing], status: 2, message: /give one GGUF file/ },
     { args: ['import', 'model.gguf'], status: 2, message: /give --out DIR/ },
     { args: ['import', 'model.gguf', '--out', missing, '--weights', 'q8'], status: 2, message: /--weights must be 'fp32' or 'int4', got "q8"/ },
+    { args: ['import', 'model.gguf', '--out', missing, '--workers', '0'], status: 2, message: /--workers must be an integer in \[1, 256\], got "0"/ },
     { args: ['import', 'model.gguf', '--out', missing, '--attention', 'mha'], status: 2, message: /--attention must be 'gqa' or 'paged', got "mha"/ },
     { args: ['import', 'model.gguf', '--out', missing, '--attention', 'paged'], status: 1, message: /INVALID_ARGUMENT: the cuda paged kernel needs float16 \(dtype fp16\)/ },
     { args: ['import', 'model.gguf', '--out', missing, '--dtype', 'fp16', '--kv', 'fp32'], status: 1, message: /INVALID_ARGUMENT: float16 weights \(dtype fp16\) keep float16 KV/ },

@@ -139,8 +139,12 @@ function ownVersion(): string {
 /** The checks that do not need ONNX Runtime: the folder exists and has a genai_config.json. */
 function checkModelFolder(modelDir: string): void {
   const dir = path.resolve(modelDir)
-  if (stat(dir)?.isDirectory() !== true) {
-    throw new OrtexError('MODEL_LOAD', `model folder ${JSON.stringify(modelDir)} does not exist or is not a folder`)
+  const stats = stat(dir)
+  if (stats === undefined) {
+    throw new OrtexError('MODEL_LOAD', `model folder ${JSON.stringify(modelDir)} does not exist (Engine.load takes a model folder or a GGUF file)`)
+  }
+  if (!stats.isDirectory()) {
+    throw new OrtexError('MODEL_LOAD', `${JSON.stringify(modelDir)} is neither a model folder nor a GGUF file (a .gguf name, or the bytes "GGUF" first)`)
   }
   if (stat(path.join(dir, 'genai_config.json'))?.isFile() !== true) {
     throw new OrtexError('MODEL_LOAD', `${JSON.stringify(modelDir)} is not a model folder: it has no genai_config.json`)

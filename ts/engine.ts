@@ -19,6 +19,7 @@ import { type ChatEngineHost, EngineChat } from './engine-chat'
 import { EngineRuns, type RunsHost } from './engine-runs'
 import { OrtexError, toOrtexError } from './errors'
 import { EventBuffer, type EventOwner } from './events'
+import { modelFolder } from './model-source'
 import type { ConfigView, RequestOptionsInput, SessionsOptionsInput } from './generated/boundary'
 import type { DuplexHost, EngineEndReason } from './link'
 import { RequestRegistry } from './registry'
@@ -32,12 +33,12 @@ import type {
   ChatTemplateOptions,
   CreateChatOptions,
   EngineConfig,
-  EngineOptions,
   EngineStats,
   EventErrorCode,
   ExecutorStats,
   NodePlacement,
   GenerateOptions,
+  LoadOptions,
   RequestOptions,
   SimulatedOptions,
   TurnOptions,
@@ -54,8 +55,11 @@ const DRIVER_BUFFER_CAPACITY = 1024
 interface EngineInit {
   core: CoreEngine
   backend: Backend
-  /** The model folder (its chat files); null: the simulated model, whose template is ChatML. */
+  /** The model folder (its chat files; a GGUF file's import in the cache); null: the simulated
+   *  model, whose template is ChatML. */
   modelDir: string | null
+  /** What Engine.load was given: the folder, or the GGUF file; null: the simulated model. */
+  modelPath: string | null
 }
 
 function noop(): void {}
@@ -66,16 +70,19 @@ export class Engine implements EventOwner {
   /** @internal The backend of this entry point's Engine class (set by the subclass). */
   static _backend: Backend | null = null
 
-  /** An ONNX model folder. */
-  static async load(modelDir: string, options?: EngineOptions): Promise<Engine> {
-    const dir = v.string('modelDir', modelDir)
-    if (dir.length === 0) throw v.invalidArgumentFor('modelDir', 'must not be empty')
-    const checked = opts.engineOptions('options', options)
+  /** An ONNX model folder, or a GGUF file (imported into the cache on first use). */
+  static async load(modelDir: string, options?: LoadOptions): Promise<Engine> {
+    const path = v.string('modelDir', modelDir)
+    if (path.length === 0) throw v.invalidArgumentFor('modelDir', 'must not be empty')
+    const checked = opts.loadOptions('options', options)
     const backend = backendOf(this)
-    const core = await backend.load(dir, checked).catch((error: unknown) => {
+    const dir = await modelFolder(path, checked.gguf, backend.kind).catch((error: unknown) => {
       throw toOrtexError(error, 'MODEL_LOAD')
     })
-    return new this({ core, backend, modelDir: dir } satisfies EngineInit as never)
+    const core = await backend.load(dir, checked.engine).catch((error: unknown) => {
+      throw toOrtexError(error, 'MODEL_LOAD')
+    })
+    return new this({ core, backend, modelDir: dir, modelPath: path } satisfies EngineInit as never)
   }
 
   /** The deterministic simulated model. */
@@ -90,7 +97,7 @@ export class Engine implements EventOwner {
       // the core's coded errors is an internal failure, never "unsupported".
       throw toOrtexError(error)
     }
-    return new this({ core, backend, modelDir: null } satisfies EngineInit as never)
+    return new this({ core, backend, modelDir: null, modelPath: null } satisfies EngineInit as never)
   }
 
   readonly backend: BackendKind
@@ -101,8 +108,12 @@ export class Engine implements EventOwner {
 
   private readonly core: CoreEngine
   private readonly backendImpl: Backend
-  /** Addition: the model folder this engine loaded; null for the simulated model. */
+  /** Addition: the model folder this engine loaded (a GGUF file's import in the cache); null for
+   *  the simulated model. */
   readonly modelDir: string | null
+  /** Addition: what Engine.load was given, the model folder or the GGUF file; null for the
+   *  simulated model. */
+  readonly modelPath: string | null
   /** The chat calls and the chat template they load once (engine-chat.ts). */
   private readonly chats: EngineChat
   private closed = false
@@ -122,10 +133,11 @@ export class Engine implements EventOwner {
 
   /** Engines are made by Engine.simulated() and Engine.load(). */
   protected constructor(init: never) {
-    const { core, backend, modelDir } = init as EngineInit
+    const { core, backend, modelDir, modelPath } = init as EngineInit
     this.core = core
     this.backendImpl = backend
     this.modelDir = modelDir
+    this.modelPath = modelPath
     this.backend = backend.kind
     this.config = Object.freeze(frozenConfig(core.config()))
     this.registry = new RequestRegistry({ onRequestCollected: (record) => this.onRequestCollected(record) })

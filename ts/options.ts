@@ -14,7 +14,7 @@ import {
   type SimOptionsInput,
   type TurnOptionsInput,
 } from './generated/boundary'
-import type { EngineOptions, RequestOptions, SimulatedFaults, SimulatedOptions, TurnOptions } from './types'
+import type { EngineOptions, GgufLoadOptions, LoadOptions, RequestOptions, SimulatedFaults, SimulatedOptions, TurnOptions } from './types'
 import * as check from './validate'
 
 /** True when `Keys` (a key list's entries) are exactly the keys of `T`; else `never`, which makes
@@ -37,6 +37,10 @@ const CORE_ENGINE_KEYS = [
 ] as const
 
 const ENGINE_KEYS = [...CORE_ENGINE_KEYS, ...MODEL_KEYS] as const
+
+const LOAD_KEYS = [...ENGINE_KEYS, 'gguf'] as const
+
+const GGUF_KEYS = ['weights', 'kv', 'accuracyLevel', 'dtype', 'attention', 'pagedKernel', 'blockSize', 'workers', 'onProgress'] as const
 
 const SIM_ONLY_KEYS = ['seed', 'vocabSize', 'eosTokenId', 'maxLength', 'eosProbability', 'faults', 'stepCostUs', 'tokenCostUs'] as const
 
@@ -77,6 +81,8 @@ export const TURN_KEYS = [...CORE_TURN_KEYS, 'signal'] as const
 // The key lists against the public types and the generated inputs (compile-time only).
 true satisfies ExactKeys<(typeof ENGINE_KEYS)[number], EngineOptions>
 true satisfies ExactKeys<(typeof ENGINE_KEYS)[number], ModelOptionsInput>
+true satisfies ExactKeys<(typeof LOAD_KEYS)[number], LoadOptions>
+true satisfies ExactKeys<(typeof GGUF_KEYS)[number], GgufLoadOptions>
 true satisfies ExactKeys<(typeof SIM_KEYS)[number], SimulatedOptions>
 true satisfies ExactKeys<(typeof CORE_ENGINE_KEYS | typeof SIM_ONLY_KEYS)[number], SimOptionsInput>
 true satisfies ExactKeys<(typeof FAULT_KEYS)[number], SimulatedFaults>
@@ -134,6 +140,56 @@ function engineFields(name: string, present: Map<string, unknown>, out: ModelOpt
 export function engineOptions(name: string, value: unknown): ModelOptionsInput {
   const out: ModelOptionsInput = {}
   engineFields(name, check.options(name, value, ENGINE_KEYS), out, false)
+  return out
+}
+
+/** `Engine.load`'s options: the engine's (for the core) and, apart, a GGUF file's import's. */
+export function loadOptions(name: string, value: unknown): { engine: ModelOptionsInput; gguf: GgufLoadOptions | undefined } {
+  const present = check.options(name, value, LOAD_KEYS)
+  const gguf = present.get('gguf')
+  present.delete('gguf')
+  const engine: ModelOptionsInput = {}
+  engineFields(name, present, engine, false)
+  return { engine, gguf: gguf === undefined ? undefined : ggufOptions(`${name}.gguf`, gguf) }
+}
+
+/** The import's options, each of the right kind; the rules between them are the importer's. */
+function ggufOptions(name: string, value: unknown): GgufLoadOptions {
+  const out: GgufLoadOptions = {}
+  for (const [key, v] of check.options(name, value, GGUF_KEYS)) {
+    const arg = `${name}.${key}`
+    switch (key) {
+      case 'weights':
+        out.weights = check.oneOf(arg, v, ['int4', 'fp32'] as const)
+        break
+      case 'kv':
+        out.kv = check.oneOf(arg, v, ['fp16', 'fp32'] as const)
+        break
+      case 'accuracyLevel':
+        if (v !== 0 && v !== 4) throw invalidArgument(`${arg} must be 0 or 4, got ${check.describe(v)}`)
+        out.accuracyLevel = v
+        break
+      case 'dtype':
+        out.dtype = check.oneOf(arg, v, ['fp32', 'fp16'] as const)
+        break
+      case 'attention':
+        out.attention = check.oneOf(arg, v, ['gqa', 'paged'] as const)
+        break
+      case 'pagedKernel':
+        out.pagedKernel = check.oneOf(arg, v, ['cuda', 'reference'] as const)
+        break
+      case 'blockSize':
+        out.blockSize = check.integer(arg, v, 1, 1 << 16)
+        break
+      case 'workers':
+        out.workers = check.integer(arg, v, 1, 256)
+        break
+      case 'onProgress':
+        if (typeof v !== 'function') throw invalidArgument(`${arg} must be a function, got ${check.describe(v)}`)
+        out.onProgress = v as GgufLoadOptions['onProgress']
+        break
+    }
+  }
   return out
 }
 

@@ -46,6 +46,52 @@ export interface EngineOptions {
   intraOpSpinning?: boolean
 }
 
+/** `Engine.load`'s options: the engine's, and how a GGUF file is imported. */
+export interface LoadOptions extends EngineOptions {
+  /** Only for a GGUF file (a model folder with it is INVALID_ARGUMENT): how it is imported. */
+  gguf?: GgufLoadOptions
+}
+
+/**
+ * How `Engine.load` imports a GGUF file into the cache on first use (docs/model-format.md,
+ * "Importing GGUF files"; the import's options, as `ortex import` takes them). The options that
+ * shape the folder are part of the cache's key: another value makes another import.
+ */
+export interface GgufLoadOptions {
+  /** Default 'int4' (linear layers as 4-bit MatMulNBits blocks); 'fp32' dequantizes every weight. */
+  weights?: 'int4' | 'fp32'
+  /** The KV cache's element type; default fp16 with int4 weights, fp32 with fp32 weights. */
+  kv?: 'fp16' | 'fp32'
+  /** int4 only: MatMulNBits' accuracy_level, 4 (default: int8 activations) or 0 (float32). */
+  accuracyLevel?: 0 | 4
+  /** 'fp32' (default) or 'fp16': float weights, arithmetic, KV and logits (the CUDA folders). */
+  dtype?: 'fp32' | 'fp16'
+  /** 'gqa' (default) or 'paged'. */
+  attention?: 'gqa' | 'paged'
+  /** paged only: 'cuda' (default, needs dtype fp16) or 'reference'. */
+  pagedKernel?: 'cuda' | 'reference'
+  /** paged only: positions a KV block; default 256. */
+  blockSize?: number
+  /** Threads that dequantize and requantize; default one per core. Not part of the key: the
+   *  folder is the same byte for byte. */
+  workers?: number
+  /** Told what the load does with the file; Engine.load prints nothing by itself. */
+  onProgress?: (event: GgufLoadEvent) => void
+}
+
+/**
+ * A GGUF load's progress, in this order: `hashing` (reading the file for the sha256 that keys
+ * the cache; skipped while the file is unchanged since its last hash), then `reused` (its import
+ * is in the cache) or `importing` ... `imported` (the first load). `folder` is the import's
+ * folder in the cache (what `engine.modelDir` then says).
+ */
+export type GgufLoadEvent =
+  | { kind: 'hashing'; file: string; doneBytes: number; totalBytes: number }
+  | { kind: 'reused'; file: string; folder: string }
+  | { kind: 'importing'; file: string; folder: string; doneBytes: number; totalBytes: number }
+  /** `summary`: the line `ortex import` prints. */
+  | { kind: 'imported'; file: string; folder: string; summary: string; elapsedMs: number }
+
 /** Injected failures of the simulated model, for simulation tests. Step numbers count every
  *  executed transaction from 0. */
 export interface SimulatedFaults {

@@ -103,7 +103,7 @@ const TOKENIZER_KEYS: Readonly<Record<string, (v: unknown) => MetaValue>> = {
 }
 
 /** SmolLM2's tokenizer.* entries, typed; a key this table does not know is refused, not guessed. */
-function tokenizerMetadata(source: GgufFile): Array<[string, MetaValue]> {
+export function tokenizerMetadata(source: GgufFile): Array<[string, MetaValue]> {
   const out: Array<[string, MetaValue]> = []
   for (const [key, value] of source.metadata) {
     if (!key.startsWith('tokenizer.')) continue

@@ -1,12 +1,14 @@
 // What every `ortex` command shares: usage errors, flag parsing, the choice of engine
-// (--model DIR | --simulated, --backend, --seed) and the progress lines on a terminal.
+// (--model DIR|FILE.gguf | --simulated, --backend, --seed, a GGUF file's import flags) and the
+// progress lines on a terminal.
 
 import { readdirSync, statSync } from 'node:fs'
 import path from 'node:path'
 
 import type { Engine } from '../engine'
 import { Engine as NativeEngine } from '../index'
-import type { EngineOptions } from '../types'
+import { modelPathKind } from '../model-source'
+import type { EngineOptions, GgufLoadEvent, GgufLoadOptions } from '../types'
 import { Engine as WasmEngine } from '../wasm'
 
 /** A wrong command line: the process exits with status 2 and this message. */
@@ -56,30 +58,65 @@ export const ENGINE_FLAGS = {
   seed: { type: 'string' },
   backend: { type: 'string' },
   'kv-cache-bytes': { type: 'string' },
+  weights: { type: 'string' },
+  kv: { type: 'string' },
+  'accuracy-level': { type: 'string' },
+  'import-workers': { type: 'string' },
 } as const
 
+/** The flags of ENGINE_FLAGS that shape a GGUF file's import, with their help's lines. */
+const GGUF_FLAGS: ReadonlyArray<[string, string[]]> = [
+  ['--weights FORMAT', ["a GGUF --model: its import's weights, 'int4' (default) or 'fp32'"]],
+  ['--kv TYPE', ["a GGUF --model: its import's KV type, 'fp16' or 'fp32' (default: fp16", 'with int4 weights, fp32 with fp32 weights)']],
+  ['--accuracy-level N', ["a GGUF --model, int4: MatMulNBits' accuracy level, 4 (default) or 0"]],
+  ['--import-workers N', ['a GGUF --model: threads that convert its tensors (default: one per', 'core)']],
+]
+
+/** The help's lines of the GGUF import flags, their text starting at `column`. */
+export function ggufFlagsHelp(column: number): string {
+  return GGUF_FLAGS.map(([flag, lines]) => lines.map((line, i) => `${(i === 0 ? `  ${flag}` : '').padEnd(column)}${line}\n`).join('')).join('')
+}
+
 export interface EngineChoice {
-  /** The model folder, or undefined for the simulated model. */
+  /** The model folder or GGUF file, or undefined for the simulated model. */
   model: string | undefined
+  /** How a GGUF --model is imported (the flags given; Engine.load's defaults for the rest). */
+  gguf: Omit<GgufLoadOptions, 'onProgress'>
   seed: number
   backend: 'native' | 'wasm'
   /** --kv-cache-bytes: the model's KV budget (EngineOptions.kvCacheBytes). */
   kvCacheBytes: number | undefined
 }
 
-/** Checks --model / --simulated / --seed / --backend as parseArgs returned them. */
+/** Checks --model / --simulated / --seed / --backend and the import flags as parseArgs returned them. */
 export function engineChoice(values: {
   model?: string
   simulated?: boolean
   seed?: string
   backend?: string
   'kv-cache-bytes'?: string
+  weights?: string
+  kv?: string
+  'accuracy-level'?: string
+  'import-workers'?: string
 }): EngineChoice {
   if (values.model !== undefined && values.simulated === true) throw new UsageError('give either --model or --simulated, not both')
   if (values.model === undefined && values.simulated !== true) throw new UsageError('give --model DIR or --simulated')
-  if (values.model === '') throw new UsageError('--model needs a folder')
+  if (values.model === '') throw new UsageError('--model needs a folder or a .gguf file')
+  const level = choiceFlag('accuracy-level', values['accuracy-level'], ['0', '4'] as const)
+  const gguf: EngineChoice['gguf'] = {
+    weights: choiceFlag('weights', values.weights, ['int4', 'fp32'] as const),
+    kv: choiceFlag('kv', values.kv, ['fp16', 'fp32'] as const),
+    accuracyLevel: level === undefined ? undefined : (Number(level) as 0 | 4),
+    workers: integerFlag('import-workers', values['import-workers'], undefined, 1, 256),
+  }
+  const given = (['weights', 'kv', 'accuracy-level', 'import-workers'] as const).filter((flag) => values[flag] !== undefined)
+  if (given.length > 0 && (values.model === undefined || modelPathKind(values.model) === 'folder')) {
+    throw new UsageError(`${given.map((flag) => `--${flag}`).join(', ')}: for a GGUF file's import (--model FILE.gguf), not a model folder or the simulated model`)
+  }
   return {
     model: values.model,
+    gguf,
     seed: integerFlag('seed', values.seed, 0, 0, Number.MAX_SAFE_INTEGER),
     backend: choiceFlag('backend', values.backend, ['native', 'wasm'] as const) ?? 'native',
     kvCacheBytes: integerFlag('kv-cache-bytes', values['kv-cache-bytes'], undefined, 1, Number.MAX_SAFE_INTEGER),
@@ -97,9 +134,58 @@ export async function openEngine(
   const EngineClass = choice.backend === 'wasm' ? WasmEngine : NativeEngine
   if (choice.model === undefined) return EngineClass.simulated({ ...options, ...simulated, seed: choice.seed })
   const budget = choice.kvCacheBytes === undefined ? {} : { kvCacheBytes: choice.kvCacheBytes }
-  const engine = await withLoadProgress(choice.model, EngineClass.load(choice.model, { ...options, ...budget }))
+  // A GGUF file shows its hash and import instead of the folder's spinner (both draw on one line).
+  const engine =
+    modelPathKind(choice.model) === 'gguf'
+      ? await withImportProgress((onProgress) => EngineClass.load(choice.model!, { ...options, ...budget, gguf: { ...choice.gguf, onProgress } }))
+      : await withLoadProgress(choice.model, EngineClass.load(choice.model, { ...options, ...budget }))
   process.stderr.write(`${describeKvPool(choice.model, engine.config)}\n`)
   return engine
+}
+
+/**
+ * A GGUF load's progress on stderr: on a terminal, a bar while the file is hashed and one while
+ * it is imported; elsewhere a line when each starts and one at each quarter of the import. Either
+ * way a line that says which import runs: the summary `ortex import` prints, or the cached one.
+ */
+async function withImportProgress<T>(load: (onProgress: (event: GgufLoadEvent) => void) => Promise<T>): Promise<T> {
+  const live = process.stderr.isTTY === true
+  // The bar of the phase running: hashing or importing.
+  const shown: { phase: GgufLoadEvent['kind'] | null; bar: ReturnType<typeof progressBar> | null } = { phase: null, bar: null }
+  let quarter = 0
+  const onProgress = (event: GgufLoadEvent): void => {
+    if (event.kind !== shown.phase) {
+      shown.bar?.end()
+      shown.bar = event.kind === 'hashing' || event.kind === 'importing' ? progressBar(event.kind) : null
+      shown.phase = event.kind
+      if (event.kind === 'hashing' && !live) process.stderr.write(`reading ${event.file} (${(event.totalBytes / 1e6).toFixed(1)} MB) for the sha256 that keys its import\n`)
+      if (event.kind === 'importing' && !live) process.stderr.write(`importing ${event.file} into ${event.folder} (its first use)\n`)
+    }
+    switch (event.kind) {
+      case 'hashing':
+        shown.bar?.update(event.doneBytes, event.totalBytes)
+        break
+      case 'importing':
+        shown.bar?.update(event.doneBytes, event.totalBytes)
+        if (!live && quarter < 3 && event.totalBytes > 0 && 4 * event.doneBytes >= (quarter + 1) * event.totalBytes) {
+          quarter = Math.min(3, Math.floor((4 * event.doneBytes) / event.totalBytes))
+          const mb = (n: number) => (n / 1e6).toFixed(1)
+          process.stderr.write(`importing ${event.file}: ${25 * quarter}% (${mb(event.doneBytes)} of ${mb(event.totalBytes)} MB)\n`)
+        }
+        break
+      case 'imported':
+        process.stderr.write(`imported ${event.file} into ${event.summary}\n`)
+        break
+      case 'reused':
+        process.stderr.write(`${event.file}: its import in the cache, ${event.folder}\n`)
+        break
+    }
+  }
+  try {
+    return await load(onProgress)
+  } finally {
+    shown.bar?.end()
+  }
 }
 
 const MIB = 1024 * 1024

@@ -7,15 +7,17 @@ import { parseArgs } from 'node:util'
 import type { Engine } from '../engine'
 import type { Turn, TurnResult } from '../exports'
 import type { ChatMessage } from '../types'
-import { ENGINE_FLAGS, type EngineChoice, UsageError, engineChoice, integerFlag, numberFlag, openEngine } from './args'
+import { ENGINE_FLAGS, type EngineChoice, ggufFlagsHelp, UsageError, engineChoice, integerFlag, numberFlag, openEngine } from './args'
 
-export const GENERATE_HELP = `Usage: ortex generate (--model DIR | --simulated) [options]
+export const GENERATE_HELP = `Usage: ortex generate (--model DIR|FILE.gguf | --simulated) [options]
 
 Streams concurrent generations to the terminal, then prints tokens per second per request and in
 total.
 
 Options:
-  --model DIR          an ONNX model folder (genai_config.json, model.onnx, tokenizer.json)
+  --model DIR|FILE     an ONNX model folder (genai_config.json, model.onnx, tokenizer.json), or
+                       a GGUF file: imported into the cache on its first use (progress on
+                       stderr) and that import reused after
   --simulated          the deterministic simulated model instead of a model folder
   --prompt TEXT        a prompt; repeat for several (requests cycle through them)
   --chat               each prompt is a user message, rendered with the model's chat template
@@ -30,7 +32,7 @@ Options:
   --backend NAME       'native' (default) or 'wasm' (simulated model only)
   --kv-cache-bytes N   most bytes the model's KV pool may reserve (default: a quarter of the
                        machine's memory); the load line on stderr says what it reserves
-  -h, --help           show this help
+${ggufFlagsHelp(23)}  -h, --help           show this help
 `
 
 interface GenerateArgs {

@@ -6,15 +6,17 @@ import { parseArgs } from 'node:util'
 
 import { UsageError, choiceFlag, integerFlag, progressBar } from './args'
 
-export const IMPORT_HELP = `Usage: ortex import <file.gguf> --out DIR [--weights fp32|int4] [--kv fp32|fp16]
+const USAGE = `Usage: ortex import <file.gguf> --out DIR [--weights fp32|int4] [--kv fp32|fp16]
                     [--accuracy-level 0|4] [--dtype fp32|fp16] [--attention gqa|paged]
-                    [--paged-kernel cuda|reference] [--block-size N]
+                    [--paged-kernel cuda|reference] [--block-size N] [--workers N]
 
 Converts a GGUF file (llama.cpp's format) into a model folder that ortex and onnxruntime-genai load:
 genai_config.json, model.onnx with its weights in model.onnx.data, tokenizer.json,
-tokenizer_config.json and chat_template.jinja. Architectures: llama (SmolLM, TinyLlama, Llama 2/3,
-Mistral) and qwen2. Tensor types: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
+tokenizer_config.json and chat_template.jinja. What it reads (any other architecture or tensor
+type is refused by name):
+`
 
+const OPTIONS = `
 Options:
   --out DIR            the folder to write (created if missing; our files in it are overwritten)
   --weights FORMAT     'fp32' (default: every weight dequantized to float32) or 'int4' (linear
@@ -35,8 +37,16 @@ Options:
   --paged-kernel NAME  paged only: 'cuda' (default: com.microsoft.PagedAttention, CUDA float16
                        only) or 'reference' (standard operators that run on the CPU, for tests)
   --block-size N       paged only: positions a KV cache block (default 256, the builder's)
+  --workers N          threads that dequantize and requantize the tensors (default: one per
+                       core; 1 converts on the main thread); the folder is the same either way
   -h, --help           show this help
 `
+
+/** The help: usage, what the importer supports (from its own tables), the options. */
+async function importHelp(): Promise<string> {
+  const { describeSupport } = await import('../modelkit/gguf/supported')
+  return `${USAGE}\n${describeSupport()}${OPTIONS}`
+}
 
 export async function runImportCommand(argv: string[]): Promise<void> {
   const { values, positionals } = parseArgs({
@@ -52,11 +62,12 @@ export async function runImportCommand(argv: string[]): Promise<void> {
       attention: { type: 'string' },
       'paged-kernel': { type: 'string' },
       'block-size': { type: 'string' },
+      workers: { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
   })
   if (values.help) {
-    process.stdout.write(IMPORT_HELP)
+    process.stdout.write(await importHelp())
     return
   }
   if (positionals.length !== 1 || positionals[0] === '') throw new UsageError('give one GGUF file: ortex import <file.gguf> --out DIR')
@@ -69,7 +80,8 @@ export async function runImportCommand(argv: string[]): Promise<void> {
   const attention = choiceFlag('attention', values.attention, ['gqa', 'paged'] as const)
   const pagedKernel = choiceFlag('paged-kernel', values['paged-kernel'], ['cuda', 'reference'] as const)
   const blockSize = integerFlag('block-size', values['block-size'], undefined, 1, 1 << 16)
-  const { importGguf, describeImport } = await import('../modelkit/gguf/import')
+  const { importGguf, describeImport, MAX_IMPORT_WORKERS } = await import('../modelkit/gguf/import')
+  const workers = integerFlag('workers', values.workers, undefined, 1, MAX_IMPORT_WORKERS)
   const bar = progressBar('importing')
   let summary
   try {
@@ -83,6 +95,7 @@ export async function runImportCommand(argv: string[]): Promise<void> {
       attention,
       pagedKernel,
       blockSize,
+      workers,
       onProgress: (done, total) => bar.update(done, total),
     })
   } finally {

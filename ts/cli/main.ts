@@ -19,8 +19,8 @@ const RUNTIME_ERROR = 1
 const MAIN_HELP = `ortex: an LLM inference engine for Node.js
 
 Usage:
-  ortex generate (--model DIR | --simulated) [--prompt TEXT]... [--max-tokens N] [--concurrency K]
-  ortex serve    (--model DIR | --simulated) [--port N] [--max-sessions N]
+  ortex generate (--model DIR|FILE.gguf | --simulated) [--prompt TEXT]... [--max-tokens N] [--concurrency K]
+  ortex serve    (--model DIR|FILE.gguf | --simulated) [--port N] [--max-sessions N]
   ortex import <file.gguf> --out DIR [--weights fp32|int4] [--kv fp32|fp16] [--dtype fp32|fp16] [--attention gqa|paged]
   ortex make-model --out DIR [--size tiny|bench] [--attention mha|gqa|paged] [--seed N]
   ortex <command> --help

@@ -6,16 +6,18 @@ import { parseArgs } from 'node:util'
 
 import { DEFAULT_DRAIN_DEADLINE_MS, startServer } from '../server/http'
 import { DEFAULT_PORT } from '../server/duplex/start'
-import { ENGINE_FLAGS, UsageError, engineChoice, integerFlag, openEngine } from './args'
+import { ENGINE_FLAGS, ggufFlagsHelp, UsageError, engineChoice, integerFlag, openEngine } from './args'
 
-export const SERVE_HELP = `Usage: ortex serve (--model DIR | --simulated) [options]
+export const SERVE_HELP = `Usage: ortex serve (--model DIR|FILE.gguf | --simulated) [options]
 
 Serves, on one port: the OpenAI-compatible API (POST /v1/chat/completions, POST /v1/completions,
 GET /v1/models), GET /health, GET /metrics (Prometheus), and full-duplex sessions over WebSocket
 (protocol: docs/duplex-protocol.md).
 
 Options:
-  --model DIR              an ONNX model folder (genai_config.json, model.onnx, tokenizer.json)
+  --model DIR|FILE.gguf    an ONNX model folder (genai_config.json, model.onnx, tokenizer.json),
+                           or a GGUF file: imported into the cache on its first use (progress
+                           on stderr) and that import reused after
   --simulated              the deterministic simulated model
   --port N                 TCP port (default ${DEFAULT_PORT}; 0 picks a free one)
   --host ADDR              address to listen on (default 127.0.0.1)
@@ -27,13 +29,13 @@ Options:
                            'Authorization: Bearer KEY' (sessions may offer the subprotocol
                            'ortex-api-key.KEY' instead); also read from ORTEX_API_KEY.
                            An empty key is refused
-  --model-name NAME        the model's name in /v1/models (default: the folder's name, or
-                           'ortex-simulated')
+  --model-name NAME        the model's name in /v1/models (default: the folder's name, a GGUF
+                           file's without .gguf, or 'ortex-simulated')
   --seed N                 the simulated model's seed (default 0)
   --backend NAME           'native' (default) or 'wasm' (simulated model only)
   --kv-cache-bytes N       most bytes the model's KV pool may reserve (default: a quarter of the
                            machine's memory); the load line on stderr says what it reserves
-  --session-store URL      keep each session's state in Redis (redis://HOST:PORT), so that a
+${ggufFlagsHelp(27)}  --session-store URL      keep each session's state in Redis (redis://HOST:PORT), so that a
                            session.resume reaching another process takes the session over when
                            this one is gone (docs/scaling.md); needs the ioredis package
   --drain-timeout-ms N     on SIGTERM / SIGINT, how long requests and responses in flight may

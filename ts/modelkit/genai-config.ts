@@ -1,10 +1,12 @@
 // genai_config.json: onnxruntime-genai's model configuration, with exactly the fields (and key
 // order) that onnxruntime-genai's model builder writes for a CPU decoder-only model. onnxruntime-
 // genai rejects unknown fields, so nothing ortex-specific goes here (that lives in model.onnx's
-// metadata_props, see docs/model-format.md).
+// metadata_props, see docs/model-format.md). The tensor names are the folder contract's
+// (ts/generated/folder-contract.ts, from ortex-ort's config: what ortex reads them as).
 
 import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
+import { DECODER_INPUTS, DECODER_OUTPUTS, PAGED_INPUTS } from '../generated/folder-contract'
 import type { AttentionForm, LlamaDims } from './llama'
 
 export interface GenaiConfigOptions {
@@ -37,18 +39,14 @@ export function genaiConfig(o: GenaiConfigOptions): object {
   const d = o.dims
   const paged = o.attention === 'paged'
   if (paged && o.blockSize === undefined) throw new Error('the paged form needs its block size')
-  const inputs: Record<string, string> = { input_ids: 'input_ids' }
-  if (!paged) inputs.attention_mask = 'attention_mask'
-  if (o.attention === 'mha') inputs.position_ids = 'position_ids'
-  if (paged) {
-    // base.py make_genai_config: the paged inputs in this order, no attention_mask and (rotary in
-    // the kernel) no position_ids.
-    for (const name of ['block_table', 'cumulative_sequence_lengths', 'past_sequence_lengths', 'attention_metadata', 'logits_indices']) {
-      inputs[name] = name
-    }
-  }
-  inputs.past_key_names = 'past_key_values.%d.key'
-  inputs.past_value_names = 'past_key_values.%d.value'
+  const inputs: Record<string, string> = { input_ids: DECODER_INPUTS.input_ids }
+  if (!paged) inputs.attention_mask = DECODER_INPUTS.attention_mask
+  if (o.attention === 'mha') inputs.position_ids = DECODER_INPUTS.position_ids
+  // base.py make_genai_config: the paged inputs in this order, no attention_mask and (rotary in
+  // the kernel) no position_ids.
+  if (paged) for (const key of PAGED_INPUTS) inputs[key] = DECODER_INPUTS[key]
+  inputs.past_key_names = DECODER_INPUTS.past_key_names
+  inputs.past_value_names = DECODER_INPUTS.past_value_names
   // base.py ep_attrs["cuda"]: the builder's `-e cuda` folders name the CUDA provider.
   const providerOptions = o.provider === 'cuda' ? [{ cuda: { enable_cuda_graph: '0' } }] : []
   const config = {
@@ -62,9 +60,9 @@ export function genaiConfig(o: GenaiConfigOptions): object {
         hidden_size: d.hiddenSize,
         inputs,
         outputs: {
-          logits: 'logits',
-          present_key_names: 'present.%d.key',
-          present_value_names: 'present.%d.value',
+          logits: DECODER_OUTPUTS.logits,
+          present_key_names: DECODER_OUTPUTS.present_key_names,
+          present_value_names: DECODER_OUTPUTS.present_value_names,
         },
         num_attention_heads: d.numHeads,
         num_hidden_layers: d.numLayers,
@@ -182,14 +180,14 @@ export function readModelConfig(dir: string): ModelConfig {
     numHeads: int(dec?.num_attention_heads, 'model.decoder.num_attention_heads'),
     numKvHeads: int(dec?.num_key_value_heads, 'model.decoder.num_key_value_heads'),
     numLayers: int(dec?.num_hidden_layers, 'model.decoder.num_hidden_layers'),
-    inputIds: inputs.input_ids ?? 'input_ids',
-    attentionMask: inputs.attention_mask ?? 'attention_mask',
+    inputIds: inputs.input_ids ?? DECODER_INPUTS.input_ids,
+    attentionMask: inputs.attention_mask ?? DECODER_INPUTS.attention_mask,
     ...(inputs.position_ids ? { positionIds: inputs.position_ids as string } : {}),
-    pastKeyNames: inputs.past_key_names ?? 'past_key_values.%d.key',
-    pastValueNames: inputs.past_value_names ?? 'past_key_values.%d.value',
-    logits: outputs.logits ?? 'logits',
-    presentKeyNames: outputs.present_key_names ?? 'present.%d.key',
-    presentValueNames: outputs.present_value_names ?? 'present.%d.value',
+    pastKeyNames: inputs.past_key_names ?? DECODER_INPUTS.past_key_names,
+    pastValueNames: inputs.past_value_names ?? DECODER_INPUTS.past_value_names,
+    logits: outputs.logits ?? DECODER_OUTPUTS.logits,
+    presentKeyNames: outputs.present_key_names ?? DECODER_OUTPUTS.present_key_names,
+    presentValueNames: outputs.present_value_names ?? DECODER_OUTPUTS.present_value_names,
     maxLength: j?.search?.max_length ?? m.context_length,
     pastPresentShareBuffer: j?.search?.past_present_share_buffer === true,
     ...(dec?.sliding_window

@@ -23,6 +23,8 @@
 // The defaults are the random model of `ortex make-model`, whose bytes must not change.
 // See docs/model-format.md for the input/output contract.
 
+import { DECODER_INPUTS, DECODER_OUTPUTS } from '../generated/folder-contract'
+import { layerName } from './genai-config'
 import { type ExpertDims, moeFeedForward } from './moe'
 import { DataType, F, GraphBuilder, I, Is, S, type ExternalTensor } from './onnx-builder'
 import {
@@ -120,14 +122,16 @@ export function countParameters(d: LlamaDims): number {
     .reduce((n, s) => n + s.dims.reduce((a, b) => a * b, 1), 0)
 }
 
-export const INPUT_IDS = 'input_ids'
-export const ATTENTION_MASK = 'attention_mask'
-export const POSITION_IDS = 'position_ids'
-export const LOGITS = 'logits'
-export const pastKeyName = (l: number) => `past_key_values.${l}.key`
-export const pastValueName = (l: number) => `past_key_values.${l}.value`
-export const presentKeyName = (l: number) => `present.${l}.key`
-export const presentValueName = (l: number) => `present.${l}.value`
+// The graph's inputs and outputs are named as ortex reads them (the folder contract, generated
+// from ortex-ort's config).
+export const INPUT_IDS = DECODER_INPUTS.input_ids
+export const ATTENTION_MASK = DECODER_INPUTS.attention_mask
+export const POSITION_IDS = DECODER_INPUTS.position_ids
+export const LOGITS = DECODER_OUTPUTS.logits
+export const pastKeyName = (l: number) => layerName(DECODER_INPUTS.past_key_names, l)
+export const pastValueName = (l: number) => layerName(DECODER_INPUTS.past_value_names, l)
+export const presentKeyName = (l: number) => layerName(DECODER_OUTPUTS.present_key_names, l)
+export const presentValueName = (l: number) => layerName(DECODER_OUTPUTS.present_value_names, l)
 
 /** How the linear layers (q/k/v/o, gate/up/down, lm_head) store their weights. */
 export type LinearStorage =

@@ -22,16 +22,18 @@
 //   cumulative      0                   n_0                 n_0 + n_1
 //   positions       past_0 ... past_0 + n_0 - 1 | past_1 ...
 
+import { DECODER_INPUTS } from '../generated/folder-contract'
 import { DataType, type DataTypeCode, F, type GraphBuilder, I, Is } from './onnx-builder'
 
 export type PagedKernel = 'cuda' | 'reference'
 
-/** The builder's inputs of a paged graph beyond input_ids and the caches (base.py, input_names). */
-export const BLOCK_TABLE = 'block_table'
-export const CUMULATIVE_SEQUENCE_LENGTHS = 'cumulative_sequence_lengths'
-export const PAST_SEQUENCE_LENGTHS = 'past_sequence_lengths'
-export const ATTENTION_METADATA = 'attention_metadata'
-export const LOGITS_INDICES = 'logits_indices'
+/** The builder's inputs of a paged graph beyond input_ids and the caches (base.py, input_names),
+ *  as the folder contract names them. */
+export const BLOCK_TABLE = DECODER_INPUTS.block_table
+export const CUMULATIVE_SEQUENCE_LENGTHS = DECODER_INPUTS.cumulative_sequence_lengths
+export const PAST_SEQUENCE_LENGTHS = DECODER_INPUTS.past_sequence_lengths
+export const ATTENTION_METADATA = DECODER_INPUTS.attention_metadata
+export const LOGITS_INDICES = DECODER_INPUTS.logits_indices
 
 /** What the paged pieces need from the graph being built. */
 export interface PagedGraph {

@@ -32,7 +32,7 @@ export interface ServerOptions {
    *  (as that header or the `ortex-api-key.<apiKey>` subprotocol); default: none needed. */
   apiKey?: string
   /** The model's name in /v1/models and the `model` requests must name; default: the model
-   *  folder's name, or 'ortex-simulated'. */
+   *  folder's name (a GGUF file's, without .gguf), or 'ortex-simulated'. */
   modelName?: string
   /** Largest request body, in bytes (default 1 MiB); a larger one gets 413. */
   maxBodyBytes?: number
@@ -323,7 +323,7 @@ class ApiHandler {
 }
 
 function defaultModelName(engine: Engine): string {
-  return engine.modelDir === null ? 'ortex-simulated' : path.basename(path.resolve(engine.modelDir))
+  return engine.modelPath === null ? 'ortex-simulated' : path.basename(path.resolve(engine.modelPath)).replace(/\.gguf$/i, '')
 }
 
 /** The duplex options with the server's key: a WebSocket upgrade is refused without it, as a /v1

@@ -31,6 +31,12 @@ import { type GgufFile, type GgufTensorInfo, Metadata } from './reader'
 export { ARCHITECTURES, type Architecture } from './architectures'
 export const SUPPORTED_TYPES = Object.keys(GgmlTypeId)
 
+/** A line per architecture for `ortex import --help` and the docs: the models it covers and what
+ *  it adds (the architecture table's notes). */
+export const ARCHITECTURE_NOTES: Readonly<Record<Architecture, string>> = Object.fromEntries(
+  ARCHITECTURES.map((a) => [a, architectureSpec(a).note]),
+) as Record<Architecture, string>
+
 /** What a graph weight is made from. */
 export interface SourceTensor {
   /** The weight's name in the graph (Hugging Face naming, as llama.ts expects). */

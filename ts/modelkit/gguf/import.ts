@@ -26,15 +26,17 @@ import { genaiConfig } from '../genai-config'
 import { type KvType, buildLlamaGraph, type LinearStorage, type LlamaDims } from '../llama'
 import type { PagedKernel } from '../paged'
 import { CONFIG_FILE, DATA_FILE, MODEL_FILE, type FileSize, fileSizes, writeConfigLast, writeModelFile } from '../model-folder'
-import { DataType } from '../onnx-builder'
-import { DataFileWriter, asHalfSpecs, floatBytes, layoutWeights, type WeightLayout } from '../weights'
+import { DataFileWriter, layoutWeights, type WeightLayout } from '../weights'
 import { type Architecture, type ModelPlan, planModel } from './architecture'
 import { architectureSpec } from './architectures'
+import { type ConversionJob, MAX_IMPORT_WORKERS, convertTensors, plannedTensors } from './convert'
 import { GgmlTypeId, ggmlTypeName } from './ggml-types'
 import { mapsToInt8 } from './int8'
 import { GgufData, type GgufFile, readGguf } from './reader'
-import { type Mapping, type PlannedTensor, planTensors } from './tensors'
+import type { Mapping, PlannedTensor } from './tensors'
 import { type TokenizerConversion, convertTokenizer } from './tokenizer'
+
+export { MAX_IMPORT_WORKERS } from './convert'
 
 /** Bumped whenever the imported bytes for a given file change (2: float16 KV and an 8-bit Q8_0
  *  lm_head in int4 imports; 3: every 5-, 6- and 8-bit linear as exact 8-bit blocks in int4 imports). */
@@ -92,6 +94,11 @@ export interface ImportOptions {
    * above the file's original context), as llama.cpp's context size does.
    */
   contextLength?: number
+  /**
+   * Threads that dequantize and requantize the tensors: default one per core; 1 converts on the
+   * calling thread. The folder is the same byte for byte whatever the number.
+   */
+  workers?: number
   /** Bytes of model.onnx.data written so far. */
   onProgress?: (done: number, total: number, label: string) => void
 }
@@ -128,9 +135,11 @@ const IMPORT_FILES = [MODEL_FILE, DATA_FILE, ...TOKENIZER_FILES, CHAT_TEMPLATE_F
 
 export async function importGguf(options: ImportOptions): Promise<ImportSummary> {
   const started = Date.now()
-  const { weights, kv, accuracyLevel, dtype, attention, paged } = checkOptions(options)
+  if (!options.file) throw new OrtexError('INVALID_ARGUMENT', 'file is required')
+  if (!options.outDir) throw new OrtexError('INVALID_ARGUMENT', 'outDir is required')
+  const { weights, kv, accuracyLevel, dtype, attention, paged, workers } = checkOptions(options)
   const file = readGguf(resolve(options.file))
-  const plan = planModel(file, options.contextLength === undefined ? {} : { contextLength: options.contextLength })
+  const plan = importPlan(file, options)
   if (plan.experts && dtype === 'fp16') {
     throw new OrtexError('INVALID_ARGUMENT', `${file.path}: a mixture-of-experts model imports with float32 arithmetic only (its experts' block has no float16 form yet): leave dtype fp32`)
   }
@@ -139,12 +148,13 @@ export async function importGguf(options: ImportOptions): Promise<ImportSummary>
     throw new OrtexError('MODEL_LOAD', `${file.path}: the vocabulary has ${tokenizer.size} tokens but the embedding only ${plan.dims.vocabSize} rows`)
   }
   const storage: LinearStorage = accuracyLevel === null ? { kind: 'fp32' } : { kind: 'int4', accuracyLevel }
-  const planned = dtype === 'fp16' ? planTensors(plan, storage).map(asHalfTensor) : planTensors(plan, storage)
+  const planned = plannedTensors(plan, storage, dtype)
   const layout = layoutWeights(planned.flatMap((t) => t.specs), DATA_FILE)
   const outDir = resolve(options.outDir)
   const names = await staged(outDir, async (dir) => {
     const tokenizerFiles = await writeTokenizer(dir, tokenizer)
-    await writeData(file, join(dir, DATA_FILE), planned, layout, options.onProgress)
+    const job: ConversionJob = { file: file.path, options: planOptions(options), storage, dtype }
+    await writeData(file, join(dir, DATA_FILE), { planned, layout, job, workers }, options.onProgress)
     await writeGraph(dir, plan, { storage, kv, dtype, attention, paged }, layout, weights)
     await writeConfigLast(dir, importedConfig(plan, tokenizer, { dtype, attention, paged }))
     return [MODEL_FILE, DATA_FILE, ...tokenizerFiles]
@@ -172,16 +182,37 @@ export async function importGguf(options: ImportOptions): Promise<ImportSummary>
   }
 }
 
-interface CheckedOptions {
+/**
+ * The model an import of `file` writes, planned from the file and the import's options: what
+ * importGguf and every conversion worker (convert-worker.ts, given the same options) plan from, so
+ * that they agree tensor by tensor. An option that changes the plan is passed on here.
+ */
+export function importPlan(file: GgufFile, options: PlanOptions): ModelPlan {
+  return planModel(file, options.contextLength === undefined ? {} : { contextLength: options.contextLength })
+}
+
+/** The import's options a conversion worker gets: all that can travel to a thread. */
+export type PlanOptions = Omit<ImportOptions, 'onProgress'>
+
+function planOptions(options: ImportOptions): PlanOptions {
+  const { onProgress: _, ...rest } = options
+  return rest
+}
+
+export interface CheckedOptions {
   weights: WeightFormat
   kv: KvType
   accuracyLevel: AccuracyLevel | null
   dtype: KvType
   attention: ImportAttention
   paged: { kernel: PagedKernel; blockSize: number } | undefined
+  /** Absent: one per core where the worker script is built (convert.ts). */
+  workers: number | undefined
 }
 
-function checkOptions(options: ImportOptions): CheckedOptions {
+/** The options that shape an import, their defaults filled in and each checked (INVALID_ARGUMENT):
+ *  what an import writes depends on these values and the file alone. */
+export function checkOptions(options: Omit<ImportOptions, 'file' | 'outDir'>): CheckedOptions {
   const invalid = (message: string) => new OrtexError('INVALID_ARGUMENT', message)
   const weights = options.weights ?? 'fp32'
   if (weights !== 'fp32' && weights !== 'int4') throw invalid(`weights must be 'fp32' or 'int4', got ${JSON.stringify(weights)}`)
@@ -195,13 +226,15 @@ function checkOptions(options: ImportOptions): CheckedOptions {
   if (options.contextLength !== undefined && !(Number.isInteger(options.contextLength) && options.contextLength >= 1)) {
     throw invalid(`contextLength must be a positive integer, got ${JSON.stringify(options.contextLength)}`)
   }
-  if (!options.file) throw invalid('file is required')
-  if (!options.outDir) throw invalid('outDir is required')
-  return { weights, kv, accuracyLevel: checkAccuracyLevel(weights, options.accuracyLevel), dtype, attention, paged: checkPaged(options, attention, dtype) }
+  const workers = options.workers
+  if (workers !== undefined && (!Number.isInteger(workers) || workers < 1 || workers > MAX_IMPORT_WORKERS)) {
+    throw invalid(`workers must be an integer in [1, ${MAX_IMPORT_WORKERS}], got ${JSON.stringify(workers)}`)
+  }
+  return { weights, kv, accuracyLevel: checkAccuracyLevel(weights, options.accuracyLevel), dtype, attention, paged: checkPaged(options, attention, dtype), workers }
 }
 
 /** The paged form's kernel and block size (none for gqa, which takes neither). */
-function checkPaged(options: ImportOptions, attention: ImportAttention, dtype: KvType): CheckedOptions['paged'] {
+function checkPaged(options: Omit<ImportOptions, 'file' | 'outDir'>, attention: ImportAttention, dtype: KvType): CheckedOptions['paged'] {
   const invalid = (message: string) => new OrtexError('INVALID_ARGUMENT', message)
   if (attention !== 'paged') {
     if (options.pagedKernel !== undefined || options.blockSize !== undefined) throw invalid('a paged kernel or block size needs the paged attention form')
@@ -214,25 +247,6 @@ function checkPaged(options: ImportOptions, attention: ImportAttention, dtype: K
   // ONNX Runtime's PagedAttention runs on CUDA in float16 or bfloat16 only (base.py make_attention_init).
   if (kernel === 'cuda' && dtype !== 'fp16') throw invalid('the cuda paged kernel needs float16 (dtype fp16); the reference kernel runs float32')
   return { kernel, blockSize }
-}
-
-/** A planned tensor with its float32 parts stored as float16 (a float16 folder's data file). */
-function asHalfTensor(t: PlannedTensor): PlannedTensor {
-  const specs = asHalfSpecs(t.specs)
-  return {
-    ...t,
-    specs,
-    *chunks(data) {
-      for (const [index, chunk] of t.chunks(data)) {
-        if (specs[index]!.dataType !== t.specs[index]!.dataType) {
-          const values = new Float32Array(chunk.buffer.slice(chunk.byteOffset, chunk.byteOffset + chunk.byteLength))
-          yield [index, floatBytes(DataType.FLOAT16, values)]
-        } else {
-          yield [index, chunk]
-        }
-      }
-    },
-  }
 }
 
 /** An int4 import's accuracy level (default 4); fp32 weights have no MatMulNBits to set it on. */
@@ -352,19 +366,19 @@ function slidingWindow(plan: ModelPlan, attention: ImportAttention): { slidingWi
   return { slidingWindow: { windowSize: windowed[0]![1], layers: windowed.map(([l]) => l) } }
 }
 
-/** Streams every planned tensor, in layout order, from the GGUF file to the data file. */
+/** Streams every planned tensor, in layout order, from the GGUF file to the data file, converted
+ *  by `workers` threads (convert.ts). */
 async function writeData(
   file: GgufFile,
   path: string,
-  planned: PlannedTensor[],
-  layout: WeightLayout,
+  o: { planned: PlannedTensor[]; layout: WeightLayout; job: ConversionJob; workers: number | undefined },
   onProgress: ImportOptions['onProgress'],
 ): Promise<void> {
   const data = new GgufData(file)
-  const out = await DataFileWriter.create(path, layout, onProgress)
+  const out = await DataFileWriter.create(path, o.layout, onProgress)
   try {
-    for (const t of planned) {
-      for (const [index, chunk] of t.chunks(data)) await out.append(layout.tensors.get(t.specs[index]!.name)!, chunk)
+    for await (const [t, parts] of convertTensors(o.job, data, o.planned, o.layout, o.workers)) {
+      for (const [index, chunk] of parts) await out.append(o.layout.tensors.get(t.specs[index]!.name)!, chunk)
     }
     await out.finish()
   } catch (error) {

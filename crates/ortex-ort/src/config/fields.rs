@@ -1,6 +1,7 @@
 //! Which fields genai_config.json may have: every field ortex knows, by its dotted path, and what
 //! it does with each (read, accepted as harmless, or refused with a reason). A field not listed
-//! fails the load. Keep docs/model-format.md in step.
+//! fails the load. Keep docs/model-format.md in step. The tensor-name fields' defaults are
+//! contract.rs's.
 
 use ortex_core::Result;
 use serde_json::Value;
@@ -9,7 +10,7 @@ use super::reader::{load_error, Reader};
 
 /// What ortex does with one field of genai_config.json (docs/model-format.md lists them all).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Field {
+pub enum Field {
     /// Read and implemented.
     Read,
     /// An object whose own fields are checked against the table.
@@ -23,8 +24,9 @@ enum Field {
 }
 
 /// Every field ortex knows, by its dotted path. A field not listed fails the load as not
-/// understood (it may change what the model computes). Keep docs/model-format.md in step.
-const FIELDS: &[(&str, Field)] = &[
+/// understood (it may change what the model computes). Keep docs/model-format.md in step; the
+/// model tooling's writers are held to it through ts/generated/folder-contract.ts.
+pub const FIELDS: &[(&str, Field)] = &[
     ("model", Field::Object),
     ("search", Field::Object),
     ("engine", Field::Object),

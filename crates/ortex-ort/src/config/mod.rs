@@ -7,11 +7,12 @@ use std::path::{Path, PathBuf};
 use ortex_core::Result;
 use serde_json::Value;
 
+pub mod contract;
 mod fields;
 mod reader;
 
 use fields::check_fields;
-pub use fields::MODEL_TYPES;
+pub use fields::{Field, FIELDS, MODEL_TYPES};
 use reader::{load_error, Reader};
 
 pub const CONFIG_FILE: &str = "genai_config.json";
@@ -245,27 +246,26 @@ fn read_model_type(r: &Reader<'_>) -> Result<String> {
 }
 
 fn read_names(r: &Reader<'_>) -> Result<TensorNames> {
+    use contract::*;
     r.object("model.decoder.inputs")?;
     r.object("model.decoder.outputs")?;
-    let named = |path: &str, default: &str| -> Result<String> { Ok(r.name(path, Some(default))?.expect("defaulted")) };
+    let named = |f: NameField| -> Result<String> { Ok(r.name(f.path, Some(f.default))?.expect("defaulted")) };
+    let template = |f: NameField| r.layer_template(f.path, f.default);
     Ok(TensorNames {
-        input_ids: named("model.decoder.inputs.input_ids", "input_ids")?,
-        attention_mask: named("model.decoder.inputs.attention_mask", "attention_mask")?,
-        position_ids: r.name("model.decoder.inputs.position_ids", None)?,
-        past_key: r.layer_template("model.decoder.inputs.past_key_names", "past_key_values.%d.key")?,
-        past_value: r.layer_template("model.decoder.inputs.past_value_names", "past_key_values.%d.value")?,
-        logits: named("model.decoder.outputs.logits", "logits")?,
-        present_key: r.layer_template("model.decoder.outputs.present_key_names", "present.%d.key")?,
-        present_value: r.layer_template("model.decoder.outputs.present_value_names", "present.%d.value")?,
+        input_ids: named(INPUT_IDS)?,
+        attention_mask: named(ATTENTION_MASK)?,
+        position_ids: r.name(POSITION_IDS.path, None)?,
+        past_key: template(PAST_KEY_NAMES)?,
+        past_value: template(PAST_VALUE_NAMES)?,
+        logits: named(LOGITS)?,
+        present_key: template(PRESENT_KEY_NAMES)?,
+        present_value: template(PRESENT_VALUE_NAMES)?,
         paged: PagedNames {
-            block_table: named("model.decoder.inputs.block_table", "block_table")?,
-            cumulative_sequence_lengths: named(
-                "model.decoder.inputs.cumulative_sequence_lengths",
-                "cumulative_sequence_lengths",
-            )?,
-            past_sequence_lengths: named("model.decoder.inputs.past_sequence_lengths", "past_sequence_lengths")?,
-            attention_metadata: named("model.decoder.inputs.attention_metadata", "attention_metadata")?,
-            logits_indices: named("model.decoder.inputs.logits_indices", "logits_indices")?,
+            block_table: named(BLOCK_TABLE)?,
+            cumulative_sequence_lengths: named(CUMULATIVE_SEQUENCE_LENGTHS)?,
+            past_sequence_lengths: named(PAST_SEQUENCE_LENGTHS)?,
+            attention_metadata: named(ATTENTION_METADATA)?,
+            logits_indices: named(LOGITS_INDICES)?,
         },
     })
 }
@@ -360,21 +360,22 @@ impl ModelConfig {
     /// The tiny model's config (2 layers, 4 heads, 2 KV heads of 16), for other modules' tests.
     #[cfg(test)]
     pub(crate) fn for_tests(sliding_window: Option<SlidingWindow>) -> ModelConfig {
+        use contract::*;
         let names = TensorNames {
-            input_ids: "input_ids".into(),
-            attention_mask: "attention_mask".into(),
+            input_ids: INPUT_IDS.default.into(),
+            attention_mask: ATTENTION_MASK.default.into(),
             position_ids: None,
-            past_key: "past_key_values.%d.key".into(),
-            past_value: "past_key_values.%d.value".into(),
-            logits: "logits".into(),
-            present_key: "present.%d.key".into(),
-            present_value: "present.%d.value".into(),
+            past_key: PAST_KEY_NAMES.default.into(),
+            past_value: PAST_VALUE_NAMES.default.into(),
+            logits: LOGITS.default.into(),
+            present_key: PRESENT_KEY_NAMES.default.into(),
+            present_value: PRESENT_VALUE_NAMES.default.into(),
             paged: PagedNames {
-                block_table: "block_table".into(),
-                cumulative_sequence_lengths: "cumulative_sequence_lengths".into(),
-                past_sequence_lengths: "past_sequence_lengths".into(),
-                attention_metadata: "attention_metadata".into(),
-                logits_indices: "logits_indices".into(),
+                block_table: BLOCK_TABLE.default.into(),
+                cumulative_sequence_lengths: CUMULATIVE_SEQUENCE_LENGTHS.default.into(),
+                past_sequence_lengths: PAST_SEQUENCE_LENGTHS.default.into(),
+                attention_metadata: ATTENTION_METADATA.default.into(),
+                logits_indices: LOGITS_INDICES.default.into(),
             },
         };
         ModelConfig {

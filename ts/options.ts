@@ -40,7 +40,7 @@ const ENGINE_KEYS = [...CORE_ENGINE_KEYS, ...MODEL_KEYS] as const
 
 const LOAD_KEYS = [...ENGINE_KEYS, 'gguf'] as const
 
-const GGUF_KEYS = ['weights', 'kv', 'accuracyLevel', 'dtype', 'attention', 'pagedKernel', 'blockSize', 'workers', 'onProgress'] as const
+const GGUF_KEYS = ['weights', 'kv', 'accuracyLevel', 'dtype', 'attention', 'pagedKernel', 'blockSize', 'contextLength', 'workers', 'onProgress'] as const
 
 const SIM_ONLY_KEYS = ['seed', 'vocabSize', 'eosTokenId', 'maxLength', 'eosProbability', 'faults', 'stepCostUs', 'tokenCostUs'] as const
 
@@ -180,6 +180,9 @@ function ggufOptions(name: string, value: unknown): GgufLoadOptions {
         break
       case 'blockSize':
         out.blockSize = check.integer(arg, v, 1, 1 << 16)
+        break
+      case 'contextLength':
+        out.contextLength = check.integer(arg, v, 1, 1 << 20)
         break
       case 'workers':
         out.workers = check.integer(arg, v, 1, 256)

@@ -72,6 +72,9 @@ export interface GgufLoadOptions {
   pagedKernel?: 'cuda' | 'reference'
   /** paged only: positions a KV block; default 256. */
   blockSize?: number
+  /** The folder's context (rotary tables, maxLength): at most the file's context_length, the
+   *  default; picks Phi's LongRoPE factors as llama.cpp's context size does. */
+  contextLength?: number
   /** Threads that dequantize and requantize; default one per core. Not part of the key: the
    *  folder is the same byte for byte. */
   workers?: number

@@ -428,7 +428,7 @@ const DEFINITIONS: Readonly<Record<ArchName, ArchDefinition>> = {
 }
 
 const PHI3_ROTARY = 48
-const PHI3_ORIGINAL_CONTEXT = 256
+export const PHI3_ORIGINAL_CONTEXT = 256
 const QWEN3MOE_EXPERTS = 8
 const QWEN3MOE_USED = 2
 /** The dense feed-forward width Qwen3-MoE's converter writes beside the experts' (the loader reads the experts'). */

@@ -9,7 +9,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'no
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { ARCHS, ARCH_FEATURES, type ArchFormat, type ArchModel, STANDARD_NEW_TOKENS, STANDARD_PROMPTS, archModel, withMetadata, writeArchModel } from '../helpers/gguf-archs'
+import { ARCHS, ARCH_FEATURES, type ArchFormat, type ArchModel, STANDARD_NEW_TOKENS, STANDARD_PROMPTS, PHI3_ORIGINAL_CONTEXT, archModel, withMetadata, writeArchModel } from '../helpers/gguf-archs'
 import { u32 } from '../helpers/gguf-writer'
 import { compareWithLlamaCpp, describeComparison, int4AgreementFloor, promptIds } from '../helpers/llama-cpp-compare'
 import { tinySentencePieceVocabulary, tinyVocabulary } from '../helpers/gguf-models'
@@ -170,4 +170,10 @@ describe("ortex gives llama.cpp's tokens on the same file", () => {
       expect(c.clearAgreement, describeComparison(c)).toBeGreaterThanOrEqual(0.99)
     })
   }
+
+  it("phi3 at its original context: the import's contextLength picks LongRoPE's short factors, as llama.cpp's context size does", async () => {
+    const c = await compareWithLlamaCpp('phi3', { weights: 'fp32', root, import: { contextLength: PHI3_ORIGINAL_CONTEXT }, contextSize: PHI3_ORIGINAL_CONTEXT, newTokens: 16 })
+    expect(c.greedyEqual, describeComparison(c)).toBe(true)
+    expect(c.maxLogitError, describeComparison(c)).toBeLessThan(1e-3)
+  })
 })

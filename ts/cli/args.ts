@@ -62,6 +62,7 @@ export const ENGINE_FLAGS = {
   kv: { type: 'string' },
   'accuracy-level': { type: 'string' },
   'import-workers': { type: 'string' },
+  context: { type: 'string' },
 } as const
 
 /** The flags of ENGINE_FLAGS that shape a GGUF file's import, with their help's lines. */
@@ -70,6 +71,7 @@ const GGUF_FLAGS: ReadonlyArray<[string, string[]]> = [
   ['--kv TYPE', ["a GGUF --model: its import's KV type, 'fp16' or 'fp32' (default: fp16", 'with int4 weights, fp32 with fp32 weights)']],
   ['--accuracy-level N', ["a GGUF --model, int4: MatMulNBits' accuracy level, 4 (default) or 0"]],
   ['--import-workers N', ['a GGUF --model: threads that convert its tensors (default: one per', 'core)']],
+  ['--context N', ["a GGUF --model: its import's context (default: the file's context_length)"]],
 ]
 
 /** The help's lines of the GGUF import flags, their text starting at `column`. */
@@ -99,6 +101,7 @@ export function engineChoice(values: {
   kv?: string
   'accuracy-level'?: string
   'import-workers'?: string
+  context?: string
 }): EngineChoice {
   if (values.model !== undefined && values.simulated === true) throw new UsageError('give either --model or --simulated, not both')
   if (values.model === undefined && values.simulated !== true) throw new UsageError('give --model DIR or --simulated')
@@ -109,8 +112,9 @@ export function engineChoice(values: {
     kv: choiceFlag('kv', values.kv, ['fp16', 'fp32'] as const),
     accuracyLevel: level === undefined ? undefined : (Number(level) as 0 | 4),
     workers: integerFlag('import-workers', values['import-workers'], undefined, 1, 256),
+    contextLength: integerFlag('context', values.context, undefined, 1, 1 << 20),
   }
-  const given = (['weights', 'kv', 'accuracy-level', 'import-workers'] as const).filter((flag) => values[flag] !== undefined)
+  const given = (['weights', 'kv', 'accuracy-level', 'import-workers', 'context'] as const).filter((flag) => values[flag] !== undefined)
   if (given.length > 0 && (values.model === undefined || modelPathKind(values.model) === 'folder')) {
     throw new UsageError(`${given.map((flag) => `--${flag}`).join(', ')}: for a GGUF file's import (--model FILE.gguf), not a model folder or the simulated model`)
   }

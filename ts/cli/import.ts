@@ -8,7 +8,7 @@ import { UsageError, choiceFlag, integerFlag, progressBar } from './args'
 
 const USAGE = `Usage: ortex import <file.gguf> --out DIR [--weights fp32|int4] [--kv fp32|fp16]
                     [--accuracy-level 0|4] [--dtype fp32|fp16] [--attention gqa|paged]
-                    [--paged-kernel cuda|reference] [--block-size N] [--workers N]
+                    [--paged-kernel cuda|reference] [--block-size N] [--context N] [--workers N]
 
 Converts a GGUF file (llama.cpp's format) into a model folder that ortex and onnxruntime-genai load:
 genai_config.json, model.onnx with its weights in model.onnx.data, tokenizer.json,
@@ -20,9 +20,9 @@ const OPTIONS = `
 Options:
   --out DIR            the folder to write (created if missing; our files in it are overwritten)
   --weights FORMAT     'fp32' (default: every weight dequantized to float32) or 'int4' (linear
-                       layers as MatMulNBits 4-bit blocks: Q4_0, Q4_1 and Q4_K blocks are kept
-                       exactly, other types are requantized, a Q8_0 lm_head stays 8-bit; the
-                       summary says which)
+                       layers as MatMulNBits blocks: the file's own, Q4_0, Q4_1 and Q4_K as 4-bit
+                       blocks and Q5_0, Q5_1, Q5_K, Q6_K, Q8_0 as 8-bit ones, exactly; float
+                       weights quantized to 4 bits; the summary says which)
   --kv TYPE            the KV cache's element type, 'fp32' or 'fp16' (half the memory a
                        position, as llama.cpp's default f16 cache); the logits stay float32.
                        Default: fp16 with int4 weights, fp32 with fp32 weights
@@ -37,6 +37,9 @@ Options:
   --paged-kernel NAME  paged only: 'cuda' (default: com.microsoft.PagedAttention, CUDA float16
                        only) or 'reference' (standard operators that run on the CPU, for tests)
   --block-size N       paged only: positions a KV cache block (default 256, the builder's)
+  --context N          the folder's context (its rotary tables and the engine's maxLength): at
+                       most the file's context_length (the default); for Phi's LongRoPE it picks
+                       the short or long factors as llama.cpp's context size does
   --workers N          threads that dequantize and requantize the tensors (default: one per
                        core; 1 converts on the main thread); the folder is the same either way
   -h, --help           show this help
@@ -62,6 +65,7 @@ export async function runImportCommand(argv: string[]): Promise<void> {
       attention: { type: 'string' },
       'paged-kernel': { type: 'string' },
       'block-size': { type: 'string' },
+      context: { type: 'string' },
       workers: { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
@@ -80,6 +84,7 @@ export async function runImportCommand(argv: string[]): Promise<void> {
   const attention = choiceFlag('attention', values.attention, ['gqa', 'paged'] as const)
   const pagedKernel = choiceFlag('paged-kernel', values['paged-kernel'], ['cuda', 'reference'] as const)
   const blockSize = integerFlag('block-size', values['block-size'], undefined, 1, 1 << 16)
+  const contextLength = integerFlag('context', values.context, undefined, 1, 1 << 20)
   const { importGguf, describeImport, MAX_IMPORT_WORKERS } = await import('../modelkit/gguf/import')
   const workers = integerFlag('workers', values.workers, undefined, 1, MAX_IMPORT_WORKERS)
   const bar = progressBar('importing')
@@ -95,6 +100,7 @@ export async function runImportCommand(argv: string[]): Promise<void> {
       attention,
       pagedKernel,
       blockSize,
+      contextLength,
       workers,
       onProgress: (done, total) => bar.update(done, total),
     })

@@ -89,6 +89,7 @@ export function optionsTag(o: CheckedOptions): string {
   if (o.accuracyLevel !== null) parts.push(`al${o.accuracyLevel}`)
   if (o.dtype !== 'fp32') parts.push(o.dtype)
   if (o.paged) parts.push(`paged-${o.paged.kernel}-${o.paged.blockSize}`)
+  if (o.contextLength !== undefined) parts.push(`ctx${o.contextLength}`)
   return parts.join('-')
 }
 
@@ -108,6 +109,7 @@ async function importInto(folder: string, file: string, sha256: string, o: Check
       pagedKernel: o.paged?.kernel,
       blockSize: o.paged?.blockSize,
       workers: o.workers,
+      contextLength: o.contextLength,
       onProgress: (doneBytes, totalBytes) => onProgress?.({ kind: 'importing', file, folder, doneBytes, totalBytes }),
     })
     const described = { ...summary, outDir: folder }

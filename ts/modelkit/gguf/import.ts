@@ -208,6 +208,8 @@ export interface CheckedOptions {
   paged: { kernel: PagedKernel; blockSize: number } | undefined
   /** Absent: one per core where the worker script is built (convert.ts). */
   workers: number | undefined
+  /** Absent: the file's context length. */
+  contextLength: number | undefined
 }
 
 /** The options that shape an import, their defaults filled in and each checked (INVALID_ARGUMENT):
@@ -230,7 +232,7 @@ export function checkOptions(options: Omit<ImportOptions, 'file' | 'outDir'>): C
   if (workers !== undefined && (!Number.isInteger(workers) || workers < 1 || workers > MAX_IMPORT_WORKERS)) {
     throw invalid(`workers must be an integer in [1, ${MAX_IMPORT_WORKERS}], got ${JSON.stringify(workers)}`)
   }
-  return { weights, kv, accuracyLevel: checkAccuracyLevel(weights, options.accuracyLevel), dtype, attention, paged: checkPaged(options, attention, dtype), workers }
+  return { weights, kv, accuracyLevel: checkAccuracyLevel(weights, options.accuracyLevel), dtype, attention, paged: checkPaged(options, attention, dtype), workers, contextLength: options.contextLength }
 }
 
 /** The paged form's kernel and block size (none for gqa, which takes neither). */

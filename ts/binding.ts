@@ -92,6 +92,8 @@ export interface CoreEngine {
   hasPendingWork(): boolean
   stats(): StatsView
   tokenize(text: string): Int32Array
+  /** A text that starts a request's context: the tokenizer's prompt prefix (its BOS) first. */
+  tokenizePrompt(text: string): Int32Array
   /** A prompt from CoreChat.renderMarked: control strings that came from the caller's text
    *  tokenize as plain text (crates/ortex-boundary/src/prompt_text.rs). */
   tokenizeMarked(marked: string): Int32Array

@@ -356,7 +356,7 @@ export class Engine implements EventOwner {
       call: (fn) => this.call(fn),
       checkOpen: () => this.checkOpen(),
       checkUsable: () => this.checkUsable(),
-      inputTokens: (input) => this.inputTokens(input),
+      inputTokens: (input, startsContext) => this.inputTokens(input, startsContext),
       wake: () => this.driver.kick(),
       ensureStarted: () => {
         if (!this.closed) this.driver.start()
@@ -469,9 +469,10 @@ export class Engine implements EventOwner {
     if (this.failure !== null) throw unhealthyError(this.failure)
   }
 
-  /** Text is tokenized here; token ids pass through. */
-  private inputTokens(input: string | Int32Array): Int32Array {
-    const tokens = typeof input === 'string' ? this.call(() => this.core.tokenize(input)) : input
+  /** Text is tokenized here (a text that starts a request's context with the tokenizer's BOS,
+   *  where it adds one, as Hugging Face's tokenizer(text) and llama.cpp do); token ids pass through. */
+  private inputTokens(input: string | Int32Array, startsContext: boolean): Int32Array {
+    const tokens = typeof input === 'string' ? this.call(() => (startsContext ? this.core.tokenizePrompt(input) : this.core.tokenize(input))) : input
     if (tokens.length === 0) throw v.invalidArgumentFor('input', 'is empty')
     return tokens
   }

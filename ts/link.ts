@@ -38,8 +38,9 @@ export interface EngineLink<State = unknown, Handle = unknown> extends TurnLink 
   checkOpen(): void
   /** ENGINE_CLOSED or ENGINE_UNHEALTHY: what beginning new work needs. */
   checkUsable(): void
-  /** Text is tokenized; token ids pass through; empty input is INVALID_ARGUMENT. */
-  inputTokens(input: string | Int32Array): Int32Array
+  /** Text is tokenized (with the tokenizer's BOS where it `startsContext`: the request holds no
+   *  tokens yet); token ids pass through; empty input is INVALID_ARGUMENT. */
+  inputTokens(input: string | Int32Array, startsContext: boolean): Int32Array
   /** New work may be ready for the driven loop (a command, freed blocks). */
   wake(): void
   /** A turn began on `request`: the engine routes its events to `state` from now on. */

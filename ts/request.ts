@@ -75,7 +75,7 @@ export class Request {
   prefill(input: string | ArrayLike<number>): void {
     const checked = v.input('input', input)
     this.checkOpen()
-    const tokens = this.link.inputTokens(checked)
+    const tokens = this.link.inputTokens(checked, this.tokenCount === 0)
     this.link.call(() => this.link.core.prefill(this.id, tokens))
     this.link.wake()
   }
@@ -138,7 +138,7 @@ export class Request {
    *  the turn finishes. */
   _begin(input: string | Int32Array, checked: opts.CheckedTurnOptions, owned: boolean): Turn {
     this.checkBeginnable()
-    const tokens = this.link.inputTokens(input)
+    const tokens = this.link.inputTokens(input, this.tokenCount === 0)
     const turnId = this.link.call(() => this.link.core.beginTurn(this.id, tokens, checked.core))
     return this.begun({ turnId, promptTokens: tokens.length }, checked, owned)
   }

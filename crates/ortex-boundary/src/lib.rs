@@ -170,6 +170,11 @@ pub fn tokenize_impl(engine: &Engine, text: &str) -> Result<Vec<i32>> {
     engine.tokenize(text)
 }
 
+/// Tokenizes a text that starts a request's context: the tokenizer's BOS first, where it has one.
+pub fn tokenize_prompt_impl(engine: &Engine, text: &str) -> Result<Vec<i32>> {
+    engine.tokenize_prompt(text)
+}
+
 /// Tokenizes a prompt rendered by [`Chat::render_marked`]: control strings that came from the
 /// caller's text encode as plain text (prompt_text.rs).
 pub fn tokenize_marked_impl(engine: &Engine, marked: &str) -> Result<Vec<i32>> {

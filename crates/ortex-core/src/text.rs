@@ -24,6 +24,19 @@ pub trait TextCodec: Send + Sync {
         Ok(())
     }
 
+    /// The tokens a text that starts a context gets before its own: the BOS a tokenizer's
+    /// post-processor adds (Hugging Face's `add_special_tokens`), none where it adds none.
+    fn prompt_prefix(&self) -> &[i32] {
+        &[]
+    }
+
+    /// Encodes a text that starts a context: [`TextCodec::prompt_prefix`], then `tokenize`.
+    fn tokenize_prompt(&self, text: &str) -> Result<Vec<i32>> {
+        let mut tokens = self.prompt_prefix().to_vec();
+        tokens.extend(self.tokenize(text)?);
+        Ok(tokens)
+    }
+
     /// The strings `tokenize` turns into control tokens wherever they occur (a tokenizer's
     /// special added tokens), in a fixed order; none where the codec has none.
     fn control_strings(&self) -> Vec<String> {

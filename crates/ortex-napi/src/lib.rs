@@ -285,6 +285,11 @@ impl CoreEngine {
     }
 
     #[napi]
+    pub fn tokenize_prompt(&self, text: String) -> napi::Result<Int32Array, String> {
+        self.call(|engine| boundary::tokenize_prompt_impl(engine, &text)).map(Int32Array::new)
+    }
+
+    #[napi]
     pub fn tokenize_marked(&self, marked: String) -> napi::Result<Int32Array, String> {
         self.call(|engine| boundary::tokenize_marked_impl(engine, &marked)).map(Int32Array::new)
     }

@@ -21,6 +21,9 @@ pub struct TokenizerCodec {
     vocab_size: u32,
     /// The tokenizer.json the codec was read from: constraints read its token bytes from it.
     file: std::path::PathBuf,
+    /// The special tokens the tokenizer's post-processor puts before a text (a BOS where the
+    /// model wants one: Gemma, Llama), which a prompt that starts a context gets.
+    prompt_prefix: Vec<i32>,
 }
 
 impl TokenizerCodec {
@@ -48,7 +51,8 @@ impl TokenizerCodec {
             .map(|(id, token)| (id, token.content))
             .collect();
         controls.sort();
-        Ok(TokenizerCodec { tokenizer, plain: OnceLock::new(), controls, vocab_size, file: file.to_path_buf() })
+        let prompt_prefix = prompt_prefix(&tokenizer).map_err(|e| load_error(e.to_string()))?;
+        Ok(TokenizerCodec { tokenizer, plain: OnceLock::new(), controls, vocab_size, file: file.to_path_buf(), prompt_prefix })
     }
 
     fn encode(tokenizer: &Tokenizer, text: &str) -> Result<tokenizers::Encoding> {
@@ -77,6 +81,17 @@ impl TokenizerCodec {
     }
 }
 
+/// What the post-processor adds before a text: a sample encoded with and without the special
+/// tokens, the ids before the plain ones (any it adds after, an EOS, are not a prompt's).
+fn prompt_prefix(tokenizer: &Tokenizer) -> Result<Vec<i32>> {
+    const SAMPLE: &str = "a";
+    let plain = tokenizer.encode_fast(SAMPLE, false).map_err(tokenize_error)?;
+    let with = tokenizer.encode_fast(SAMPLE, true).map_err(tokenize_error)?;
+    let (plain, with) = (plain.get_ids(), with.get_ids());
+    let at = (0..=with.len().saturating_sub(plain.len())).find(|&i| with[i..].starts_with(plain)).unwrap_or(0);
+    Ok(with[..at].iter().map(|&id| id as i32).collect())
+}
+
 fn tokenize_error(error: tokenizers::Error) -> OrtexError {
     OrtexError::invalid(format!("cannot tokenize the text: {error}"))
 }
@@ -95,6 +110,10 @@ impl TextCodec for TokenizerCodec {
     fn tokenize(&self, text: &str) -> Result<Vec<i32>> {
         let encoding = Self::encode(&self.tokenizer, text)?;
         Ok(encoding.get_ids().iter().map(|&id| id as i32).collect())
+    }
+
+    fn prompt_prefix(&self) -> &[i32] {
+        &self.prompt_prefix
     }
 
     fn control_strings(&self) -> Vec<String> {

@@ -222,6 +222,11 @@ impl CoreEngine {
     }
 
     /// Returns an Int32Array.
+    #[wasm_bindgen(js_name = tokenizePrompt)]
+    pub fn tokenize_prompt(&self, text: &str) -> Result<Vec<i32>, JsValue> {
+        boundary::tokenize_prompt_impl(&self.engine, text).map_err(coded)
+    }
+
     #[wasm_bindgen(js_name = tokenizeMarked)]
     pub fn tokenize_marked(&self, marked: &str) -> Result<Vec<i32>, JsValue> {
         boundary::tokenize_marked_impl(&self.engine, marked).map_err(coded)

@@ -196,6 +196,12 @@ impl Engine {
         self.codec.tokenize(text)
     }
 
+    /// A text that starts a context, with the tokenizer's prompt prefix (its BOS).
+    pub fn tokenize_prompt(&self, text: &str) -> Result<Vec<i32>> {
+        self.check_open()?;
+        self.codec.tokenize_prompt(text)
+    }
+
     pub fn detokenize(&self, tokens: &[i32]) -> Result<String> {
         self.check_open()?;
         self.codec.detokenize(tokens)

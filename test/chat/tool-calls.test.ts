@@ -2,16 +2,14 @@
 // up to the finished result), the family told from real templates (the fixtures of
 // crates/ortex-chat, made by transformers from the models' own templates), and the prompts a
 // tool plan renders.
-import { cpSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
-import path from 'node:path'
 import Ajv from 'ajv'
-import { afterAll, describe, expect, it } from 'vitest'
+import { describe, expect, it } from 'vitest'
 import { detectFamily, promptMessages, type ToolFamily, type ToolPlan } from '../../ts/tools/format'
 import { ToolCallParser, type ToolCallDelta } from '../../ts/tools/parse'
 import { BACKENDS, ortex } from '../helpers/backends'
+import { templateFixture as fixture, useTemplateFolders } from '../helpers/template-fixtures'
 import { useTinyModels } from '../helpers/tiny-models'
 
-const FIXTURES = path.resolve(__dirname, '../../crates/ortex-chat/tests/fixtures')
 
 /** Parses `text` fed in pieces of `sizes` (cycled); returns the stream's deltas and the result. */
 function parse(family: ToolFamily, text: string, sizes: number[] = [text.length]) {
@@ -100,30 +98,12 @@ describe('the tool-call parser', () => {
   })
 })
 
-function fixture(name: string): { template: string; bos_token: string | null; eos_token: string | null; other_special_tokens: Record<string, string> } {
-  return JSON.parse(readFileSync(path.join(FIXTURES, `${name}.json`), 'utf8'))
-}
 
 describe('the tool-call family of real templates (native, the tiny ONNX model)', () => {
   const models = useTinyModels('tool-family', { plain: {} })
   const { Engine } = ortex('native')
-  const folders: string[] = []
-  afterAll(() => {
-    for (const dir of folders) rmSync(dir, { recursive: true, force: true })
-  })
-
-  function folderWith(name: string): string {
-    const f = fixture(name)
-    const dir = path.join(models.root(), `with-${name}`)
-    cpSync(models.dirs.plain, dir, { recursive: true })
-    writeFileSync(path.join(dir, 'chat_template.jinja'), f.template)
-    const config = JSON.parse(readFileSync(path.join(dir, 'tokenizer_config.json'), 'utf8')) as Record<string, unknown>
-    Object.assign(config, { bos_token: f.bos_token, eos_token: f.eos_token, ...f.other_special_tokens })
-    delete config.added_tokens_decoder
-    writeFileSync(path.join(dir, 'tokenizer_config.json'), JSON.stringify(config))
-    folders.push(dir)
-    return dir
-  }
+  const folders = useTemplateFolders(models)
+  const folderWith = folders.fixture
 
   it("a call's arguments and a tool's result never become control tokens", async () => {
     // The tiny vocabulary's control tokens are <s> (1) and </s> (2); this hermes-like template
@@ -132,10 +112,7 @@ describe('the tool-call family of real templates (native, the tiny ONNX model)',
       '{% if tools %}<s>system\n{% for t in tools %}{{ t | tojson }}{% endfor %} <tool_call></s>\n{% endif %}' +
       '{% for m in messages %}<s>{{ m.role }}\n{{ m.content }}{% for c in m.tool_calls or [] %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}</s>\n{% endfor %}' +
       '{% if add_generation_prompt %}<s>assistant\n{% endif %}'
-    const dir = path.join(models.root(), 'with-forged-calls')
-    cpSync(models.dirs.plain, dir, { recursive: true })
-    writeFileSync(path.join(dir, 'chat_template.jinja'), template)
-    folders.push(dir)
+    const dir = folders.template('forged-calls', template)
     const engine = await Engine.load(dir, { intraOpThreads: 1 })
     const count = (tokens: ArrayLike<number>, id: number) => Array.from(tokens).filter((t) => t === id).length
     try {

@@ -8,7 +8,7 @@ import { existsSync, renameSync, rmSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 
 import { type AccuracyLevel, IMPORTER_VERSION, describeImport, importGguf, type WeightFormat } from '../../ts/modelkit/gguf/import'
-import type { KvType } from '../../ts/modelkit/llama'
+import type { KvType } from '../../ts/modelkit/decoder'
 import { SMOLLM2, cacheRoot } from '../../ts/modelkit/real-model'
 
 export interface Variant {

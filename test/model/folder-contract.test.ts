@@ -7,7 +7,7 @@
 import { describe, expect, it } from 'vitest'
 import { DECODER_INPUTS, DECODER_OUTPUTS, GENAI_CONFIG_FIELDS, PAGED_INPUTS } from '../../ts/generated/folder-contract'
 import { genaiConfig, type GenaiConfigOptions } from '../../ts/modelkit/genai-config'
-import { INPUT_IDS, LOGITS, pastKeyName, presentValueName } from '../../ts/modelkit/llama'
+import { INPUT_IDS, LOGITS, pastKeyName, presentValueName } from '../../ts/modelkit/decoder'
 import { BLOCK_TABLE, LOGITS_INDICES } from '../../ts/modelkit/paged'
 
 const DIMS = { vocabSize: 384, hiddenSize: 64, intermediateSize: 128, numLayers: 2, numHeads: 4, numKvHeads: 2, headSize: 16, contextLength: 256, ropeTheta: 10000, rmsNormEps: 1e-6 }

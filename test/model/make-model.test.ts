@@ -8,7 +8,7 @@ import { join } from 'node:path'
 import onnxProto from 'onnx-proto'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { readModelConfig } from '../../ts/modelkit/genai-config'
-import { countParameters } from '../../ts/modelkit/llama'
+import { countParameters } from '../../ts/modelkit/decoder'
 import { DATA_FILE, MODEL_FILE, SIZES, makeModel, type ModelSummary } from '../../ts/modelkit/make-model'
 import { ByteLevelBpe, BYTE_TO_CHAR, trainBpe } from '../../ts/modelkit/tokenizer'
 

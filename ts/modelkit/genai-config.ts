@@ -7,10 +7,10 @@
 import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { DECODER_INPUTS, DECODER_OUTPUTS, PAGED_INPUTS } from '../generated/folder-contract'
-import type { AttentionForm, LlamaDims } from './llama'
+import type { AttentionForm, DecoderDims } from './decoder'
 
 export interface GenaiConfigOptions {
-  dims: LlamaDims
+  dims: DecoderDims
   attention: AttentionForm
   filename: string
   bosTokenId: number

@@ -38,7 +38,7 @@
 //   fp32:  p.experts.{e}.gate_up_proj.weight   float32 [H, 2F]
 //          p.experts.{e}.down_proj.weight      float32 [F, H]
 //   int4:  p.experts.{e}.gate_up_proj.{qweight, scales, qzeros, mins}   MatMulNBits blocks, as
-//          p.experts.{e}.down_proj.{qweight, scales, qzeros, mins}      llama.ts's int4 storage
+//          p.experts.{e}.down_proj.{qweight, scales, qzeros, mins}      decoder.ts's int4 storage
 //          (mins only where the blocks have minimums; qweight [N, K/32, 32] for 8-bit blocks)
 
 import { DataType, type GraphBuilder, I, S } from './onnx-builder'
@@ -56,7 +56,7 @@ export interface ExpertDims {
 /** How the experts' projections are stored (the router is float32 in both). */
 export type ExpertStorage = { kind: 'fp32' } | { kind: 'int4'; accuracyLevel: number }
 
-/** What the block needs of the decoder graph (llama.ts's graph context has these). */
+/** What the block needs of the decoder graph (decoder.ts's graph context has these). */
 export interface MoeGraph {
   g: GraphBuilder
   /** The initializer of a weight, added to the graph on first use. */

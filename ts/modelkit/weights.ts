@@ -6,7 +6,7 @@
 import { open, type FileHandle } from 'node:fs/promises'
 import type { DataTypeCode, ExternalTensor } from './onnx-builder'
 import { DataType } from './onnx-builder'
-import type { LlamaDims, WeightSpec } from './llama'
+import type { DecoderDims, WeightSpec } from './decoder'
 import { toHalfArray } from './half'
 import { tensorStream } from './random'
 import { BOS_TOKEN_ID, FIRST_BYTE_TOKEN_ID, PAD_TOKEN_ID } from './tokenizer'
@@ -132,7 +132,7 @@ export async function writeWeights(
   file: string,
   specs: WeightSpec[],
   layout: WeightLayout,
-  dims: LlamaDims,
+  dims: DecoderDims,
   seed: number,
   onProgress?: (done: number, total: number, label: string) => void,
 ): Promise<void> {
@@ -157,7 +157,7 @@ export async function writeWeights(
 }
 
 /** Element index -> value (called in index order for the random kinds). */
-function valueSource(s: WeightSpec, d: LlamaDims, seed: number): (i: number) => number {
+function valueSource(s: WeightSpec, d: DecoderDims, seed: number): (i: number) => number {
   const init = s.init
   switch (init.kind) {
     case 'uniform': {

@@ -1,4 +1,4 @@
-// GGUF architecture -> the decoder graph of ts/modelkit/llama.ts: the model's sizes and the
+// GGUF architecture -> the decoder graph of ts/modelkit/decoder.ts: the model's sizes and the
 // architecture's features from the metadata (the table in architectures.ts), the rotary tables,
 // and which GGUF tensor becomes which weight of the graph.
 //
@@ -20,7 +20,7 @@
 // by name.
 
 import { OrtexError } from '../../errors'
-import type { DecoderFeatures, LayerFeatures, LlamaDims, RotaryTable } from '../llama'
+import type { DecoderFeatures, LayerFeatures, DecoderDims, RotaryTable } from '../decoder'
 import type { ExpertDims } from '../moe'
 import { type ArchMetadata, ARCHITECTURES, type Architecture, type ArchitectureSpec, UNSUPPORTED_ARCHITECTURES, architectureSpec } from './architectures'
 import { canDequantize } from './dequantize'
@@ -39,7 +39,7 @@ export const ARCHITECTURE_NOTES: Readonly<Record<Architecture, string>> = Object
 
 /** What a graph weight is made from. */
 export interface SourceTensor {
-  /** The weight's name in the graph (Hugging Face naming, as llama.ts expects). */
+  /** The weight's name in the graph (Hugging Face naming, as decoder.ts expects). */
   name: string
   source: GgufTensorInfo
   role: 'embedding' | 'norm' | 'linear' | 'bias'
@@ -67,7 +67,7 @@ export interface ModelPlan {
   architecture: Architecture
   /** general.name, when the file has one. */
   name: string | undefined
-  dims: LlamaDims
+  dims: DecoderDims
   attentionBias: boolean
   tiedEmbeddings: boolean
   /** The graph's switches (their `rotaries` are `rotaries` below). */
@@ -175,12 +175,12 @@ export function planModel(file: GgufFile, options: { contextLength?: number } = 
 }
 
 /** Every layer's router and experts (a mixture-of-experts architecture), checked. */
-function planLayerExperts(file: GgufFile, arch: Architecture, d: LlamaDims, tensors: Map<string, GgufTensorInfo>): NonNullable<ModelPlan['experts']> {
+function planLayerExperts(file: GgufFile, arch: Architecture, d: DecoderDims, tensors: Map<string, GgufTensorInfo>): NonNullable<ModelPlan['experts']> {
   const dims = readExpertDims(file, arch, d.hiddenSize)
   return { dims, layers: Array.from({ length: d.numLayers }, (_, l) => expertSources(file, tensors, l, dims)) }
 }
 
-function readDims(file: GgufFile, am: ArchMetadata, arch: Architecture, tensors: Map<string, GgufTensorInfo>, contextLimit: number | undefined): LlamaDims {
+function readDims(file: GgufFile, am: ArchMetadata, arch: Architecture, tensors: Map<string, GgufTensorInfo>, contextLimit: number | undefined): DecoderDims {
   const k = (key: string) => `${arch}.${key}`
   const numLayers = bounded(file, k('block_count'), am.count('block_count'), 1, MODEL_LIMITS.layers, 'layers')
   if (numLayers * TENSORS_PER_LAYER > file.tensors.length) {
@@ -217,7 +217,7 @@ function readDims(file: GgufFile, am: ArchMetadata, arch: Architecture, tensors:
 }
 
 /** How many leading elements of a head rotate (rope.dimension_count; partial rotary below the head size). */
-function readRotaryDims(file: GgufFile, am: ArchMetadata, arch: Architecture, spec: ArchitectureSpec, d: LlamaDims): number {
+function readRotaryDims(file: GgufFile, am: ArchMetadata, arch: Architecture, spec: ArchitectureSpec, d: DecoderDims): number {
   const key = `${arch}.rope.dimension_count`
   const dims = am.count('rope.dimension_count', d.headSize)
   if (dims > d.headSize || dims % 2 !== 0 || dims < 2) refuse(file, `${key} is ${dims}: not an even count of at most the head size ${d.headSize}`)
@@ -255,7 +255,7 @@ function rotaryAndWindows(
   am: ArchMetadata,
   arch: Architecture,
   spec: ArchitectureSpec,
-  d: LlamaDims,
+  d: DecoderDims,
   dims: number,
   tensors: Map<string, GgufTensorInfo>,
 ): { rotaries: RotaryPlan[]; layers: LayerFeatures[] } {
@@ -281,7 +281,7 @@ function rotaryAndWindows(
 }
 
 /** The divisors of the rotary frequencies, or none. */
-function frequencyFactors(file: GgufFile, am: ArchMetadata, arch: Architecture, spec: ArchitectureSpec, d: LlamaDims, dims: number, tensors: Map<string, GgufTensorInfo>): GgufTensorInfo | undefined {
+function frequencyFactors(file: GgufFile, am: ArchMetadata, arch: Architecture, spec: ArchitectureSpec, d: DecoderDims, dims: number, tensors: Map<string, GgufTensorInfo>): GgufTensorInfo | undefined {
   const check = (t: GgufTensorInfo | undefined): GgufTensorInfo | undefined => {
     if (t && (t.type !== GgmlTypeId.F32 || t.elements !== dims / 2)) refuse(file, `${t.name} must be ${dims / 2} float32 values, got [${t.dims}] of type ${ggmlTypeName(t.type)}`)
     return t
@@ -297,7 +297,7 @@ function frequencyFactors(file: GgufFile, am: ArchMetadata, arch: Architecture, 
 }
 
 /** The window and which layers have it, as llama.cpp sets them; undefined: no windows. */
-function slidingWindows(file: GgufFile, am: ArchMetadata, arch: Architecture, spec: ArchitectureSpec, d: LlamaDims): { size: number; layers: boolean[] } | undefined {
+function slidingWindows(file: GgufFile, am: ArchMetadata, arch: Architecture, spec: ArchitectureSpec, d: DecoderDims): { size: number; layers: boolean[] } | undefined {
   if (!spec.windows) return undefined
   const size = am.count('attention.sliding_window', spec.windows.defaultWindow ?? 0)
   if (size <= 0) return undefined
@@ -321,7 +321,7 @@ interface Mapping {
   rows?: { first: number; count: number }
 }
 
-function layerMappings(l: number, d: LlamaDims, spec: ArchitectureSpec, tensors: Map<string, GgufTensorInfo>, attentionBias: boolean, experts: boolean): Mapping[] {
+function layerMappings(l: number, d: DecoderDims, spec: ArchitectureSpec, tensors: Map<string, GgufTensorInfo>, attentionBias: boolean, experts: boolean): Mapping[] {
   const H = d.hiddenSize
   const q = d.numHeads * d.headSize
   const kv = d.numKvHeads * d.headSize
@@ -382,7 +382,7 @@ function mapTensors(
   file: GgufFile,
   arch: Architecture,
   spec: ArchitectureSpec,
-  d: LlamaDims,
+  d: DecoderDims,
   tensors: Map<string, GgufTensorInfo>,
   options: { tiedEmbeddings: boolean; attentionBias: boolean; experts: boolean },
 ): SourceTensor[] {

@@ -1,16 +1,16 @@
 // The architecture table: what each GGUF architecture switches on in the decoder graph
-// (ts/modelkit/llama.ts's DecoderFeatures), read as llama.cpp reads it (src/models/<arch>.cpp,
+// (ts/modelkit/decoder.ts's DecoderFeatures), read as llama.cpp reads it (src/models/<arch>.cpp,
 // load_arch_hparams and the graph builder). An architecture is a row here, not a copy of the graph.
 //
 //   rope     llama.cpp's rotary for the architecture: `norm` rotates pairs (2i, 2i + 1) of a head,
 //            for which its converter permuted the rows of attn_q / attn_k (the importer puts them
 //            back); `neox` rotates pairs (i, i + dims / 2), as the graph does, rows as stored.
-//   norms    where the RMSNorms sit around attention and feed-forward (llama.ts's decoderLayer).
+//   norms    where the RMSNorms sit around attention and feed-forward (decoder.ts's decoderLayer).
 //   windows  the sliding-window layers: the window's key (absent: no windows, unless a default),
 //            llama.cpp's default pattern (of every `pattern` layers the last is global), and the
 //            local layers' rotary base.
 
-import type { DecoderFeatures } from '../llama'
+import type { DecoderFeatures } from '../decoder'
 
 /** The metadata of one architecture: `${arch}.${key}` lookups with defaults. */
 export interface ArchMetadata {

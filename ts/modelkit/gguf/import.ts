@@ -6,7 +6,7 @@
 //                    features and weight names
 //   tokenizer.ts     the vocabulary -> tokenizer.json, tokenizer_config.json, chat_template.jinja
 //   tensors.ts       each weight, dequantized (fp32) or as MatMulNBits blocks (int4, int4.ts)
-//   ../llama.ts      the graph (GroupQueryAttention, as onnxruntime-genai's builder emits for CPU)
+//   ../decoder.ts    the graph (GroupQueryAttention, as onnxruntime-genai's builder emits for CPU)
 //
 // Everything that can be refused is checked before anything is written (the header's counts and
 // sizes, the architecture, the vocabulary and merges as the tokenizers crate checks them). The
@@ -23,7 +23,7 @@ import { mkdir, mkdtemp, rename, rm, writeFile } from 'node:fs/promises'
 import { join, resolve } from 'node:path'
 import { OrtexError } from '../../errors'
 import { genaiConfig } from '../genai-config'
-import { type KvType, buildLlamaGraph, type LinearStorage, type LlamaDims } from '../llama'
+import { type KvType, buildDecoderGraph, type LinearStorage, type DecoderDims } from '../decoder'
 import type { PagedKernel } from '../paged'
 import { CONFIG_FILE, DATA_FILE, MODEL_FILE, type FileSize, fileSizes, writeConfigLast, writeModelFile } from '../model-folder'
 import { DataFileWriter, layoutWeights, type WeightLayout } from '../weights'
@@ -117,7 +117,7 @@ export interface ImportSummary {
   /** MatMulNBits' accuracy_level (int4 imports); null for fp32 weights (no MatMulNBits). */
   accuracyLevel: AccuracyLevel | null
   parameters: number
-  dims: LlamaDims
+  dims: DecoderDims
   tiedEmbeddings: boolean
   preTokenizer: string
   /** Source tensors by how they were written and their ggml type: { exact: { Q4_1: 210 }, ... }. */
@@ -323,7 +323,7 @@ async function writeGraph(
     ...(o.dtype === 'fp16' ? { dtype: o.dtype } : {}),
     ...(o.paged ? { paged: o.paged } : {}),
   } as const
-  await writeModelFile(outDir, buildLlamaGraph(plan.dims, options, layout.tensors), { name: 'ortex import', version: String(IMPORTER_VERSION) }, {
+  await writeModelFile(outDir, buildDecoderGraph(plan.dims, options, layout.tensors), { name: 'ortex import', version: String(IMPORTER_VERSION) }, {
     'ortex.attention': o.attention,
     'ortex.source': 'gguf',
     'ortex.architecture': plan.architecture,

@@ -13,7 +13,7 @@
 //          builder uses): range widened to include 0, scale = (max - min) / 15, zero = round(-min / scale).
 //
 // MatMulNBits has no per-block minimum, so for Q4_1 and Q4_K the minimums go to `mins`
-// [K/32, N] and the graph adds (x's block sums) x mins (llama.ts, int4Linear): the same sum
+// [K/32, N] and the graph adds (x's block sums) x mins (decoder.ts, int4Linear): the same sum
 // ggml's own Q4_1 dot product forms. ONNX Runtime's float zero points would also represent them
 // but take the kernel's slow unpacked path, which defeats the point of 4-bit weights.
 

@@ -19,7 +19,7 @@
 // one converted tensor is in memory.
 
 import { DataType } from '../onnx-builder'
-import type { LinearStorage } from '../llama'
+import type { LinearStorage } from '../decoder'
 import type { TensorSpec } from '../weights'
 import { planExperts } from './experts'
 import { type ModelPlan, type RotaryPlan, type SourceTensor, inverseFrequencies, permutedRow } from './architecture'
@@ -146,7 +146,7 @@ function transposedTensor(t: SourceTensor): PlannedTensor {
   }
 }
 
-/** A linear weight for MatMulNBits, named `<proj>.qweight` etc. (llama.ts's int4 storage). */
+/** A linear weight for MatMulNBits, named `<proj>.qweight` etc. (decoder.ts's int4 storage). */
 function int4Tensor(proj: string, t: SourceTensor): PlannedTensor {
   const N = rowCount(t)
   const K = t.source.dims[0]!

@@ -42,7 +42,7 @@ import {
 
 export type AttentionForm = 'mha' | 'gqa' | 'paged'
 
-export interface LlamaDims {
+export interface DecoderDims {
   vocabSize: number
   hiddenSize: number
   intermediateSize: number
@@ -72,7 +72,7 @@ export interface WeightSpec {
 }
 
 /** Every initializer stored in the external data file, in file order. */
-export function weightSpecs(d: LlamaDims): WeightSpec[] {
+export function weightSpecs(d: DecoderDims): WeightSpec[] {
   const H = d.hiddenSize
   const q = d.numHeads * d.headSize
   const kv = d.numKvHeads * d.headSize
@@ -116,7 +116,7 @@ export function weightSpecs(d: LlamaDims): WeightSpec[] {
   return specs
 }
 
-export function countParameters(d: LlamaDims): number {
+export function countParameters(d: DecoderDims): number {
   return weightSpecs(d)
     .filter((s) => s.parameter)
     .reduce((n, s) => n + s.dims.reduce((a, b) => a * b, 1), 0)
@@ -215,9 +215,9 @@ export interface DecoderFeatures {
 }
 
 /** The default rotary table: the whole head, named as make-model and the builder name it. */
-export const defaultRotaries = (d: LlamaDims): RotaryTable[] => [{ suffix: '', dims: d.headSize }]
+export const defaultRotaries = (d: DecoderDims): RotaryTable[] => [{ suffix: '', dims: d.headSize }]
 
-export interface LlamaGraphOptions {
+export interface DecoderGraphOptions {
   attention: AttentionForm
   /** The architecture's switches; default none (Llama). gqa and paged only where any is set. */
   features?: DecoderFeatures
@@ -260,9 +260,9 @@ export function windowedLayers(numLayers: number, window: GraphWindow | undefine
 /** What every part of the graph needs: the builder, the model's sizes, the options, the weights. */
 interface GraphContext {
   g: GraphBuilder
-  d: LlamaDims
-  options: Required<Omit<LlamaGraphOptions, 'window' | 'causalMask' | 'logits' | 'paged' | 'dtype' | 'features'>> &
-    Pick<LlamaGraphOptions, 'window' | 'causalMask' | 'paged'>
+  d: DecoderDims
+  options: Required<Omit<DecoderGraphOptions, 'window' | 'causalMask' | 'logits' | 'paged' | 'dtype' | 'features'>> &
+    Pick<DecoderGraphOptions, 'window' | 'causalMask' | 'paged'>
   /** The architecture's switches, defaults filled in. */
   f: ResolvedFeatures
   /** The element type of the weights and the arithmetic. */
@@ -288,7 +288,7 @@ type OptionalFeature = 'attentionSoftcap' | 'residualScale' | 'logitScale' | 'fi
 type ResolvedFeatures = Required<Omit<DecoderFeatures, OptionalFeature>> & Pick<DecoderFeatures, OptionalFeature>
 
 /** The features with their defaults, checked against the sizes. */
-function resolveFeatures(d: LlamaDims, f: DecoderFeatures): ResolvedFeatures {
+function resolveFeatures(d: DecoderDims, f: DecoderFeatures): ResolvedFeatures {
   const rotaries = f.rotaries ?? defaultRotaries(d)
   const layers: LayerFeatures[] = f.layers ?? Array.from({ length: d.numLayers }, () => ({ rotary: 0 }))
   if (layers.length !== d.numLayers) throw new Error(`features give ${layers.length} layers, the model has ${d.numLayers}`)
@@ -301,7 +301,7 @@ function resolveFeatures(d: LlamaDims, f: DecoderFeatures): ResolvedFeatures {
 }
 
 /** Whether the features differ from Llama's (which the mha form and the fused float16 layers assume). */
-function hasFeatures(d: LlamaDims, f: DecoderFeatures | undefined): boolean {
+function hasFeatures(d: DecoderDims, f: DecoderFeatures | undefined): boolean {
   if (!f) return false
   const plainLayers = f.layers === undefined || f.layers.every((l) => l.rotary === 0 && l.window === undefined)
   const plainRotary = f.rotaries === undefined || (f.rotaries.length === 1 && f.rotaries[0]!.dims === d.headSize && f.rotaries[0]!.suffix === '')
@@ -322,9 +322,9 @@ interface SharedInputs {
 }
 
 /** Builds the decoder graph; `weights` maps each weight name to its place in the data file. */
-export function buildLlamaGraph(
-  d: LlamaDims,
-  attentionOrOptions: AttentionForm | LlamaGraphOptions,
+export function buildDecoderGraph(
+  d: DecoderDims,
+  attentionOrOptions: AttentionForm | DecoderGraphOptions,
   weights: ReadonlyMap<string, ExternalTensor>,
 ): GraphBuilder {
   if (d.numHeads % d.numKvHeads !== 0) throw new Error('num_heads must be a multiple of num_kv_heads')

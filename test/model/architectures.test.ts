@@ -134,6 +134,18 @@ describe.each(ARCHS.map((arch) => [arch]))('%s', (arch) => {
     }
   })
 
+  it('the float16 gqa folder (the arithmetic of the CUDA folders, run on the CPU) stays close to the float32 one', async () => {
+    if (arch === 'qwen3moe') return // the experts' block has no float16 form (refused below)
+    const dir = join(root, `${arch}-fp16`)
+    await importGguf({ file: dirs.file, outDir: dir, dtype: 'fp16' })
+    const tokens = prompt(arch, 44, 6)
+    const want = await gqaLogits(dirs.gqa, tokens)
+    const got = await gqaLogits(dir, tokens)
+    const agree = got.filter((l, i) => argmax(l) === argmax(want[i]!)).length
+    expect(agree / tokens.length).toBeGreaterThanOrEqual(0.95)
+    expect(relativeRms(got, want)).toBeLessThan(2e-2)
+  })
+
   it('the CUDA paged folder carries each layer\'s attention as the gqa folder does', async () => {
     const dir = join(root, `${arch}-cuda`)
     const plan = archModel(arch)

@@ -17,7 +17,7 @@ import { Engine, type OrtexServer, startServer } from 'ortex'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { makeModel } from '../../ts/modelkit/make-model'
 import { Cluster } from './cluster'
-import { DuplexClient, type StreamOutcome, responseTokens, sleep, streamCompletion, within } from './processes'
+import { DuplexClient, type StreamOutcome, livingProcesses, responseTokens, sleep, streamCompletion, within } from './processes'
 
 let root = ''
 beforeAll(() => {
@@ -25,6 +25,8 @@ beforeAll(() => {
 })
 afterAll(() => {
   if (root) rmSync(root, { recursive: true, force: true })
+  // After every cluster's stop: nothing this suite started (nginx's workers included) lives on.
+  expect(livingProcesses()).toEqual([])
 })
 
 /** What `ortex serve --simulated` runs (ts/cli/serve.ts), for the reference server. */
@@ -205,7 +207,7 @@ describe('three simulated-model processes behind nginx, sessions in Redis', () =
     const conversations = Array.from({ length: 6 }, (_, i) => new Conversation(cluster, `outage-${i}`))
     await Promise.all(conversations.map((c) => c.open(referenceUrl)))
     await Promise.all(conversations.map((c) => c.turn()))
-    await cluster.redis.stop()
+    await cluster.redis!.stop()
     await Promise.all(conversations.map((c) => c.turn()))
     const resumed = conversations[0]!
     resumed.client.close()

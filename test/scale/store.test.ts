@@ -7,7 +7,7 @@
 import type { OrtexServer } from 'ortex'
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
 import { type OrtexModule, ortex, selectedBackends } from '../helpers/backends'
-import { DuplexClient, type RedisProcess, freePort, responseTokens, sleep, startRedis, within } from './processes'
+import { DuplexClient, type RedisProcess, freePort, livingProcesses, responseTokens, sleep, startRedis, within } from './processes'
 
 type Engine = ReturnType<OrtexModule['Engine']['simulated']>
 let redis: RedisProcess
@@ -18,6 +18,7 @@ beforeAll(async () => {
 })
 afterAll(async () => {
   await redis?.stop()
+  expect(livingProcesses()).toEqual([])
 })
 afterEach(async () => {
   for (const { server, engine } of servers.splice(0)) {

@@ -10,7 +10,7 @@ import { OrtexError, invalidArgument } from '../errors'
 import type { DuplexHost } from '../link'
 import type { TurnOptions } from '../types'
 import * as v from '../validate'
-import { SessionRules, type SessionView, type SessionsOptionsInput } from './core'
+import { type ContinuationInput, SessionRules, type SessionView, type SessionsOptionsInput } from './core'
 import { DEFAULT_EVENT_BUFFER_CAPACITY, type Fence, SessionEventQueue } from './events'
 import {
   type DuplexSessionConfig,
@@ -72,6 +72,8 @@ export interface RestoredSession {
   leaseGeneration: number
   config: DuplexSessionConfig
   tokens: Int32Array
+  /** Where the core's rules carry on from (null: at zero, as a record of an older ortex has it). */
+  continuation: ContinuationInput | null
 }
 
 export class DuplexSessionManager {
@@ -163,7 +165,9 @@ export class DuplexSessionManager {
    */
   _restore(state: RestoredSession): DuplexSession {
     const config = checkConfig('state.config', state.config, this.engine)
-    const session = this.openWith(state.sessionId, config, (now) => this.rules.restore(state.sessionId, now, state.incarnation, state.leaseGeneration))
+    const session = this.openWith(state.sessionId, config, (now) =>
+      this.rules.restore(state.sessionId, now, state.incarnation, state.leaseGeneration, state.continuation),
+    )
     try {
       session._restore(state.tokens)
     } catch (error) {

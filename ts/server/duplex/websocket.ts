@@ -428,6 +428,7 @@ export class DuplexServer {
       leaseGeneration: record.leaseGeneration,
       config: JSON.parse(record.config) as DuplexSessionConfig,
       tokens: record.tokens,
+      continuation: null,
     })
     const entry: Entry = { session, tokenDigest, resumeToken: null, connection: null }
     this.entries.set(session.id, entry)

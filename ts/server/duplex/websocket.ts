@@ -312,7 +312,9 @@ export class DuplexServer {
         return
       }
       case 'response.create':
-        session.respond({ ...this.turn, ...command.options })
+        // The session's configuration began as the server's turn options and has every
+        // session.update since; the event's own options override it for this response only.
+        session.respond(command.options)
         return
       case 'response.cancel': {
         const fence = session.cancel(command.fence ?? undefined)

@@ -4,7 +4,8 @@
 // store or its answer on its way back; right after a client saw an append acknowledged or a
 // response done) and redis-server is killed and started again. Each client does
 // what a client should: on a dropped connection it resumes (on any live process) with its lease
-// generation, and sends again every step it has not seen finish, appends with their operation ids. Every turn must then be, token for token, the turn
+// generation and the last response it saw done, and sends again every step it has not seen
+// finish, appends with their operation ids. Every turn must then be, token for token, the turn
 // the same conversation gives on one process that never fails: nothing lost, doubled or changed.
 //
 //   npm run test:scale                                  seeds 1..2 (part of `npm test`)
@@ -235,7 +236,7 @@ class Conversation {
 
   /** session.resume; false when it must be tried again (the process died, the store is away). */
   private async resume(link: Link): Promise<boolean> {
-    const resume = { type: 'session.resume', session_id: this.id, resume_token: this.token, lease_generation: this.generation }
+    const resume = { type: 'session.resume', session_id: this.id, resume_token: this.token, lease_generation: this.generation, last_response_seq: this.lastResponseSeq }
     this.backends.resuming(link.backend, +1)
     let reply: any
     try {

@@ -61,6 +61,8 @@ const OPEN_KEYS = ['sessionId', 'turn', 'respond'] as const
 export interface SessionPersistenceHooks {
   /** A commit point of `session`. */
   committed(session: DuplexSession): void
+  /** The commit points of `session` so far (its events are stamped with it). */
+  commits(session: DuplexSession): number
   /** `session` closed (its slot is free); `reason` as in its terminal event. */
   ended(session: DuplexSession, reason: string): void
 }
@@ -196,14 +198,16 @@ export class DuplexSessionManager {
       this.rules.finalizeClose(sessionId)
       throw error
     }
+    let session: DuplexSession | null = null
+    const commits = (): number => (session === null ? 0 : (this._persistence?.commits(session) ?? 0))
     const init: SessionInit = {
       host: this.host,
       request,
       view,
       config: { turn: config.turn ?? {}, respond: config.respond ?? ('on-final' satisfies RespondMode) },
-      events: new SessionEventQueue(this.eventBufferCapacity),
+      events: new SessionEventQueue(this.eventBufferCapacity, commits),
     }
-    const session = DuplexSession._create(init)
+    session = DuplexSession._create(init)
     // Keyed by the id the core holds, so that the two sides can never disagree about a session.
     this.sessions.set(session.id, session)
     return session

@@ -318,8 +318,9 @@ export class Runner implements RunnerServices {
     this.undone.delete(response)
     this.recent.push(response)
     if (this.recent.length > RECENT_RESPONSES) this.recent.shift()
-    this.ctx.events.push({ type: 'response.done', fence: response.fence, status, finishReason, errorCode, usage: { ...usage } })
+    // The commit point first: the event is stamped with the commits it depends on (events.ts).
     this.hooks.committed()
+    this.ctx.events.push({ type: 'response.done', fence: response.fence, status, finishReason, errorCode, usage: { ...usage } })
   }
 
   private emitTerminal(): void {

@@ -102,7 +102,11 @@ export class Connection {
   send(event: ServerEvent, sessionEvent: SessionEvent | null = null): Promise<void> | void {
     if (this.ws.readyState !== OPEN) return
     const session = this.entry?.session ?? null
-    const commits = session === null || this.durability === null ? 0 : this.durability.commits(session)
+    // A session's event depends on the commits made before it was produced; a reply, on all so far.
+    let commits = 0
+    if (session !== null && this.durability !== null) {
+      commits = sessionEvent === null ? this.durability.commits(session) : session._eventQueue.stampOf(sessionEvent)
+    }
     if (this.outbox.length === 0 && (commits === 0 || this.durability!.held(session!, commits) === null)) return this.transmit(event)
     return new Promise((sent) => {
       this.outbox.push({ event, session, commits, sessionEvent, sent })

@@ -448,6 +448,9 @@ export class DuplexServer {
     })
     const entry: Entry = { session, tokenDigest, resumeToken: null, connection: null }
     this.entries.set(session.id, entry)
+    connection.attach(entry, 'session.resumed')
+    // The record of this life (the responses below taken back) is written before they are told.
+    this.persistence!.committed(session)
     for (const fence of record.pendingResponses) {
       session._eventQueue.push({
         type: 'response.done',
@@ -458,8 +461,6 @@ export class DuplexServer {
         usage: { promptTokens: 0, generatedTokens: 0, cachedPromptTokens: 0 },
       })
     }
-    connection.attach(entry, 'session.resumed')
-    this.persistence!.committed(session)
   }
 
   /** A store call; the store being away is the retryable SESSION_STORE_UNAVAILABLE. */

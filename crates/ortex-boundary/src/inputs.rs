@@ -9,7 +9,8 @@
 use ortex_core::constraint::Constraint;
 use ortex_core::options::{BatchingMode, EngineOptions, RequestOptions, SimFaults, SimOptions, TurnOptions};
 use ortex_core::session::{
-    AppendCounters, AppendMetadata, AppendResult, CompletedAppendRecord, ConfigMap, Continuation, Fence, FenceKey, TurnKey,
+    AppendCounters, AppendMetadata, AppendResult, CompletedAppendRecord, ConfigMap, Continuation, Fence, FenceKey,
+    TurnKey,
 };
 use ortex_core::{OrtexError, Result};
 use serde::Deserialize;

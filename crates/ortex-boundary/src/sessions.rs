@@ -7,15 +7,17 @@
 use std::collections::BTreeMap;
 
 use ortex_core::session::{
-    AppendPlan, AppendRequest, AppendReservation, Continuation, Fence, LeaseActivity, LeaseConfig, LeaseGeneration, Session,
-    SessionManager, DEFAULT_COMPLETED_APPEND_LIMIT, DEFAULT_DISCONNECT_GRACE_MS, DEFAULT_IDLE_TTL_MS,
+    AppendPlan, AppendRequest, AppendReservation, Continuation, Fence, LeaseActivity, LeaseConfig, LeaseGeneration,
+    Session, SessionManager, DEFAULT_COMPLETED_APPEND_LIMIT, DEFAULT_DISCONNECT_GRACE_MS, DEFAULT_IDLE_TTL_MS,
 };
 use ortex_core::{ErrorCode, OrtexError, Result};
 
 use crate::inputs::{
     exact_u64, ConfigsInput, ContinuationInput, FenceInput, IdleTtlInput, SessionsOptionsInput, MAX_SAFE_INTEGER,
 };
-use crate::views::{AppendPlanView, AppendResultView, CancelView, CommitView, ContinuationView, ExpiryView, SessionView};
+use crate::views::{
+    AppendPlanView, AppendResultView, CancelView, CommitView, ContinuationView, ExpiryView, SessionView,
+};
 
 /// Reservations held between prepare and commit. A caller does its engine work synchronously in
 /// between, so it holds one at a time; the bound turns a leak into a visible, retryable refusal.
@@ -310,7 +312,10 @@ mod tests {
         let mut new = sessions("{}").unwrap();
         let input: ContinuationInput = crate::from_json("continuation", &stored).unwrap();
         let view = new.restore("s", 2.0, 1.0, 1.0, Some(input)).unwrap();
-        assert_eq!((view.fence.incarnation, view.fence.turn_id, view.fence.response_seq, view.seq), (1.0, 1.0, 1.0, 1.0));
+        assert_eq!(
+            (view.fence.incarnation, view.fence.turn_id, view.fence.response_seq, view.seq),
+            (1.0, 1.0, 1.0, 1.0)
+        );
         let replay = new.prepare_append("s", true, Some("op".into()), 7.0, None).unwrap();
         assert_eq!((replay.reservation, replay.result.seq, replay.result.replayed), (0, first.seq, true));
         let tampered = stored.replace(r#""seq":1"#, r#""seq":-1"#);

@@ -4,7 +4,9 @@
 //!
 //! Numbers are JavaScript numbers: counters that may pass 2^32 are `f64`, exact below 2^53.
 
-use ortex_core::session::{AppendResult, CancelOutcome, CompletedAppendRecord, Continuation, Fence, Session, SessionExpiry};
+use ortex_core::session::{
+    AppendResult, CancelOutcome, CompletedAppendRecord, Continuation, Fence, Session, SessionExpiry,
+};
 use ortex_core::{EngineConfig, EngineStats};
 use serde::Serialize;
 

@@ -436,8 +436,12 @@ mod tests {
         session.start_response(1).unwrap();
         session.cancel(None, 2).unwrap();
         let applied_under = session.fence().clone();
-        let second =
-            AppendRequest { fence: Some(applied_under.clone()), is_final: true, operation_id: Some("op2".into()), input_digest: 22 };
+        let second = AppendRequest {
+            fence: Some(applied_under.clone()),
+            is_final: true,
+            operation_id: Some("op2".into()),
+            input_digest: 22,
+        };
         let applied = session.append(&second, 3).unwrap();
         session.start_response(3).unwrap();
         let continuation = session.continuation();

@@ -326,7 +326,8 @@ impl Session {
     pub fn prepare_append(&self, request: &AppendRequest) -> Result<AppendPlan> {
         self.require_accepting()?;
         if let Some(fence) = &request.fence {
-            let recorded = request.operation_id.as_deref().is_some_and(|id| self.completed_appends.recorded_under(id, fence));
+            let recorded =
+                request.operation_id.as_deref().is_some_and(|id| self.completed_appends.recorded_under(id, fence));
             if !recorded {
                 require_same_epoch(&self.fence, fence)?;
             }
@@ -560,7 +561,10 @@ fn check_stored_append(record: &CompletedAppendRecord, fence: &Fence, counters: 
         && record.result.is_final == record.metadata.is_final
         && !record.result.replayed;
     if !fits {
-        return Err(invalid_continuation(format!("its append {:?} does not fit its fence {fence}", record.operation_id)));
+        return Err(invalid_continuation(format!(
+            "its append {:?} does not fit its fence {fence}",
+            record.operation_id
+        )));
     }
     Ok(())
 }

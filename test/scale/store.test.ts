@@ -186,6 +186,50 @@ describe.each(selectedBackends())('a session store in Redis (%s)', (backend) => 
     await store.quit()
   })
 
+  it('bounds what waits for the store: past 1024 replies waiting, the server stops reading the client, and goes on after', async () => {
+    const store = await mod.RedisSessionStore.connect(redis.url, { keyPrefix: 'bounded:' })
+    let holding = false
+    const waiting: (() => void)[] = []
+    const gated = {
+      commit: async (record: any, ttlMs: number) => {
+        if (holding) await new Promise<void>((go) => waiting.push(go))
+        return store.commit(record, ttlMs)
+      },
+      claim: store.claim.bind(store),
+      end: store.end.bind(store),
+      touch: store.touch.bind(store),
+      quit: store.quit.bind(store),
+    }
+    const engine = mod.Engine.simulated({ seed: 5 })
+    const server = await mod.startServer(engine, { port: 0, duplex: { sessionStore: gated } })
+    servers.push({ server, engine })
+    const client = await DuplexClient.connect(wsUrl(server))
+    client.send({ type: 'session.update', session: { temperature: 0 } })
+    await client.next((e) => e.type === 'session.updated')
+    const session = server.duplex.manager.list()[0]!
+    const commits = (): number => (server.duplex as any).persistence.commits(session)
+    const before = commits()
+    holding = true
+    // Each update is a commit point and a reply that waits for its write.
+    const updates = 5000
+    for (let i = 0; i < updates; i++) client.send({ type: 'session.update', session: { temperature: 0 } })
+    await sleep(500)
+    const handled = commits() - before
+    expect(handled, 'updates handled while their replies could not go out').toBeGreaterThan(1024)
+    expect(handled).toBeLessThan(updates)
+    holding = false
+    for (const go of waiting.splice(0)) go()
+    await within(30_000, 'every reply', async () => {
+      while (client.events.filter((e) => e.type === 'session.updated').length < updates + 1) await sleep(50)
+    })
+    expect(commits() - before).toBe(updates)
+    client.close()
+    await server.close()
+    servers.pop()
+    await engine.close()
+    await store.quit()
+  })
+
   it('takes back a response that ended unseen: a client resuming elsewhere after the last one it saw end', async () => {
     const [a, b] = [await serverWithStore(), await serverWithStore()]
     const moved = await openSession(a)

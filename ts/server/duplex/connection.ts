@@ -79,6 +79,8 @@ export class Connection {
   private draining = false
   /** Reading stopped because the outbox is full. */
   private outboxFull = false
+  /** Who waits for the outbox to be empty (outboxSent()). */
+  private emptied: (() => void)[] = []
 
   constructor(
     readonly ws: WebSocket,
@@ -118,6 +120,19 @@ export class Connection {
     })
   }
 
+  /** Resolves once nothing waits in the outbox (sent, dropped, or given back to the session). */
+  outboxSent(): Promise<void> {
+    if (this.outbox.length === 0) return Promise.resolve()
+    return new Promise((resolve) => this.emptied.push(resolve))
+  }
+
+  private wakeEmptied(): void {
+    if (this.outbox.length > 0) return
+    const waiters = this.emptied
+    this.emptied = []
+    for (const wake of waiters) wake()
+  }
+
   /** Sends the outbox in order, each event once the store holds what it depends on. */
   private async drain(): Promise<void> {
     if (this.draining) return
@@ -136,6 +151,7 @@ export class Connection {
       }
     } finally {
       this.draining = false
+      this.wakeEmptied()
     }
   }
 
@@ -194,6 +210,7 @@ export class Connection {
       if (pending.sessionEvent !== null && pending.session === entry.session) entry.session._eventQueue.putBack(pending.sessionEvent)
       pending.sent()
     }
+    this.wakeEmptied()
     const stop = this.stopPump
     this.stopPump = null
     stop?.()

@@ -201,8 +201,11 @@ export class DuplexServer {
    * once the clients have answered the close (at most DETACH_CLOSE_WAIT_MS).
    */
   async detachAll(): Promise<void> {
-    // The sessions' last commits reach the store before their clients are told to move.
+    // The sessions' last commits reach the store before their clients are told to move, and
+    // what waited for them reaches the clients.
     await this.persistence?.flush()
+    const sent = Promise.all([...this.connections].map((connection) => connection.outboxSent()))
+    await Promise.race([sent, new Promise((resolve) => setTimeout(resolve, DETACH_CLOSE_WAIT_MS).unref())])
     const closed: Promise<void>[] = []
     for (const connection of this.connections) {
       if (connection.ws.readyState !== OPEN) continue
@@ -430,7 +433,9 @@ export class DuplexServer {
    * (`lastResponseSeq`, when it says): their output is taken out of the conversation, which is
    * then what the client knows of it.
    */
-  private takeOver(connection: Connection, stored: StoredSession, tokenDigest: Buffer, lastResponseSeq: number | null): void {
+  private takeOver(connection: Connection, claimed: StoredSession, tokenDigest: Buffer, lastResponseSeq: number | null): void {
+    // A store of the application's own may answer without the newer fields.
+    const stored = { ...claimed, continuation: claimed.continuation ?? null, endedResponses: claimed.endedResponses ?? [] }
     const record = lastResponseSeq === null ? stored : withoutUnseen(stored, lastResponseSeq)
     const stale = this.entries.get(record.sessionId)
     if (stale !== undefined) {

@@ -53,7 +53,8 @@ stage types npx tsc -p test
 stage vitest npx vitest run
 
 # Past one process: real redis-server and nginx (installed here when missing) in front of three
-# `ortex serve` processes (docs/scaling.md). About 10 s, plus about 10 s once per machine to install.
+# `ortex serve` processes (docs/scaling.md), and the seeded chaos test of failover. About 25 s, plus
+# about 10 s once per machine to install.
 stage scale bash scripts/test-scale.sh --no-build
 
 summary

@@ -24,6 +24,8 @@ import type {
   CommitView,
   ConfigView,
   ConfigsInput,
+  ContinuationInput,
+  ContinuationView,
   ExecutorStatsView,
   ExpiryView,
   FenceInput,
@@ -121,8 +123,12 @@ export interface CoreSessions {
   /** CAPACITY_EXHAUSTED (retryable), SESSION_EXISTS, INVALID_ARGUMENT. */
   open(sessionId: string, nowMs: number): SessionView
   /** A session stored by another process, opened at its incarnation and lease generation (a
-   *  failover). SESSION_EXISTS when the id lives here or lived here at that incarnation or later. */
-  restore(sessionId: string, nowMs: number, incarnation: number, leaseGeneration: number): SessionView
+   *  failover), its fence, append counters and completed appends carrying on from `continuation`
+   *  (at zero without one). SESSION_EXISTS when the id lives here or lived here at that
+   *  incarnation or later; INVALID_ARGUMENT for a continuation that does not fit. */
+  restore(sessionId: string, nowMs: number, incarnation: number, leaseGeneration: number, continuation: ContinuationInput | null): SessionView
+  /** What a session store keeps of the session's rules, for another process's restore(). */
+  continuation(sessionId: string): ContinuationView
   /** SESSION_CLOSED for a finalized id, INVALID_ARGUMENT for an unknown one. */
   get(sessionId: string): SessionView
   /** Records the engine request the session owns, under its current fence. */

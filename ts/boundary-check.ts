@@ -4,7 +4,7 @@
 
 import type { SessionState } from './duplex/events'
 import type { Fence } from './duplex/events'
-import type { ConfigView, ExecutorStatsView, FenceView, SessionView, StatsView } from './generated/boundary'
+import type { ConfigView, ContinuationInput, ContinuationView, ExecutorStatsView, FenceView, SessionView, StatsView } from './generated/boundary'
 import type { NodePlacementView } from './binding'
 import type { EngineConfig, EngineStats, ExecutorStats, NodePlacement } from './types'
 
@@ -17,3 +17,5 @@ true satisfies Same<ExecutorStats, ExecutorStatsView>
 true satisfies Same<NodePlacement, NodePlacementView>
 true satisfies Same<Fence, FenceView>
 true satisfies Same<SessionState, SessionView['state']>
+// A session store hands back, as the input of a restore, the very object the core gave it.
+true satisfies Same<ContinuationView, ContinuationInput>

@@ -1,6 +1,11 @@
 // Real processes for the drain and scale suites: `ortex serve` children (the built CLI), and the
 // small clients that talk to them over HTTP and WebSocket. Every wait is bounded.
-import { type ChildProcess, spawn } from 'node:child_process'
+//
+// Each child is started in a process group of its own (detached), so that it can be stopped with
+// whatever it started (nginx's workers, a redis-server's rewrite child), and every group is
+// remembered: a suite ends with `livingProcesses()`, which must be empty.
+import { type ChildProcess, type SpawnOptions, spawn } from 'node:child_process'
+import { readdirSync, readFileSync } from 'node:fs'
 import path from 'node:path'
 import WebSocket from 'ws'
 
@@ -18,9 +23,62 @@ export interface ServeProcess {
   exited: Promise<number | string>
 }
 
+/** The process groups this process started (their leaders' pids), with what each one runs. */
+const groups = new Map<number, string>()
+
+/** Starts `command` as the leader of a new process group, remembered for livingProcesses(). */
+export function spawnGroup(command: string, args: string[], options: SpawnOptions): ChildProcess {
+  const child = spawn(command, args, { ...options, detached: true })
+  if (child.pid !== undefined) groups.set(child.pid, `${command} ${args.join(' ')}`.slice(0, 120))
+  return child
+}
+
+/** Sends `signal` to every process of `child`'s group (nothing when the group is empty). */
+export function signalGroup(child: ChildProcess, signal: NodeJS.Signals): void {
+  if (child.pid === undefined) return
+  try {
+    process.kill(-child.pid, signal)
+  } catch {
+    // ESRCH: the whole group is gone already.
+  }
+}
+
+/** SIGKILL to `child`'s group, then waits for `child` itself to be reaped. */
+export async function killGroup(child: ChildProcess): Promise<void> {
+  const exited = child.exitCode !== null || child.signalCode !== null
+  const reaped = exited ? Promise.resolve() : new Promise<void>((resolve) => child.once('exit', () => resolve()))
+  signalGroup(child, 'SIGKILL')
+  await reaped
+}
+
+/**
+ * The processes still alive in any group this process started ("pid command" each), read from
+ * /proc (Linux: the suites need Debian's packages anyway). A zombie waiting to be reaped counts
+ * as gone.
+ */
+export function livingProcesses(): string[] {
+  const living: string[] = []
+  for (const name of readdirSync('/proc')) {
+    if (!/^\d+$/.test(name)) continue
+    let stat: string
+    try {
+      stat = readFileSync(`/proc/${name}/stat`, 'utf8')
+    } catch {
+      continue // it ended while we looked
+    }
+    // pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses, so read after the last ')'.
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
+    const state = fields[0]
+    const pgrp = Number(fields[2])
+    if (state === 'Z' || !groups.has(pgrp)) continue
+    living.push(`${name} ${stat.slice(stat.indexOf('(') + 1, stat.lastIndexOf(')'))} (group of ${groups.get(pgrp)})`)
+  }
+  return living
+}
+
 /** Starts `ortex serve ARGS --port 0` and resolves once it listens. */
 export async function startServe(args: string[], env: Record<string, string> = {}): Promise<ServeProcess> {
-  const child = spawn(process.execPath, [cli(), 'serve', '--port', '0', ...args], {
+  const child = spawnGroup(process.execPath, [cli(), 'serve', '--port', '0', ...args], {
     env: { ...process.env, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   })
@@ -35,6 +93,9 @@ export async function startServe(args: string[], env: Record<string, string> = {
       if (child.exitCode !== null) throw new Error(`ortex serve exited: ${output}`)
       await sleep(20)
     }
+  }).catch(async (error: unknown) => {
+    await killGroup(child)
+    throw error
   })
   return { child, url, port: Number(new URL(url).port), output: () => output, exited }
 }
@@ -202,12 +263,14 @@ export interface RedisProcess {
   stop(): Promise<void>
 }
 
-/** Starts Debian's redis-server on `port` (a fresh, memory-only one) and waits until it answers. */
-export async function startRedis(port: number): Promise<RedisProcess> {
-  const child = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], {
-    stdio: 'ignore',
-  })
-  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()))
+/**
+ * Starts Debian's redis-server on `port` and waits until it answers: a fresh, memory-only one, or
+ * with `dir`, one that logs every write to an append-only file there before it answers (so a
+ * redis-server killed and started again on the same `dir` has lost nothing it acknowledged).
+ */
+export async function startRedis(port: number, dir?: string): Promise<RedisProcess> {
+  const persistence = dir === undefined ? ['--save', '', '--appendonly', 'no'] : ['--save', '', '--dir', dir, '--appendonly', 'yes', '--appendfsync', 'always']
+  const child = spawnGroup('redis-server', ['--port', String(port), '--bind', '127.0.0.1', ...persistence], { stdio: 'ignore' })
   const url = `redis://127.0.0.1:${port}`
   await within(10_000, 'redis-server to answer', async () => {
     for (;;) {
@@ -215,16 +278,12 @@ export async function startRedis(port: number): Promise<RedisProcess> {
       if (child.exitCode !== null) throw new Error('redis-server exited')
       await sleep(20)
     }
+  }).catch(async (error: unknown) => {
+    await killGroup(child)
+    throw error
   })
-  return {
-    port,
-    url,
-    child,
-    stop: async () => {
-      if (child.exitCode === null) child.kill('SIGKILL')
-      await exited
-    },
-  }
+  // SIGKILL, as a crash: whatever it held only in memory is gone.
+  return { port, url, child, stop: () => killGroup(child) }
 }
 
 async function answersPing(port: number): Promise<boolean> {
@@ -249,4 +308,47 @@ export function responseTokens(events: any[], from = 0): number[] {
     if (event.type === 'response.done') break
   }
   return tokens
+}
+
+export interface DelayProxy {
+  port: number
+  /** Stops listening and drops every connection. */
+  close(): Promise<void>
+}
+
+/**
+ * A TCP proxy on loopback to `targetPort` that holds everything it forwards, each way, for
+ * `delayMs` (in order). Between `ortex serve` and redis-server, it stands for a store some way
+ * off, and widens the moments between a commit and its write enough for a kill to land there.
+ * When either side closes, the other is closed after what is still held went through.
+ */
+export async function startDelayProxy(targetPort: number, delayMs: number): Promise<DelayProxy> {
+  const net = await import('node:net')
+  const sockets = new Set<import('node:net').Socket>()
+  const pipe = (from: import('node:net').Socket, to: import('node:net').Socket): void => {
+    from.on('data', (chunk) => setTimeout(() => to.destroyed || to.write(chunk), delayMs))
+    from.on('close', () => setTimeout(() => to.destroy(), delayMs))
+  }
+  const server = net.createServer((client) => {
+    const upstream = net.connect(targetPort, '127.0.0.1')
+    for (const socket of [client, upstream]) {
+      sockets.add(socket)
+      socket.on('error', () => socket.destroy())
+      socket.on('close', () => sockets.delete(socket))
+    }
+    pipe(client, upstream)
+    pipe(upstream, client)
+  })
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject)
+    server.listen(0, '127.0.0.1', () => resolve())
+  })
+  return {
+    port: (server.address() as import('node:net').AddressInfo).port,
+    close: () =>
+      new Promise<void>((resolve) => {
+        for (const socket of sockets) socket.destroy()
+        server.close(() => resolve())
+      }),
+  }
 }

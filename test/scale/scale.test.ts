@@ -8,8 +8,9 @@
 //       token for token against a reference server); 8 racing resumes on the processes: one wins.
 //   (c) SIGTERM drains a process with streams in flight (tiny ONNX model): all complete, its
 //       sessions move on through nginx, it exits 0.
-//   (d) Redis restarted mid-run: sessions keep working on their owners; a resume during the
-//       outage gets a retryable error, and succeeds once Redis is back.
+//   (d) Redis restarted mid-run: turns begun meanwhile wait for it (a client hears of a commit
+//       only once the store holds it) and complete after; a resume during the outage gets a
+//       retryable error, and succeeds once Redis is back. Nothing the suite started outlives it.
 import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
@@ -17,7 +18,7 @@ import { Engine, type OrtexServer, startServer } from 'ortex'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { makeModel } from '../../ts/modelkit/make-model'
 import { Cluster } from './cluster'
-import { DuplexClient, type StreamOutcome, responseTokens, sleep, streamCompletion, within } from './processes'
+import { DuplexClient, type StreamOutcome, livingProcesses, responseTokens, sleep, streamCompletion, within } from './processes'
 
 let root = ''
 beforeAll(() => {
@@ -25,6 +26,8 @@ beforeAll(() => {
 })
 afterAll(() => {
   if (root) rmSync(root, { recursive: true, force: true })
+  // After every cluster's stop: nothing this suite started (nginx's workers included) lives on.
+  expect(livingProcesses()).toEqual([])
 })
 
 /** What `ortex serve --simulated` runs (ts/cli/serve.ts), for the reference server. */
@@ -200,20 +203,28 @@ describe('three simulated-model processes behind nginx, sessions in Redis', () =
     await cluster.startBackend(victim)
   })
 
-  it('(d) Redis restarted mid-run: owners keep working; a resume meanwhile gets a retryable error', async () => {
+  it('(d) Redis restarted mid-run: turns wait for it and complete after; a resume meanwhile gets a retryable error', async () => {
     const referenceUrl = reference.server.url.replace('http', 'ws')
     const conversations = Array.from({ length: 6 }, (_, i) => new Conversation(cluster, `outage-${i}`))
     await Promise.all(conversations.map((c) => c.open(referenceUrl)))
     await Promise.all(conversations.map((c) => c.turn()))
-    await cluster.redis.stop()
-    await Promise.all(conversations.map((c) => c.turn()))
     const resumed = conversations[0]!
     resumed.client.close()
     await resumed.client.closed()
-    const during = await resumed.resume()
-    expect(during.type).toBe('error')
-    expect(during.error).toMatchObject({ code: 'SESSION_STORE_UNAVAILABLE', retryable: true })
+    await sleep(200) // its detach is written before the outage
+    await cluster.redis!.stop()
+    // The owners run these turns; their clients hear of them once Redis is back.
+    let back = false
+    const heardEarly: string[] = []
+    const during = conversations.slice(1).map((c) => c.turn().finally(() => back || heardEarly.push(c.key)))
+    const refused = await resumed.resume()
+    expect(refused.type).toBe('error')
+    expect(refused.error).toMatchObject({ code: 'SESSION_STORE_UNAVAILABLE', retryable: true })
+    await sleep(300)
+    back = true
     await cluster.restartRedis()
+    await Promise.all(during)
+    expect(heardEarly, 'turns whose end reached the client while no store held it').toEqual([])
     const reply = await within(20_000, 'the resume to succeed after the outage', async () => {
       for (;;) {
         resumed.client.close()

@@ -9,6 +9,8 @@ import type {
   AppendPlanView,
   CancelView,
   CommitView,
+  ContinuationInput,
+  ContinuationView,
   ExpiryView,
   FenceInput,
   SessionView,
@@ -16,7 +18,7 @@ import type {
 } from '../generated/boundary'
 import type { Fence } from './events'
 
-export type { AppendPlanView, CancelView, CommitView, ExpiryView, SessionView, SessionsOptionsInput }
+export type { AppendPlanView, CancelView, CommitView, ContinuationInput, ContinuationView, ExpiryView, SessionView, SessionsOptionsInput }
 
 export type LeaseActivity = 'append' | 'respond' | 'cancel' | 'heartbeat' | 'attach' | 'detach' | 'model-output' | 'config'
 
@@ -48,8 +50,12 @@ export class SessionRules {
     return call(() => this.core.open(sessionId, nowMs))
   }
 
-  restore(sessionId: string, nowMs: number, incarnation: number, leaseGeneration: number): SessionView {
-    return call(() => this.core.restore(sessionId, nowMs, incarnation, leaseGeneration))
+  restore(sessionId: string, nowMs: number, incarnation: number, leaseGeneration: number, continuation: ContinuationInput | null): SessionView {
+    return call(() => this.core.restore(sessionId, nowMs, incarnation, leaseGeneration, continuation))
+  }
+
+  continuation(sessionId: string): ContinuationView {
+    return call(() => this.core.continuation(sessionId))
   }
 
   view(sessionId: string): SessionView {

@@ -82,6 +82,10 @@ export const DEFAULT_EVENT_BUFFER_CAPACITY = 1024
 /**
  * The session's events until its consumer reads them. Iterators share the queue: each event goes
  * to one of them (normally there is one consumer). Iteration ends after the terminal event.
+ *
+ * Each event is stamped, as it is pushed, with the count of the session's commit points so far
+ * (`stamp`; always 0 without a session store): the server sends it once the store holds that
+ * many, so a delta produced before a response's end does not wait for that end's write.
  */
 export class SessionEventQueue implements AsyncIterable<SessionEvent> {
   private items: SessionEvent[] = []
@@ -89,8 +93,17 @@ export class SessionEventQueue implements AsyncIterable<SessionEvent> {
   private ended = false
   private readers: (() => void)[] = []
   private roomWaiters: (() => void)[] = []
+  private readonly stamps = new WeakMap<SessionEvent, number>()
 
-  constructor(readonly capacity: number) {}
+  constructor(
+    readonly capacity: number,
+    private readonly stamp: () => number = () => 0,
+  ) {}
+
+  /** The commit points the session had made when `event` was pushed. */
+  stampOf(event: SessionEvent): number {
+    return this.stamps.get(event) ?? 0
+  }
 
   /** Events waiting to be read. */
   get size(): number {
@@ -103,6 +116,7 @@ export class SessionEventQueue implements AsyncIterable<SessionEvent> {
 
   push(event: SessionEvent): void {
     if (this.ended) return
+    this.stamps.set(event, this.stamp())
     this.items.push(event)
     wakeAll(this.readers)
     this.readers = []

@@ -48,27 +48,43 @@ export class EngineFeed {
 
   /**
    * The committed conversation: every token a new owner must prefill to continue the session
-   * (docs/scaling.md). That is the request's context, less the output of a response still
-   * running (it is lost in a failover), then the input not yet in the engine: the held-back
-   * token, queued prefills and the input of queued responses, in order.
+   * (docs/scaling.md). That is the request's context, less the output of each response in
+   * `unfinished` (those whose response.done has not been emitted: a failover ends them failed,
+   * without their output), then the input not yet in the engine: the held-back token, queued
+   * prefills and the input of queued responses, in order.
    */
-  committedContext(): Int32Array {
+  committedContext(unfinished: readonly ResponseRecord[]): Int32Array {
     const request = this.ctx.request
-    const running = this.active !== null && !this.active.turnCancelled ? this.active : null
-    const end = running === null ? request.tokenCount : running.startTokenCount
-    const parts: Int32Array[] = [request.tokens(0, end)]
+    const parts: Int32Array[] = []
+    let at = 0
+    for (const { start, end } of unfinished.map((response) => this.outputRange(response)).sort((a, b) => a.start - b.start)) {
+      if (start < at || start === end) continue
+      parts.push(request.tokens(at, start))
+      at = end
+    }
+    parts.push(request.tokens(at, request.tokenCount))
     if (this.held !== null) parts.push(Int32Array.of(this.held))
     for (const op of this.ops) {
       if (op.kind === 'prefill') parts.push(op.tokens)
       else if (op.kind === 'begin' && op.response.input !== null) parts.push(op.response.input)
     }
     const all = new Int32Array(parts.reduce((sum, part) => sum + part.length, 0))
-    let at = 0
+    let offset = 0
     for (const part of parts) {
-      all.set(part, at)
-      at += part.length
+      all.set(part, offset)
+      offset += part.length
     }
     return all
+  }
+
+  /** Where `response`'s output lies in the request's context: [start, end), empty when its turn
+   *  never began. A turn still in the engine (running, or cancelled but not yet finished) owns
+   *  the context's end. */
+  outputRange(response: ResponseRecord): { start: number; end: number } {
+    const start = response.startTokenCount
+    if (start < 0) return { start: 0, end: 0 }
+    const end = this.active === response ? this.ctx.request.tokenCount : start + response.keptTokens
+    return { start, end }
   }
 
   /** Tokens accepted but not yet in the engine's context. */
@@ -149,6 +165,7 @@ export class EngineFeed {
   /** The engine finished the active response's turn (its finish event was delivered). */
   turnFinished(response: ResponseRecord, result: TurnResult): void {
     response.generatedTokens = result.tokens.length
+    response.keptTokens = result.tokens.length
     if (this.active === response) this.active = null
     this.flush()
   }
@@ -266,6 +283,7 @@ export class EngineFeed {
       if (isRetryable(error)) return 'retry'
       throw error
     }
+    response.keptTokens = count - response.startTokenCount
     return 'done'
   }
 

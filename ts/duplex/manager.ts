@@ -10,7 +10,7 @@ import { OrtexError, invalidArgument } from '../errors'
 import type { DuplexHost } from '../link'
 import type { TurnOptions } from '../types'
 import * as v from '../validate'
-import { SessionRules, type SessionView, type SessionsOptionsInput } from './core'
+import { type ContinuationInput, SessionRules, type SessionView, type SessionsOptionsInput } from './core'
 import { DEFAULT_EVENT_BUFFER_CAPACITY, type Fence, SessionEventQueue } from './events'
 import {
   type DuplexSessionConfig,
@@ -61,6 +61,8 @@ const OPEN_KEYS = ['sessionId', 'turn', 'respond'] as const
 export interface SessionPersistenceHooks {
   /** A commit point of `session`. */
   committed(session: DuplexSession): void
+  /** The commit points of `session` so far (its events are stamped with it). */
+  commits(session: DuplexSession): number
   /** `session` closed (its slot is free); `reason` as in its terminal event. */
   ended(session: DuplexSession, reason: string): void
 }
@@ -72,6 +74,8 @@ export interface RestoredSession {
   leaseGeneration: number
   config: DuplexSessionConfig
   tokens: Int32Array
+  /** Where the core's rules carry on from (null: at zero, as a record of an older ortex has it). */
+  continuation: ContinuationInput | null
 }
 
 export class DuplexSessionManager {
@@ -163,7 +167,9 @@ export class DuplexSessionManager {
    */
   _restore(state: RestoredSession): DuplexSession {
     const config = checkConfig('state.config', state.config, this.engine)
-    const session = this.openWith(state.sessionId, config, (now) => this.rules.restore(state.sessionId, now, state.incarnation, state.leaseGeneration))
+    const session = this.openWith(state.sessionId, config, (now) =>
+      this.rules.restore(state.sessionId, now, state.incarnation, state.leaseGeneration, state.continuation),
+    )
     try {
       session._restore(state.tokens)
     } catch (error) {
@@ -192,14 +198,16 @@ export class DuplexSessionManager {
       this.rules.finalizeClose(sessionId)
       throw error
     }
+    let session: DuplexSession | null = null
+    const commits = (): number => (session === null ? 0 : (this._persistence?.commits(session) ?? 0))
     const init: SessionInit = {
       host: this.host,
       request,
       view,
       config: { turn: config.turn ?? {}, respond: config.respond ?? ('on-final' satisfies RespondMode) },
-      events: new SessionEventQueue(this.eventBufferCapacity),
+      events: new SessionEventQueue(this.eventBufferCapacity, commits),
     }
-    const session = DuplexSession._create(init)
+    session = DuplexSession._create(init)
     // Keyed by the id the core holds, so that the two sides can never disagree about a session.
     this.sessions.set(session.id, session)
     return session

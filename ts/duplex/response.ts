@@ -42,6 +42,8 @@ export class ResponseRecord {
   promptTokens = 0
   /** Tokens the engine generated, once its turn finished. */
   generatedTokens = 0
+  /** Tokens of its output still in the context, once its turn finished (a truncate keeps fewer). */
+  keptTokens = 0
   /** The lease operation that keeps the session from idling out while the response runs. */
   operationId: string | null = null
   /** Resolved when the response ends or is cancelled: wakes whatever waits on it. */

@@ -39,6 +39,7 @@ import type { SessionRules } from './core'
 import { Delivery } from './delivery'
 import type { Fence, ResponseStatus, SessionEventQueue } from './events'
 import { EngineFeed } from './feed'
+import type { EndedResponse } from './session'
 import {
   CANCELLED,
   NO_CONTEXT,
@@ -48,6 +49,22 @@ import {
   heldBackText,
   statusOf,
 } from './response'
+
+/** Responses whose end a session store remembers (the latest), with where their output lies in
+ *  the conversation: a client that resumes on another process and has not seen one of them end
+ *  has it taken back (docs/scaling.md). More than a client that pipelines its turns has ended
+ *  unseen in any but a pathological case; older ones stay in the conversation. */
+export const RECENT_RESPONSES = 32
+
+/** What a session store keeps of a session's responses and conversation. */
+export interface ConversationSnapshot {
+  /** The conversation without the output of the responses in `pending`. */
+  tokens: Int32Array
+  /** Responses whose response.done has not been emitted: a new owner ends them failed. */
+  pending: Fence[]
+  /** The latest responses that ended, oldest first. */
+  ended: EndedResponse[]
+}
 
 export interface RunnerInit {
   sessionId: string
@@ -85,6 +102,8 @@ export class Runner implements RunnerServices {
   /** Responses whose response.done has not been emitted: queued, running in the engine, or
    *  finished in the engine but still being delivered to a slow reader. */
   private readonly undone = new Set<ResponseRecord>()
+  /** The latest responses whose response.done was emitted, oldest first (RECENT_RESPONSES). */
+  private readonly recent: ResponseRecord[] = []
 
   constructor(
     init: RunnerInit,
@@ -141,9 +160,19 @@ export class Runner implements RunnerServices {
     return this.undone.size > 0
   }
 
-  /** The fences of the responses whose response.done has not been emitted. */
-  pendingFences(): Fence[] {
-    return [...this.undone].filter((response) => !response.doneEmitted).map((response) => ({ ...response.fence }))
+  /** What a session store keeps: the conversation without the output of the responses that
+   *  have not ended (a new owner ends them failed), and where the latest ended ones lie in it. */
+  snapshot(): ConversationSnapshot {
+    const unfinished = [...this.undone].filter((response) => !response.doneEmitted)
+    const ended = this.recent.map((response) => {
+      const { start, end } = this.feed.outputRange(response)
+      return { fence: { ...response.fence }, start, length: end - start }
+    })
+    return {
+      tokens: this.feed.committedContext(unfinished),
+      pending: unfinished.map((response) => ({ ...response.fence })),
+      ended,
+    }
   }
 
   // ---- responses -----------------------------------------------------------------------------
@@ -287,8 +316,11 @@ export class Runner implements RunnerServices {
   ): void {
     response.doneEmitted = true
     this.undone.delete(response)
-    this.ctx.events.push({ type: 'response.done', fence: response.fence, status, finishReason, errorCode, usage: { ...usage } })
+    this.recent.push(response)
+    if (this.recent.length > RECENT_RESPONSES) this.recent.shift()
+    // The commit point first: the event is stamped with the commits it depends on (events.ts).
     this.hooks.committed()
+    this.ctx.events.push({ type: 'response.done', fence: response.fence, status, finishReason, errorCode, usage: { ...usage } })
   }
 
   private emitTerminal(): void {

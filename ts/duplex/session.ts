@@ -79,10 +79,21 @@ export interface SessionHost {
   committed(session: DuplexSession): void
 }
 
+/** A response that ended, as a session store keeps it: its output is `length` tokens of the
+ *  stored conversation from `start` (0 and 0 when it never began). */
+export interface EndedResponse {
+  fence: Fence
+  start: number
+  length: number
+}
+
 /** What a session store keeps of a session (ts/store/session-store.ts; internal). */
 export interface SessionSnapshot {
   tokens: Int32Array
   pendingResponses: Fence[]
+  endedResponses: EndedResponse[]
+  /** The core's continuation (fence position, append counters, completed appends), as JSON. */
+  continuation: string
   config: string
 }
 
@@ -348,11 +359,14 @@ export class DuplexSession {
   }
 
   /** @internal What a session store keeps: the committed conversation, the responses that have
-   *  not ended, the configuration. */
+   *  not ended and the latest that did, the core's continuation, the configuration. */
   _snapshot(): SessionSnapshot {
+    const conversation = this.runner.snapshot()
     return {
-      tokens: this.runner.feed.committedContext(),
-      pendingResponses: this.runner.pendingFences(),
+      tokens: conversation.tokens,
+      pendingResponses: conversation.pending,
+      endedResponses: conversation.ended,
+      continuation: JSON.stringify(this.host.rules.continuation(this.id)),
       config: JSON.stringify({ turn: turnJson(this.config.turn), respond: this.config.respond }),
     }
   }

@@ -96,6 +96,16 @@ nowUnixSeconds?: number, };
 export type FenceInput = { sessionId: string, incarnation: number, epoch: number, turnId: number, responseSeq: number, };
 
 /**
+ * A stored `ContinuationView`, read back for a restore (the store hands back what the view wrote).
+ */
+
+export type ContinuationInput = { epoch: number, turnId: number, responseSeq: number, seq: number, turnSeq: number, turnKey: TurnKeyInput | null, completedAppends: Array<CompletedAppendInput>, };
+
+export type TurnKeyInput = { epoch: number, turnId: number, };
+
+export type CompletedAppendInput = { operationId: string, fence: FenceInput, final: boolean, inputDigest: number, seq: number, turnSeq: number, };
+
+/**
  * A session's configuration replacement: both maps published as one generation.
  */
 
@@ -145,6 +155,29 @@ export type FenceView = { sessionId: string, incarnation: number, epoch: number,
  */
 
 export type SessionView = { fence: FenceView, state: 'open' | 'detached' | 'closing' | 'closed', leaseGeneration: number, configGeneration: number, closeReason: string | null, seq: number, turnSeq: number, lastActivityMs: number, detachedAtMs: number | null, operationsInFlight: number, };
+
+/**
+ * What a new owner continues a session's rules from (ortex-core's `Continuation`): a session
+ * store keeps it as JSON, and `ContinuationInput` reads the same object back.
+ */
+
+export type ContinuationView = { epoch: number, turnId: number, responseSeq: number, seq: number, turnSeq: number, 
+/**
+ * The user turn of the epoch's latest append (null before the first).
+ */
+turnKey: TurnKeyView | null, 
+/**
+ * Oldest first.
+ */
+completedAppends: Array<CompletedAppendView>, };
+
+export type TurnKeyView = { epoch: number, turnId: number, };
+
+/**
+ * One remembered append: its operation id, what it was applied with, and its result.
+ */
+
+export type CompletedAppendView = { operationId: string, fence: FenceView, final: boolean, inputDigest: number, seq: number, turnSeq: number, };
 
 /**
  * One append's place in its session.

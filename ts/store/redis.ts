@@ -9,7 +9,7 @@
 
 import type { Fence } from '../duplex/events'
 import { OrtexError } from '../errors'
-import { type ClaimOutcome, type SessionStore, SessionStoreUnavailable, type StoredSession } from './session-store'
+import { type ClaimOutcome, type SessionStore, SessionStoreUnavailable, type StoredResponse, type StoredSession } from './session-store'
 
 /** What this module uses of an ioredis client. */
 interface RedisClient {
@@ -30,17 +30,20 @@ export interface RedisSessionStoreOptions {
   commandTimeoutMs?: number
 }
 
-// KEYS[1] the record; ARGV: owner, incarnation, generation, token digest, config, tokens, pending, ttl.
+// KEYS[1] the record; ARGV: owner, incarnation, generation, token digest, config, tokens, pending,
+// ttl, continuation, ended.
 const COMMIT = `
 local state = redis.call('HGET', KEYS[1], 'state')
 if state == 'closed' then return 'closed' end
 if state then
   local held = redis.call('HMGET', KEYS[1], 'owner', 'incarnation')
   if held[1] ~= ARGV[1] or held[2] ~= ARGV[2] then return 'fenced' end
-  redis.call('HSET', KEYS[1], 'config', ARGV[5], 'tokens', ARGV[6], 'pending', ARGV[7])
+  redis.call('HSET', KEYS[1], 'config', ARGV[5], 'tokens', ARGV[6], 'pending', ARGV[7], 'continuation', ARGV[9],
+    'ended', ARGV[10])
 else
   redis.call('HSET', KEYS[1], 'state', 'open', 'owner', ARGV[1], 'incarnation', ARGV[2], 'generation', ARGV[3],
-    'token', ARGV[4], 'config', ARGV[5], 'tokens', ARGV[6], 'pending', ARGV[7])
+    'token', ARGV[4], 'config', ARGV[5], 'tokens', ARGV[6], 'pending', ARGV[7], 'continuation', ARGV[9],
+    'ended', ARGV[10])
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[8])
 return 'written'
@@ -60,8 +63,8 @@ if not kept then incarnation = incarnation + 1 end
 redis.call('HSET', KEYS[1], 'generation', generation, 'incarnation', incarnation, 'owner', ARGV[3])
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 if kept then return {'kept', tostring(generation), tostring(incarnation)} end
-local rest = redis.call('HMGET', KEYS[1], 'config', 'tokens', 'pending')
-return {'moved', tostring(generation), tostring(incarnation), rest[1], rest[2], rest[3]}
+local rest = redis.call('HMGET', KEYS[1], 'config', 'tokens', 'pending', 'continuation', 'ended')
+return {'moved', tostring(generation), tostring(incarnation), rest[1], rest[2], rest[3], rest[4], rest[5]}
 `
 
 // KEYS[1]; ARGV: owner, incarnation, ttl.
@@ -153,6 +156,8 @@ export class RedisSessionStore implements SessionStore {
       encodeTokens(record.tokens),
       JSON.stringify(record.pendingResponses),
       ttlMs,
+      record.continuation ?? '',
+      JSON.stringify(record.endedResponses),
     ]
     const result = await this.call(() => this.commitScript.run(this.client, [this.key(record.sessionId)], args))
     return result as 'written' | 'fenced' | 'closed'
@@ -183,6 +188,9 @@ export class RedisSessionStore implements SessionStore {
             config: reply[3] ?? '{}',
             tokens: decodeTokens(reply[4] ?? ''),
             pendingResponses: JSON.parse(reply[5] ?? '[]') as Fence[],
+            // A record an older ortex wrote has neither: the rules start at zero, nothing ended.
+            continuation: reply[6] == null || reply[6] === '' ? null : reply[6],
+            endedResponses: JSON.parse(reply[7] ?? '[]') as StoredResponse[],
           },
         }
       case 'generation-mismatch':

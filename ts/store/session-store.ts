@@ -1,7 +1,9 @@
 // What a session store keeps of a duplex session, so that another process can take the session
 // over when its own process is gone (docs/scaling.md): the session's identity and lease (id,
-// incarnation, lease generation, owner), the SHA-256 of its resume token, its configuration, and
-// the committed conversation, as token ids, that a new owner prefills to rebuild the KV.
+// incarnation, lease generation, owner), the SHA-256 of its resume token, its configuration, the
+// committed conversation, as token ids, that a new owner prefills to rebuild the KV, and where the
+// session's rules stood (its fence, append counters and completed appends: a retry answered by
+// the new owner is a replay), with the responses that had not ended and the latest that did.
 //
 // The record is written at commit points only (an append committed, a response done or
 // cancelled, a truncate applied, a configuration replaced, a detach), never per token. Every write
@@ -27,6 +29,17 @@ export interface StoredSession {
   tokens: Int32Array
   /** Responses that had not ended at the commit: a new owner ends them `failed`. */
   pendingResponses: Fence[]
+  /** The latest responses that ended, oldest first, and where their output lies in `tokens`. */
+  endedResponses: StoredResponse[]
+  /** The core's continuation (ContinuationView) as JSON; null in a record without one. */
+  continuation: string | null
+}
+
+/** A response that ended: its output is `length` tokens of the conversation from `start`. */
+export interface StoredResponse {
+  fence: Fence
+  start: number
+  length: number
 }
 
 /** What a claim found. */

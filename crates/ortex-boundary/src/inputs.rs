@@ -8,7 +8,10 @@
 
 use ortex_core::constraint::Constraint;
 use ortex_core::options::{BatchingMode, EngineOptions, RequestOptions, SimFaults, SimOptions, TurnOptions};
-use ortex_core::session::{ConfigMap, Fence};
+use ortex_core::session::{
+    AppendCounters, AppendMetadata, AppendResult, CompletedAppendRecord, ConfigMap, Continuation, Fence, FenceKey,
+    TurnKey,
+};
 use ortex_core::{OrtexError, Result};
 use serde::Deserialize;
 
@@ -306,6 +309,88 @@ impl TryFrom<FenceInput> for Fence {
             epoch: exact_u64("fence.epoch", input.epoch)?,
             turn_id: exact_u64("fence.turnId", input.turn_id)?,
             response_seq: exact_u64("fence.responseSeq", input.response_seq)?,
+        })
+    }
+}
+
+/// A stored `ContinuationView`, read back for a restore (the store hands back what the view wrote).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[cfg_attr(feature = "typescript", derive(TS))]
+pub struct ContinuationInput {
+    pub epoch: f64,
+    pub turn_id: f64,
+    pub response_seq: f64,
+    pub seq: f64,
+    pub turn_seq: f64,
+    pub turn_key: Option<TurnKeyInput>,
+    pub completed_appends: Vec<CompletedAppendInput>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[cfg_attr(feature = "typescript", derive(TS))]
+pub struct TurnKeyInput {
+    pub epoch: f64,
+    pub turn_id: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[cfg_attr(feature = "typescript", derive(TS))]
+pub struct CompletedAppendInput {
+    pub operation_id: String,
+    pub fence: FenceInput,
+    #[serde(rename = "final")]
+    pub is_final: bool,
+    pub input_digest: f64,
+    pub seq: f64,
+    pub turn_seq: f64,
+}
+
+impl TryFrom<ContinuationInput> for Continuation {
+    type Error = OrtexError;
+
+    /// Numbers only; whether the continuation fits the session is the core's to decide.
+    fn try_from(input: ContinuationInput) -> Result<Continuation> {
+        let turn_key = input
+            .turn_key
+            .map(|key| -> Result<TurnKey> {
+                Ok(TurnKey {
+                    epoch: exact_u64("continuation.turnKey.epoch", key.epoch)?,
+                    turn_id: exact_u64("continuation.turnKey.turnId", key.turn_id)?,
+                })
+            })
+            .transpose()?;
+        let completed_appends = input
+            .completed_appends
+            .into_iter()
+            .map(|append| -> Result<CompletedAppendRecord> {
+                let fence = Fence::try_from(append.fence)?;
+                let result = AppendResult {
+                    seq: exact_u64("continuation.completedAppends.seq", append.seq)?,
+                    turn_seq: exact_u64("continuation.completedAppends.turnSeq", append.turn_seq)?,
+                    turn_id: fence.turn_id,
+                    is_final: append.is_final,
+                    replayed: false,
+                };
+                let input_digest = exact_u64("continuation.completedAppends.inputDigest", append.input_digest)?;
+                let metadata = AppendMetadata { fence, is_final: append.is_final, input_digest };
+                Ok(CompletedAppendRecord { operation_id: append.operation_id, metadata, result })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Continuation {
+            position: FenceKey {
+                epoch: exact_u64("continuation.epoch", input.epoch)?,
+                turn_id: exact_u64("continuation.turnId", input.turn_id)?,
+                response_seq: exact_u64("continuation.responseSeq", input.response_seq)?,
+            },
+            counters: AppendCounters {
+                seq: exact_u64("continuation.seq", input.seq)?,
+                turn_seq: exact_u64("continuation.turnSeq", input.turn_seq)?,
+                turn_key,
+            },
+            completed_appends,
         })
     }
 }

@@ -7,13 +7,17 @@
 use std::collections::BTreeMap;
 
 use ortex_core::session::{
-    AppendPlan, AppendRequest, AppendReservation, Fence, LeaseActivity, LeaseConfig, LeaseGeneration, Session,
-    SessionManager, DEFAULT_COMPLETED_APPEND_LIMIT, DEFAULT_DISCONNECT_GRACE_MS, DEFAULT_IDLE_TTL_MS,
+    AppendPlan, AppendRequest, AppendReservation, Continuation, Fence, LeaseActivity, LeaseConfig, LeaseGeneration,
+    Session, SessionManager, DEFAULT_COMPLETED_APPEND_LIMIT, DEFAULT_DISCONNECT_GRACE_MS, DEFAULT_IDLE_TTL_MS,
 };
 use ortex_core::{ErrorCode, OrtexError, Result};
 
-use crate::inputs::{exact_u64, ConfigsInput, FenceInput, IdleTtlInput, SessionsOptionsInput, MAX_SAFE_INTEGER};
-use crate::views::{AppendPlanView, AppendResultView, CancelView, CommitView, ExpiryView, SessionView};
+use crate::inputs::{
+    exact_u64, ConfigsInput, ContinuationInput, FenceInput, IdleTtlInput, SessionsOptionsInput, MAX_SAFE_INTEGER,
+};
+use crate::views::{
+    AppendPlanView, AppendResultView, CancelView, CommitView, ContinuationView, ExpiryView, SessionView,
+};
 
 /// Reservations held between prepare and commit. A caller does its engine work synchronously in
 /// between, so it holds one at a time; the bound turns a leak into a visible, retryable refusal.
@@ -75,18 +79,27 @@ impl Sessions {
         Ok(SessionView::from(&*self.manager.open(session_id, now, None)?))
     }
 
-    /// Opens a session stored by another process at its incarnation and lease generation.
+    /// Opens a session stored by another process at its incarnation and lease generation, its
+    /// rules carrying on from `continuation` (what `continuation()` gave the old owner).
     pub fn restore(
         &mut self,
         session_id: &str,
         now: f64,
         incarnation: f64,
         lease_generation: f64,
+        continuation: Option<ContinuationInput>,
     ) -> Result<SessionView> {
         let now = now_ms(now)?;
         let incarnation = exact_u64("incarnation", incarnation)?;
         let generation = LeaseGeneration(exact_u64("leaseGeneration", lease_generation)?);
-        Ok(SessionView::from(&*self.manager.restore(session_id, incarnation, generation, now)?))
+        let continuation = continuation.map(Continuation::try_from).transpose()?;
+        let session = self.manager.restore(session_id, incarnation, generation, now, continuation.as_ref())?;
+        Ok(SessionView::from(&*session))
+    }
+
+    /// What a session store keeps of the session's rules, for a new owner's `restore`.
+    pub fn continuation(&mut self, session_id: &str) -> Result<ContinuationView> {
+        Ok(ContinuationView::from(&self.session(session_id)?.continuation()))
     }
 
     pub fn get(&mut self, session_id: &str) -> Result<SessionView> {
@@ -285,6 +298,30 @@ mod tests {
         assert_eq!(reused.unwrap_err().code, ErrorCode::OperationReused);
         assert_eq!(sessions.commit_append(0, f64::NAN).unwrap_err().code, ErrorCode::InvalidArgument);
         sessions.check_invariants();
+    }
+
+    #[test]
+    fn a_continuation_goes_through_json_to_a_restore_elsewhere() {
+        let mut old = sessions("{}").unwrap();
+        old.open("s", 0.0).unwrap();
+        let planned = old.prepare_append("s", true, Some("op".into()), 7.0, None).unwrap();
+        let first = old.commit_append(planned.reservation, 1.0).unwrap().result;
+        old.start_response("s", 1.0).unwrap();
+        let stored = serde_json::to_string(&old.continuation("s").unwrap()).unwrap();
+
+        let mut new = sessions("{}").unwrap();
+        let input: ContinuationInput = crate::from_json("continuation", &stored).unwrap();
+        let view = new.restore("s", 2.0, 1.0, 1.0, Some(input)).unwrap();
+        assert_eq!(
+            (view.fence.incarnation, view.fence.turn_id, view.fence.response_seq, view.seq),
+            (1.0, 1.0, 1.0, 1.0)
+        );
+        let replay = new.prepare_append("s", true, Some("op".into()), 7.0, None).unwrap();
+        assert_eq!((replay.reservation, replay.result.seq, replay.result.replayed), (0, first.seq, true));
+        let tampered = stored.replace(r#""seq":1"#, r#""seq":-1"#);
+        let input: ContinuationInput = crate::from_json("continuation", &tampered).unwrap();
+        assert_eq!(new.restore("t", 2.0, 1.0, 1.0, Some(input)).unwrap_err().code, ErrorCode::InvalidArgument);
+        new.check_invariants();
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //!
 //! Numbers are JavaScript numbers: counters that may pass 2^32 are `f64`, exact below 2^53.
 
-use ortex_core::session::{AppendResult, CancelOutcome, Fence, Session, SessionExpiry};
+use ortex_core::session::{
+    AppendResult, CancelOutcome, CompletedAppendRecord, Continuation, Fence, Session, SessionExpiry,
+};
 use ortex_core::{EngineConfig, EngineStats};
 use serde::Serialize;
 
@@ -149,6 +151,73 @@ impl From<&Session> for SessionView {
             last_activity_ms: lease.last_activity_ms() as f64,
             detached_at_ms: lease.detached_at_ms().map(|ms| ms as f64),
             operations_in_flight: lease.num_operations_in_flight() as u32,
+        }
+    }
+}
+
+/// What a new owner continues a session's rules from (ortex-core's `Continuation`): a session
+/// store keeps it as JSON, and `ContinuationInput` reads the same object back.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+#[cfg_attr(feature = "typescript", derive(TS))]
+pub struct ContinuationView {
+    pub epoch: f64,
+    pub turn_id: f64,
+    pub response_seq: f64,
+    pub seq: f64,
+    pub turn_seq: f64,
+    /// The user turn of the epoch's latest append (null before the first).
+    pub turn_key: Option<TurnKeyView>,
+    /// Oldest first.
+    pub completed_appends: Vec<CompletedAppendView>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+#[cfg_attr(feature = "typescript", derive(TS))]
+pub struct TurnKeyView {
+    pub epoch: f64,
+    pub turn_id: f64,
+}
+
+/// One remembered append: its operation id, what it was applied with, and its result.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+#[cfg_attr(feature = "typescript", derive(TS))]
+pub struct CompletedAppendView {
+    pub operation_id: String,
+    pub fence: FenceView,
+    #[serde(rename = "final")]
+    pub is_final: bool,
+    pub input_digest: f64,
+    pub seq: f64,
+    pub turn_seq: f64,
+}
+
+impl From<&CompletedAppendRecord> for CompletedAppendView {
+    fn from(record: &CompletedAppendRecord) -> CompletedAppendView {
+        CompletedAppendView {
+            operation_id: record.operation_id.clone(),
+            fence: (&record.metadata.fence).into(),
+            is_final: record.metadata.is_final,
+            input_digest: record.metadata.input_digest as f64,
+            seq: record.result.seq as f64,
+            turn_seq: record.result.turn_seq as f64,
+        }
+    }
+}
+
+impl From<&Continuation> for ContinuationView {
+    fn from(continuation: &Continuation) -> ContinuationView {
+        let counters = continuation.counters;
+        ContinuationView {
+            epoch: continuation.position.epoch as f64,
+            turn_id: continuation.position.turn_id as f64,
+            response_seq: continuation.position.response_seq as f64,
+            seq: counters.seq as f64,
+            turn_seq: counters.turn_seq as f64,
+            turn_key: counters.turn_key.map(|key| TurnKeyView { epoch: key.epoch as f64, turn_id: key.turn_id as f64 }),
+            completed_appends: continuation.completed_appends.iter().map(CompletedAppendView::from).collect(),
         }
     }
 }

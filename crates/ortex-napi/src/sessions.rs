@@ -66,8 +66,17 @@ impl CoreSessions {
         now_ms: f64,
         incarnation: f64,
         lease_generation: f64,
+        continuation: Option<Unknown<'_>>,
     ) -> napi::Result<Value, String> {
-        self.call(|sessions| sessions.restore(&session_id, now_ms, incarnation, lease_generation).map(view))
+        self.call(|sessions| {
+            let continuation = continuation.map(|c| input("continuation", c)).transpose()?;
+            sessions.restore(&session_id, now_ms, incarnation, lease_generation, continuation).map(view)
+        })
+    }
+
+    #[napi(ts_return_type = "ContinuationView")]
+    pub fn continuation(&mut self, session_id: String) -> napi::Result<Value, String> {
+        self.call(|sessions| sessions.continuation(&session_id).map(view))
     }
 
     #[napi(ts_return_type = "SessionView")]

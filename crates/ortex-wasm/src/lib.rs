@@ -291,8 +291,15 @@ impl CoreSessions {
         now_ms: f64,
         incarnation: f64,
         lease_generation: f64,
+        continuation: JsValue,
     ) -> Result<JsValue, JsValue> {
-        self.sessions.restore(session_id, now_ms, incarnation, lease_generation).map(|v| view(&v)).map_err(coded)
+        let continuation = optional_input("continuation", continuation)?;
+        let restored = self.sessions.restore(session_id, now_ms, incarnation, lease_generation, continuation);
+        restored.map(|v| view(&v)).map_err(coded)
+    }
+
+    pub fn continuation(&mut self, session_id: &str) -> Result<JsValue, JsValue> {
+        self.sessions.continuation(session_id).map(|v| view(&v)).map_err(coded)
     }
 
     pub fn get(&mut self, session_id: &str) -> Result<JsValue, JsValue> {

@@ -3,6 +3,15 @@
 // to be sent (flow.ts): above it the server stops reading the connection, and closes one that
 // stays there for sendStallMs.
 //
+// With a session store, nothing reaches the client before the store holds every commit made
+// before it was produced (an append's input.committed, a response.done, and whatever follows them
+// in order): events wait in the connection's outbox, in order, until the store has them. So what
+// a client was told survives its process; the cost is one store write per commit point.
+//
+//   reply or session event ──▶ stamped with the session's commits ──▶ outbox ──(store holds them)──▶ socket
+//                                                                            └─(never will: the session
+//                                                                               lives on elsewhere)──▶ dropped
+//
 // A session the server holds is an Entry (websocket.ts keeps them by session id); its connection
 // is the one driving it now, or null while it is detached.
 
@@ -17,6 +26,29 @@ import { type ServerEvent, fenceToWire, sessionEventToWire } from './protocol'
 export const CLOSE_SEND_STALLED = 1008
 /** A WebSocket's readyState while open. */
 export const OPEN = 1
+
+/** Most events a connection's outbox holds while they wait for the store; above it the server
+ *  stops reading the connection (a client that keeps sending while the store is away cannot make
+ *  the replies pile up without end), and reads again once half went out. */
+const MAX_OUTBOX_EVENTS = 1024
+
+/** When the store holds a session's commits (persistence.ts; absent without a store). */
+export interface Durability {
+  /** The session's commit points so far. */
+  commits(session: DuplexSession): number
+  /** null when the store holds the first `commits`; else whether it ever will. */
+  held(session: DuplexSession, commits: number): Promise<boolean> | null
+}
+
+/** An event waiting for the store, and, for one of the session's own events, the session's queue
+ *  it goes back to if this connection ends first. */
+interface Pending {
+  event: ServerEvent
+  session: DuplexSession | null
+  commits: number
+  sessionEvent: SessionEvent | null
+  sent: () => void
+}
 
 /** A session the server holds, and the connection driving it (null while detached). */
 export interface Entry {
@@ -42,12 +74,20 @@ export class Connection {
   private seq = 0
   private stopPump: (() => void) | null = null
   private readonly stall: StallTimer
+  /** Events waiting for the store, in order (see the file comment). */
+  private outbox: Pending[] = []
+  private draining = false
+  /** Reading stopped because the outbox is full. */
+  private outboxFull = false
+  /** Who waits for the outbox to be empty (outboxSent()). */
+  private emptied: (() => void)[] = []
 
   constructor(
     readonly ws: WebSocket,
     private readonly flow: FlowLimits,
     /** The session's terminal event went out: the server forgets it. */
     private readonly ended: (entry: Entry) => void,
+    private readonly durability: Durability | null = null,
   ) {
     this.stall = new StallTimer(flow.sendStallMs, () => {
       if (this.readingPaused && this.ws.readyState === OPEN) this.closeStalled()
@@ -58,9 +98,65 @@ export class Connection {
     ws.on('close', () => this.stall.clear())
   }
 
-  /** Sends a server event, stamped with the next server_event_seq. Resolves when the socket is
+  /** Sends a server event once the store holds every commit its session made so far (at once
+   *  without a store), after the events before it. Resolves when it went out and the socket is
    *  back under its bound (the pump waits on it; command replies do not). */
-  send(event: ServerEvent): Promise<void> | void {
+  send(event: ServerEvent, sessionEvent: SessionEvent | null = null): Promise<void> | void {
+    if (this.ws.readyState !== OPEN) return
+    const session = this.entry?.session ?? null
+    // A session's event depends on the commits made before it was produced; a reply, on all so far.
+    let commits = 0
+    if (session !== null && this.durability !== null) {
+      commits = sessionEvent === null ? this.durability.commits(session) : session._eventQueue.stampOf(sessionEvent)
+    }
+    if (this.outbox.length === 0 && (commits === 0 || this.durability!.held(session!, commits) === null)) return this.transmit(event)
+    return new Promise((sent) => {
+      this.outbox.push({ event, session, commits, sessionEvent, sent })
+      if (this.outbox.length > MAX_OUTBOX_EVENTS && !this.outboxFull) {
+        this.outboxFull = true
+        this.ws.pause()
+      }
+      void this.drain()
+    })
+  }
+
+  /** Resolves once nothing waits in the outbox (sent, dropped, or given back to the session). */
+  outboxSent(): Promise<void> {
+    if (this.outbox.length === 0) return Promise.resolve()
+    return new Promise((resolve) => this.emptied.push(resolve))
+  }
+
+  private wakeEmptied(): void {
+    if (this.outbox.length > 0) return
+    const waiters = this.emptied
+    this.emptied = []
+    for (const wake of waiters) wake()
+  }
+
+  /** Sends the outbox in order, each event once the store holds what it depends on. */
+  private async drain(): Promise<void> {
+    if (this.draining) return
+    this.draining = true
+    try {
+      while (this.outbox.length > 0) {
+        const head = this.outbox[0]!
+        const waiting = head.session === null || head.commits === 0 ? null : this.durability!.held(head.session, head.commits)
+        const deliver = waiting === null ? true : await waiting
+        // The connection ended meanwhile: release() gives (or gave) the session's events back.
+        if (this.outbox[0] !== head || this.ws.readyState !== OPEN) return
+        this.outbox.shift()
+        if (this.outboxFull && this.outbox.length <= MAX_OUTBOX_EVENTS / 2) this.outboxEmptied()
+        if (deliver || isTerminal(head.event)) await this.transmit(head.event)
+        head.sent()
+      }
+    } finally {
+      this.draining = false
+      this.wakeEmptied()
+    }
+  }
+
+  /** Stamps the next server_event_seq and writes the event to the socket. */
+  private transmit(event: ServerEvent): Promise<void> | void {
     if (this.ws.readyState !== OPEN) return
     const { type, ...fields } = event
     const data = JSON.stringify({ type, server_event_seq: ++this.seq, ...fields })
@@ -101,11 +197,20 @@ export class Connection {
     this.pump(entry)
   }
 
-  /** The connection no longer drives `entry`'s session; its events stay queued for the next. */
+  /** The connection no longer drives `entry`'s session; its events stay queued for the next,
+   *  those still waiting in the outbox too. */
   release(entry: Entry): void {
     if (this.entry !== entry) return
     this.entry = null
     if (entry.connection === this) entry.connection = null
+    const waiting = this.outbox
+    this.outbox = []
+    if (this.outboxFull) this.outboxEmptied()
+    for (const pending of waiting.reverse()) {
+      if (pending.sessionEvent !== null && pending.session === entry.session) entry.session._eventQueue.putBack(pending.sessionEvent)
+      pending.sent()
+    }
+    this.wakeEmptied()
     const stop = this.stopPump
     this.stopPump = null
     stop?.()
@@ -138,7 +243,13 @@ export class Connection {
     if (!this.readingPaused || this.ws.bufferedAmount > this.flow.maxBufferedBytes / 2) return
     this.readingPaused = false
     this.stall.clear()
-    if (this.ws.readyState === OPEN) this.ws.resume()
+    if (this.ws.readyState === OPEN && !this.outboxFull) this.ws.resume()
+  }
+
+  /** The outbox went down to half its bound: reading resumes (unless the socket is full). */
+  private outboxEmptied(): void {
+    this.outboxFull = false
+    if (this.ws.readyState === OPEN && !this.readingPaused) this.ws.resume()
   }
 
   /** Forwards the session's events to this connection until it is released or the session ends. */
@@ -160,7 +271,9 @@ export class Connection {
           queue.putBack(event)
           return
         }
-        await this.send(sessionEventToWire(event))
+        await this.send(sessionEventToWire(event), event)
+        // Released while it waited for the store: the event went back to the session's queue.
+        if (released) return
         if (event.type === 'session.closed' || event.type === 'session.expired') {
           this.release(entry)
           this.ended(entry)
@@ -169,6 +282,10 @@ export class Connection {
       }
     })()
   }
+}
+
+function isTerminal(event: ServerEvent): boolean {
+  return event.type === 'session.closed' || event.type === 'session.expired'
 }
 
 export function wireSession(entry: Entry): Record<string, unknown> {

@@ -4,9 +4,14 @@
 // record is always written whole), ends the record when the session ends for good, and tells the
 // server when a write found that another process has taken the session over (fenced out).
 //
-//   commit point ──▶ dirty ──▶ (one write at a time) snapshot ──▶ store.commit ─┬─ written
-//                                                                              ├─ fenced/closed ──▶ onFenced
-//                                                                              └─ store down ──▶ retry later
+// It also says when the store holds a commit: the server sends a client nothing that depends on
+// a commit before the store holds it (connection.ts), so that what a client was told survives the
+// process. Commit points are counted per session; a write covers every commit counted when its
+// snapshot was taken.
+//
+//   commit point ──▶ commits + 1, dirty ──▶ (one write at a time) snapshot ──▶ store.commit ─┬─ written: held = commits then
+//                                                                                           ├─ fenced/closed ──▶ onFenced
+//                                                                                           └─ store down ──▶ retry later
 
 import type { DuplexSessionManager, SessionPersistenceHooks } from '../../duplex/manager'
 import type { DuplexSession } from '../../duplex/session'
@@ -19,11 +24,22 @@ const RESUMABLE_ELSEWHERE = new Set(['server_shutdown', 'fenced_out', 'engine_fa
 /** How long a write that failed (the store is away) waits before it is tried again. */
 const RETRY_AFTER_FAILURE_MS = 500
 
+interface Waiter {
+  commits: number
+  resolve: (held: boolean) => void
+}
+
 interface Writer {
   /** A commit point came after the last snapshot was taken. */
   dirty: boolean
   writing: Promise<void> | null
   retry: NodeJS.Timeout | null
+  /** The session's commit points so far. */
+  commits: number
+  /** How many of them the store holds (a write covers every commit before its snapshot). */
+  held: number
+  /** Who waits for the store to hold a commit, in the order they came. */
+  waiters: Waiter[]
 }
 
 export interface PersistenceSettings {
@@ -40,6 +56,9 @@ export interface PersistenceSettings {
 
 export class SessionPersistence implements SessionPersistenceHooks {
   private readonly writers = new Map<DuplexSession, Writer>()
+  /** Sessions that ended here, and whether what they said before is to be delivered: a session
+   *  that lives on elsewhere from its record must not tell its client what the record lacks. */
+  private readonly endings = new WeakMap<DuplexSession, boolean>()
   /** Writes that failed because the store was away (monitoring and tests). */
   failedWrites = 0
 
@@ -57,18 +76,45 @@ export class SessionPersistence implements SessionPersistenceHooks {
   committed(session: DuplexSession): void {
     let writer = this.writers.get(session)
     if (writer === undefined) {
-      writer = { dirty: false, writing: null, retry: null }
+      writer = { dirty: false, writing: null, retry: null, commits: 0, held: 0, waiters: [] }
       this.writers.set(session, writer)
     }
+    writer.commits++
     writer.dirty = true
     writer.writing ??= this.write(session, writer)
+  }
+
+  /** The commit points of `session` so far: an event produced now depends on all of them. */
+  commits(session: DuplexSession): number {
+    return this.writers.get(session)?.commits ?? 0
+  }
+
+  /**
+   * Whether the store holds the first `commits` commit points of `session`: null when it does
+   * already; else a promise of true once it does, or of false when it never will (the session
+   * ended here and goes on elsewhere from a record without them: what depends on them must not
+   * be told). While the store is away the promise waits: the writes are retried.
+   */
+  held(session: DuplexSession, commits: number): Promise<boolean> | null {
+    const writer = this.writers.get(session)
+    if (writer === undefined) {
+      const deliver = this.endings.get(session)
+      return deliver === undefined ? null : Promise.resolve(deliver)
+    }
+    if (writer.held >= commits) return null
+    return new Promise((resolve) => writer.waiters.push({ commits, resolve }))
   }
 
   ended(session: DuplexSession, reason: string): void {
     const writer = this.writers.get(session)
     if (writer?.retry != null) clearTimeout(writer.retry)
     this.writers.delete(session)
-    if (RESUMABLE_ELSEWHERE.has(reason)) return
+    const resumable = RESUMABLE_ELSEWHERE.has(reason)
+    // Ended for good here, nothing can contradict what the session said; ended to go on
+    // elsewhere, what the record does not hold is unsaid.
+    this.endings.set(session, !resumable)
+    for (const waiter of writer?.waiters ?? []) waiter.resolve(!resumable)
+    if (resumable) return
     const { store, owner, ttlMs } = this.settings
     // Lost in an outage, the tombstone is missing and the record expires with its TTL instead.
     store.end(session.id, owner, session.fence.incarnation, ttlMs).catch(() => {})
@@ -95,6 +141,8 @@ export class SessionPersistence implements SessionPersistenceHooks {
     try {
       while (writer.dirty && session.state !== 'closed' && session.state !== 'closing') {
         writer.dirty = false
+        // The snapshot is taken now, with every commit counted so far.
+        const covered = writer.commits
         const record = this.record(session)
         if (record === null) return
         let outcome: 'written' | 'fenced' | 'closed'
@@ -109,10 +157,18 @@ export class SessionPersistence implements SessionPersistenceHooks {
           this.settings.onFenced(session)
           return
         }
+        this.markHeld(writer, covered)
       }
     } finally {
       writer.writing = null
     }
+  }
+
+  private markHeld(writer: Writer, commits: number): void {
+    writer.held = Math.max(writer.held, commits)
+    const ready = writer.waiters.filter((waiter) => waiter.commits <= writer.held)
+    writer.waiters = writer.waiters.filter((waiter) => waiter.commits > writer.held)
+    for (const waiter of ready) waiter.resolve(true)
   }
 
   private retryLater(session: DuplexSession, writer: Writer): void {
@@ -138,6 +194,8 @@ export class SessionPersistence implements SessionPersistenceHooks {
       config: snapshot.config,
       tokens: snapshot.tokens,
       pendingResponses: snapshot.pendingResponses,
+      endedResponses: snapshot.endedResponses,
+      continuation: snapshot.continuation,
     }
   }
 }

@@ -29,7 +29,7 @@ export type ClientCommand =
   | { type: 'barge_in'; fence: Fence | null; playedTokens: number | null }
   | { type: 'response.truncate'; playedTokens: number; fence: Fence | null }
   | { type: 'session.heartbeat' }
-  | { type: 'session.resume'; sessionId: string; resumeToken: string; leaseGeneration: number }
+  | { type: 'session.resume'; sessionId: string; resumeToken: string; leaseGeneration: number; lastResponseSeq: number | null }
   | { type: 'session.close'; reason: string | null }
 
 export const CLIENT_EVENT_TYPES = [
@@ -146,6 +146,7 @@ function parseCommand(type: string, f: Fields): ClientCommand {
         sessionId: f.string('session_id', true, MAX_SESSION_ID_CHARS)!,
         resumeToken: f.string('resume_token', true, MAX_RESUME_TOKEN_CHARS)!,
         leaseGeneration: f.count('lease_generation', true)!,
+        lastResponseSeq: f.count('last_response_seq', false),
       }
     case 'session.close':
       return { type, reason: f.string('reason', false) }

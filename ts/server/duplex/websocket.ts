@@ -28,6 +28,7 @@ import { hostname } from 'node:os'
 import type { RawData, WebSocket, WebSocketServer } from 'ws'
 
 import { OrtexError } from '../../errors'
+import type { ContinuationInput } from '../../duplex/core'
 import type { DuplexSessionManager } from '../../duplex/manager'
 import type { DuplexSessionConfig } from '../../duplex/session'
 import type { TurnOptions } from '../../types'
@@ -200,8 +201,11 @@ export class DuplexServer {
    * once the clients have answered the close (at most DETACH_CLOSE_WAIT_MS).
    */
   async detachAll(): Promise<void> {
-    // The sessions' last commits reach the store before their clients are told to move.
+    // The sessions' last commits reach the store before their clients are told to move, and
+    // what waited for them reaches the clients.
     await this.persistence?.flush()
+    const sent = Promise.all([...this.connections].map((connection) => connection.outboxSent()))
+    await Promise.race([sent, new Promise((resolve) => setTimeout(resolve, DETACH_CLOSE_WAIT_MS).unref())])
     const closed: Promise<void>[] = []
     for (const connection of this.connections) {
       if (connection.ws.readyState !== OPEN) continue
@@ -235,9 +239,14 @@ export class DuplexServer {
       ws.terminate()
       return
     }
-    const connection = new Connection(ws, this.flow, (entry) => {
-      if (this.entries.get(entry.session.id) === entry) this.entries.delete(entry.session.id)
-    })
+    const connection = new Connection(
+      ws,
+      this.flow,
+      (entry) => {
+        if (this.entries.get(entry.session.id) === entry) this.entries.delete(entry.session.id)
+      },
+      this.persistence,
+    )
     this.connections.add(connection)
     ws.on('message', (data: RawData, isBinary: boolean) => this.onMessage(connection, data, isBinary))
     ws.on('close', () => {
@@ -274,7 +283,7 @@ export class DuplexServer {
   private handle(connection: Connection, command: ClientCommand, labels: EventLabels): void {
     if (command.type === 'session.resume') {
       if (this.storage === null) this.resume(connection, command.sessionId, command.resumeToken, command.leaseGeneration)
-      else this.resumeThroughStore(connection, command.sessionId, command.resumeToken, command.leaseGeneration, labels)
+      else this.resumeThroughStore(connection, command, labels)
       return
     }
     if (command.type === 'session.close' || command.type === 'session.heartbeat') {
@@ -312,7 +321,9 @@ export class DuplexServer {
         return
       }
       case 'response.create':
-        session.respond({ ...this.turn, ...command.options })
+        // The session's configuration began as the server's turn options and has every
+        // session.update since; the event's own options override it for this response only.
+        session.respond(command.options)
         return
       case 'response.cancel': {
         const fence = session.cancel(command.fence ?? undefined)
@@ -338,9 +349,10 @@ export class DuplexServer {
     const resumeToken = randomBytes(32).toString('base64url')
     const entry: Entry = { session, resumeToken, tokenDigest: digest(resumeToken), connection: null }
     this.entries.set(session.id, entry)
-    connection.attach(entry, 'session.created')
-    // The record exists from the start, so the session can move before its first commit.
+    // The record exists from the start, so the session can move before its first commit; the
+    // client learns of the session once the store holds it.
     this.persistence?.committed(session)
+    connection.attach(entry, 'session.created')
     return entry
   }
 
@@ -351,13 +363,13 @@ export class DuplexServer {
    * session moves here with the next incarnation (its old owner is fenced out at its next
    * write) and is rebuilt from the stored conversation. Messages that follow the resume wait.
    */
-  private resumeThroughStore(connection: Connection, sessionId: string, token: string, generation: number, labels: EventLabels): void {
+  private resumeThroughStore(connection: Connection, resume: Extract<ClientCommand, { type: 'session.resume' }>, labels: EventLabels): void {
     if (connection.entry !== null) {
       throw new ProtocolError('INVALID_EVENT', 'this connection already has a session; resume on a new connection')
     }
     const requestLabels = { ...labels }
     connection.resuming = []
-    void this.claim(connection, sessionId, token, generation)
+    void this.claim(connection, resume)
       .then(() => {
         // The connection dropped while the store answered: its 'close' found no session to
         // detach, so the session is detached now (it waits for the next resume, then expires).
@@ -371,7 +383,8 @@ export class DuplexServer {
       })
   }
 
-  private async claim(connection: Connection, sessionId: string, token: string, generation: number): Promise<void> {
+  private async claim(connection: Connection, resume: Extract<ClientCommand, { type: 'session.resume' }>): Promise<void> {
+    const { sessionId, resumeToken: token, leaseGeneration: generation } = resume
     const store = this.storage!.store
     const tokenDigest = digest(token)
     const held = (): Entry | undefined => {
@@ -409,13 +422,21 @@ export class DuplexServer {
         return
       }
       case 'moved':
-        this.takeOver(connection, outcome.record, tokenDigest)
+        this.takeOver(connection, outcome.record, tokenDigest, resume.lastResponseSeq)
     }
   }
 
-  /** The session moved here: a local copy of an older life is dropped, and the session is rebuilt
-   *  from its record; responses that had not ended there end here, failed. */
-  private takeOver(connection: Connection, record: StoredSession, tokenDigest: Buffer): void {
+  /**
+   * The session moved here: a local copy of an older life is dropped, and the session is rebuilt
+   * from its record, its rules carrying on where they stood. Responses that had not ended there
+   * end here, failed; so do those that ended after the last one the client saw end
+   * (`lastResponseSeq`, when it says): their output is taken out of the conversation, which is
+   * then what the client knows of it.
+   */
+  private takeOver(connection: Connection, claimed: StoredSession, tokenDigest: Buffer, lastResponseSeq: number | null): void {
+    // A store of the application's own may answer without the newer fields.
+    const stored = { ...claimed, continuation: claimed.continuation ?? null, endedResponses: claimed.endedResponses ?? [] }
+    const record = lastResponseSeq === null ? stored : withoutUnseen(stored, lastResponseSeq)
     const stale = this.entries.get(record.sessionId)
     if (stale !== undefined) {
       stale.connection?.release(stale)
@@ -428,9 +449,13 @@ export class DuplexServer {
       leaseGeneration: record.leaseGeneration,
       config: JSON.parse(record.config) as DuplexSessionConfig,
       tokens: record.tokens,
+      continuation: record.continuation === null ? null : (JSON.parse(record.continuation) as ContinuationInput),
     })
     const entry: Entry = { session, tokenDigest, resumeToken: null, connection: null }
     this.entries.set(session.id, entry)
+    connection.attach(entry, 'session.resumed')
+    // The record of this life (the responses below taken back) is written before they are told.
+    this.persistence!.committed(session)
     for (const fence of record.pendingResponses) {
       session._eventQueue.push({
         type: 'response.done',
@@ -441,8 +466,6 @@ export class DuplexServer {
         usage: { promptTokens: 0, generatedTokens: 0, cachedPromptTokens: 0 },
       })
     }
-    connection.attach(entry, 'session.resumed')
-    this.persistence!.committed(session)
   }
 
   /** A store call; the store being away is the retryable SESSION_STORE_UNAVAILABLE. */
@@ -487,6 +510,35 @@ export class DuplexServer {
       // The session began closing meanwhile.
     }
   }
+}
+
+/**
+ * `record` as the client that saw the end of response `lastResponseSeq` (and none after) knows
+ * it: each response that ended after it is taken back (its output out of the conversation) and
+ * joins the pending ones, which a new owner ends failed. Only the latest responses' places are
+ * kept (RECENT_RESPONSES); an older one stays.
+ */
+function withoutUnseen(record: StoredSession, lastResponseSeq: number): StoredSession {
+  const unseen = record.endedResponses.filter((response) => response.fence.responseSeq > lastResponseSeq)
+  if (unseen.length === 0) return record
+  const parts: Int32Array[] = []
+  let at = 0
+  for (const { start, length } of [...unseen].sort((a, b) => a.start - b.start)) {
+    if (length === 0 || start < at) continue
+    parts.push(record.tokens.subarray(at, start))
+    at = start + length
+  }
+  parts.push(record.tokens.subarray(at))
+  const tokens = new Int32Array(parts.reduce((sum, part) => sum + part.length, 0))
+  let offset = 0
+  for (const part of parts) {
+    tokens.set(part, offset)
+    offset += part.length
+  }
+  const pendingResponses = [...unseen.map((response) => response.fence), ...record.pendingResponses]
+  pendingResponses.sort((a, b) => a.responseSeq - b.responseSeq)
+  const endedResponses = record.endedResponses.filter((response) => response.fence.responseSeq <= lastResponseSeq)
+  return { ...record, tokens, pendingResponses, endedResponses }
 }
 
 function digest(token: string): Buffer {

@@ -162,6 +162,14 @@ struct CompletedAppend {
     result: AppendResult,
 }
 
+/// One remembered append as a session store keeps it (`Continuation`), for a new owner's cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompletedAppendRecord {
+    pub operation_id: String,
+    pub metadata: AppendMetadata,
+    pub result: AppendResult,
+}
+
 /// The bounded memory of completed appends by operation id, oldest evicted first.
 ///
 /// A lookup does not refresh an entry (as in vllm-omni's `duplex_session.py`, where only
@@ -197,6 +205,28 @@ impl CompletedAppendCache {
 
     pub fn contains(&self, operation_id: &str) -> bool {
         self.entries.contains_key(operation_id)
+    }
+
+    /// Whether `operation_id` was applied under exactly `fence`: its retry, carrying the fence of
+    /// its first attempt, is a replay even when that fence belongs to the session's previous life
+    /// on another process (a move carries the cache along).
+    pub fn recorded_under(&self, operation_id: &str, fence: &Fence) -> bool {
+        self.entries.get(operation_id).is_some_and(|completed| completed.metadata.fence == *fence)
+    }
+
+    /// Every remembered append, oldest first.
+    pub fn records(&self) -> Vec<CompletedAppendRecord> {
+        self.order
+            .iter()
+            .map(|id| {
+                let completed = self.entries.get(id).expect("every ordered id has an entry");
+                CompletedAppendRecord {
+                    operation_id: id.clone(),
+                    metadata: completed.metadata.clone(),
+                    result: completed.result,
+                }
+            })
+            .collect()
     }
 
     /// The first result of `operation_id` marked as a replay, `None` when the id is unknown, or
@@ -242,7 +272,12 @@ impl CompletedAppendCache {
         assert_eq!(self.order.len(), self.entries.len(), "order and entries hold the same ids");
         for id in &self.order {
             let completed = self.entries.get(id).expect("every ordered id has an entry");
-            assert!(completed.metadata.fence.same_identity(fence), "cached appends belong to this session");
+            let recorded = &completed.metadata.fence;
+            // A moved session's cache holds appends of its earlier lives (lower incarnations).
+            assert!(
+                recorded.session_id == fence.session_id && recorded.incarnation <= fence.incarnation,
+                "cached appends belong to this session"
+            );
             assert_eq!(completed.metadata.fence.epoch, fence.epoch, "cached appends belong to this epoch");
             assert!(completed.result.seq <= counters.seq, "a cached append was counted");
         }

@@ -19,7 +19,7 @@ use super::append::DEFAULT_COMPLETED_APPEND_LIMIT;
 use super::fence::{validate_fence, Fence};
 use super::lease::longer_than;
 use super::lease::{Lease, LeaseConfig, LeaseGeneration};
-use super::state::Session;
+use super::state::{Continuation, Session};
 use crate::error::{ErrorCode, OrtexError, Result};
 
 /// How many closed session ids the manager remembers with their last incarnation. Older ones are
@@ -205,15 +205,18 @@ impl SessionManager {
     }
 
     /// Opens `session_id` as it was stored by another process: at exactly `incarnation`, its lease
-    /// at `lease_generation` (a failover: the caller won the compare-and-set that chose them). An
-    /// incarnation this manager has already seen for the id is refused as SESSION_EXISTS, so a
-    /// restore can never revive a life that ended here.
+    /// at `lease_generation` (a failover: the caller won the compare-and-set that chose them), and
+    /// with `continuation` its fence's position, append counters and completed appends carry on
+    /// from the old owner's (without one, they start at zero). An incarnation this manager has
+    /// already seen for the id is refused as SESSION_EXISTS, so a restore can never revive a life
+    /// that ended here; a continuation that does not fit is INVALID_ARGUMENT.
     pub fn restore(
         &mut self,
         session_id: &str,
         incarnation: u64,
         lease_generation: LeaseGeneration,
         now_ms: u64,
+        continuation: Option<&Continuation>,
     ) -> Result<&mut Session> {
         validate_session_id(session_id)?;
         if self.sessions.contains_key(session_id) {
@@ -231,7 +234,10 @@ impl SessionManager {
         }
         self.require_free_slot()?;
         let lease = Lease::at_generation(self.lease_defaults, now_ms, lease_generation)?;
-        let session = Session::new(Fence::initial(session_id, incarnation), lease, self.completed_append_limit)?;
+        let mut session = Session::new(Fence::initial(session_id, incarnation), lease, self.completed_append_limit)?;
+        if let Some(continuation) = continuation {
+            session.continue_from(continuation)?;
+        }
         Ok(self.sessions.entry(session_id.to_owned()).or_insert(session))
     }
 
@@ -348,7 +354,7 @@ fn validate_close_reason(reason: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::session::append::AppendRequest;
+    use crate::session::append::{AppendRequest, AppendResult};
     use crate::session::fence::FenceKey;
     use crate::session::lease::LeaseActivity;
     use crate::session::state::SessionState;
@@ -401,23 +407,97 @@ mod tests {
     #[test]
     fn restore_opens_at_the_stored_incarnation_and_generation() {
         let mut manager = manager(None);
-        let session = manager.restore("a", 7, LeaseGeneration(1_000_000), 5).unwrap();
+        let session = manager.restore("a", 7, LeaseGeneration(1_000_000), 5, None).unwrap();
         assert_eq!(session.fence().incarnation, 7);
         assert_eq!(session.lease_generation(), LeaseGeneration(1_000_000));
         assert_eq!(session.state(), SessionState::Open);
         assert_eq!(session.resume(6, LeaseGeneration(1_000_000)).unwrap(), LeaseGeneration(1_000_001));
         manager.check_invariants();
-        let exists = manager.restore("a", 8, LeaseGeneration(0), 5).unwrap_err();
+        let exists = manager.restore("a", 8, LeaseGeneration(0), 5, None).unwrap_err();
         assert_eq!(exists.code, ErrorCode::SessionExists, "a live id is never restored over");
         manager.begin_close("a", None, "fenced_out").unwrap();
         manager.finalize_close("a").unwrap();
-        let revived = manager.restore("a", 7, LeaseGeneration(0), 5).unwrap_err();
+        let revived = manager.restore("a", 7, LeaseGeneration(0), 5, None).unwrap_err();
         assert_eq!(revived.code, ErrorCode::SessionExists, "a life that ended here never comes back");
-        assert_eq!(manager.restore("a", 8, LeaseGeneration(0), 5).unwrap().fence().incarnation, 8);
-        let exhausted = manager.restore("b", 0, LeaseGeneration(u64::MAX), 5).unwrap_err();
+        assert_eq!(manager.restore("a", 8, LeaseGeneration(0), 5, None).unwrap().fence().incarnation, 8);
+        let exhausted = manager.restore("b", 0, LeaseGeneration(u64::MAX), 5, None).unwrap_err();
         assert_eq!(exhausted.code, ErrorCode::InvalidArgument);
         assert!(manager.get("b").is_none());
         manager.check_invariants();
+    }
+
+    #[test]
+    fn restore_with_a_continuation_carries_on_counters_and_replays() {
+        // The old owner: a turn, a barge-in, then a turn whose response was running at the move.
+        let mut old = manager(None);
+        let session = old.open("a", 0, None).unwrap();
+        let first = AppendRequest { fence: None, is_final: true, operation_id: Some("op1".into()), input_digest: 11 };
+        session.append(&first, 1).unwrap();
+        session.start_response(1).unwrap();
+        session.cancel(None, 2).unwrap();
+        let applied_under = session.fence().clone();
+        let second = AppendRequest {
+            fence: Some(applied_under.clone()),
+            is_final: true,
+            operation_id: Some("op2".into()),
+            input_digest: 22,
+        };
+        let applied = session.append(&second, 3).unwrap();
+        session.start_response(3).unwrap();
+        let continuation = session.continuation();
+        let old_fence = session.fence().clone();
+
+        let mut new = manager(None);
+        let moved = new.restore("a", 1, LeaseGeneration(1), 5, Some(&continuation)).unwrap();
+        assert_eq!(moved.fence().key(), old_fence.key(), "epoch, turn and response carry on");
+        assert_eq!(moved.fence().incarnation, 1);
+        assert_eq!(moved.counters(), continuation.counters);
+        assert_eq!(moved.continuation(), continuation);
+        // The retry with the fence of its first attempt (the old life's) or without one: the
+        // first result, nothing applied.
+        for fence in [Some(applied_under.clone()), None] {
+            let retry = AppendRequest { fence, ..second.clone() };
+            assert_eq!(moved.append(&retry, 6).unwrap(), AppendResult { replayed: true, ..applied });
+        }
+        assert_eq!(moved.counters(), continuation.counters, "nothing was applied again");
+        let reused = AppendRequest { input_digest: 23, ..second.clone() };
+        assert_eq!(moved.append(&reused, 6).unwrap_err().code, ErrorCode::OperationReused);
+        // A fence of the old life is refused for anything else.
+        let stale = AppendRequest { fence: Some(old_fence), ..AppendRequest::default() };
+        assert_eq!(moved.append(&stale, 7).unwrap_err().code, ErrorCode::FenceMismatch);
+        let fresh = AppendRequest { fence: Some(moved.fence().clone()), ..AppendRequest::default() };
+        assert_eq!(moved.append(&fresh, 7).unwrap().seq, continuation.counters.seq + 1, "seq carries on");
+        new.check_invariants();
+    }
+
+    #[test]
+    fn restore_refuses_a_continuation_that_does_not_fit_and_keeps_the_latest_appends() {
+        let mut old = manager(None);
+        let session = old.open("a", 0, None).unwrap();
+        for op in ["op1", "op2", "op3", "op4"] {
+            session.append(&AppendRequest { operation_id: Some(op.into()), ..AppendRequest::default() }, 1).unwrap();
+        }
+        let good = session.continuation();
+        let mut counters = good.clone();
+        counters.counters.turn_seq = good.counters.seq + 1;
+        let mut foreign = good.clone();
+        foreign.completed_appends[0].metadata.fence.session_id = "b".into();
+        let mut uncounted = good.clone();
+        uncounted.completed_appends[3].result.seq = good.counters.seq + 1;
+        let mut twice = good.clone();
+        twice.completed_appends[2] = twice.completed_appends[3].clone();
+        for (incarnation, continuation) in [(1, &counters), (1, &foreign), (1, &uncounted), (1, &twice), (0, &good)] {
+            let mut new = manager(None);
+            let refused = new.restore("a", incarnation, LeaseGeneration(0), 5, Some(continuation)).unwrap_err();
+            assert_eq!(refused.code, ErrorCode::InvalidArgument, "{continuation:?} at {incarnation}");
+            assert!(new.get("a").is_none(), "a refused restore leaves nothing");
+        }
+        // A manager that remembers fewer appends keeps the latest.
+        let mut small = SessionManager::new(None, 2, LeaseConfig::new(Some(IDLE_TTL_MS), GRACE_MS).unwrap()).unwrap();
+        let moved = small.restore("a", 1, LeaseGeneration(0), 5, Some(&good)).unwrap();
+        let kept: Vec<String> = moved.continuation().completed_appends.into_iter().map(|r| r.operation_id).collect();
+        assert_eq!(kept, ["op3", "op4"]);
+        small.check_invariants();
     }
 
     #[test]

@@ -23,6 +23,8 @@
 //!   start_response                 {epoch 0, turn 1, resp 1}
 //!   cancel (barge-in)              {epoch 1, turn 1, resp 1}: counters and replay cache reset
 //!   detach ... resume(0) -> 1      lease generation 0 -> 1
+//!   continuation() ... restore(inc 1) another process takes the session over: {inc 1, epoch 1,
+//!                                  turn 1, resp 1}, counters and replay cache carried along
 //!   begin_close -> finalize_close  slot freed, "s" remembered with incarnation 0
 //!   open("s")                      {inc 1, epoch 0, turn 0, resp 0}
 //! ```
@@ -37,7 +39,7 @@ pub mod state;
 
 pub use append::{
     AppendCounters, AppendMetadata, AppendPlan, AppendRequest, AppendReservation, AppendResult, CompletedAppendCache,
-    TurnKey, DEFAULT_COMPLETED_APPEND_LIMIT,
+    CompletedAppendRecord, TurnKey, DEFAULT_COMPLETED_APPEND_LIMIT,
 };
 pub use bindings::{RequestBindings, RequestResource, MAX_REQUESTS_PER_SESSION};
 pub use config::{ConfigMap, SessionConfigs, MAX_CONFIG_ENTRIES};
@@ -50,4 +52,4 @@ pub use manager::{
     ExpiryReason, SessionExpiry, SessionManager, CLOSED_ID_RECORD_LIMIT, MAX_CLOSE_REASON_CHARS, MAX_SESSION_ID_CHARS,
     REQUEST_CLEANUP_REASON,
 };
-pub use state::{CancelOutcome, Session, SessionState};
+pub use state::{CancelOutcome, Continuation, Session, SessionState};

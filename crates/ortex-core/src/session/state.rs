@@ -11,10 +11,15 @@
 //! Every mutating method either applies completely or returns an error and changes nothing, so a
 //! refused command can be retried or reported without repairing the session first.
 
-use super::append::{AppendCounters, AppendPlan, AppendRequest, AppendReservation, AppendResult, CompletedAppendCache};
+use std::collections::BTreeSet;
+
+use super::append::{
+    AppendCounters, AppendPlan, AppendRequest, AppendReservation, AppendResult, CompletedAppendCache,
+    CompletedAppendRecord,
+};
 use super::bindings::{RequestBindings, RequestResource};
 use super::config::{ConfigMap, SessionConfigs};
-use super::fence::{fence_mismatch, require_current, require_same_epoch, validate_fence, Fence};
+use super::fence::{fence_mismatch, require_current, require_same_epoch, validate_fence, Fence, FenceKey};
 use super::lease::{validate_operation_id, Lease, LeaseActivity, LeaseGeneration};
 use crate::error::{ErrorCode, OrtexError, Result};
 
@@ -49,6 +54,23 @@ pub struct CancelOutcome {
     pub advanced: bool,
     /// Requests bound under the cancelled fence, for the caller to release.
     pub request_ids: Vec<u32>,
+}
+
+/// What a new owner needs to continue a session's rules where its old owner left them, which a
+/// session store keeps beside the conversation: the fence's position (the new owner's incarnation
+/// is its own), the append counters, and the completed appends of the current epoch, oldest first,
+/// so that a retry reaching the new owner is still answered from the cache.
+///
+/// ```text
+///   old owner: {inc 2, epoch 1, turn 4, resp 5}  seq 9  cache [a7, a8, a9]
+///        continuation() ──▶ store ──▶ restore(.., incarnation 3, Some(&continuation))
+///   new owner: {inc 3, epoch 1, turn 4, resp 5}  seq 9  cache [a7, a8, a9] (their fences: inc 2)
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Continuation {
+    pub position: FenceKey,
+    pub counters: AppendCounters,
+    pub completed_appends: Vec<CompletedAppendRecord>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,6 +156,45 @@ impl Session {
 
     pub fn num_completed_appends(&self) -> usize {
         self.completed_appends.len()
+    }
+
+    /// What a new owner continues from (see `Continuation`).
+    pub fn continuation(&self) -> Continuation {
+        Continuation {
+            position: self.fence.key(),
+            counters: self.counters,
+            completed_appends: self.completed_appends.records(),
+        }
+    }
+
+    /// Takes up `continuation` in a session just opened for it (a restore): its fence moves to the
+    /// stored position, its counters and cache to the stored ones. A continuation that breaks the
+    /// rules the old owner kept (it came from outside: a store) is INVALID_ARGUMENT, and the
+    /// session is left as it was. Of more appends than this session remembers, the latest are kept.
+    pub(super) fn continue_from(&mut self, continuation: &Continuation) -> Result<()> {
+        let Continuation { position, counters, completed_appends } = continuation;
+        let fence = Fence {
+            session_id: self.fence.session_id.clone(),
+            incarnation: self.fence.incarnation,
+            epoch: position.epoch,
+            turn_id: position.turn_id,
+            response_seq: position.response_seq,
+        };
+        check_stored_counters(counters, &fence)?;
+        let mut cache = CompletedAppendCache::new(self.completed_appends.limit() as u32)?;
+        let mut seen = BTreeSet::new();
+        let kept = completed_appends.len().saturating_sub(cache.limit());
+        for record in &completed_appends[kept..] {
+            check_stored_append(record, &fence, counters)?;
+            if !seen.insert(record.operation_id.as_str()) {
+                return Err(invalid_continuation(format!("operation {:?} is remembered twice", record.operation_id)));
+            }
+            cache.record(record.operation_id.clone(), record.metadata.clone(), record.result);
+        }
+        self.fence = fence;
+        self.counters = *counters;
+        self.completed_appends = cache;
+        Ok(())
     }
 
     pub fn config_generation(&self) -> u64 {
@@ -258,12 +319,18 @@ impl Session {
     /// A replay is looked up before the fence is checked against the present, unlike in vllm-omni's
     /// `duplex_session.py`: in ortex the final append itself advances the turn id, so the retry of
     /// a final append carries a fence that is no longer current, and it must still be answered
-    /// from the cache. Only a fence from another incarnation or epoch is refused before the
-    /// lookup, because the cache never holds appends of another epoch.
+    /// from the cache. A fence from another incarnation or epoch is refused before the lookup
+    /// (the cache never holds appends of another epoch), except the exact fence an operation was
+    /// recorded under: after a move, the retry of an append the old owner applied carries the old
+    /// owner's incarnation.
     pub fn prepare_append(&self, request: &AppendRequest) -> Result<AppendPlan> {
         self.require_accepting()?;
         if let Some(fence) = &request.fence {
-            require_same_epoch(&self.fence, fence)?;
+            let recorded =
+                request.operation_id.as_deref().is_some_and(|id| self.completed_appends.recorded_under(id, fence));
+            if !recorded {
+                require_same_epoch(&self.fence, fence)?;
+            }
         }
         if let Some(operation_id) = &request.operation_id {
             validate_operation_id(operation_id)?;
@@ -461,6 +528,45 @@ impl Session {
         self.bindings.check_invariants(&self.fence);
         self.configs.check_invariants();
     }
+}
+
+fn invalid_continuation(why: String) -> OrtexError {
+    OrtexError::invalid(format!("the stored session cannot be continued: {why}"))
+}
+
+/// The counters' own rules (`AppendCounters::check_invariants`), as a refusal.
+fn check_stored_counters(counters: &AppendCounters, fence: &Fence) -> Result<()> {
+    let turn_ok = match counters.turn_key {
+        None => counters.turn_seq == 0,
+        Some(key) => counters.turn_seq > 0 && key.epoch == fence.epoch && key.turn_id <= fence.turn_id,
+    };
+    if counters.turn_seq > counters.seq || !turn_ok {
+        return Err(invalid_continuation(format!("its append counters {counters:?} do not fit its fence {fence}")));
+    }
+    Ok(())
+}
+
+/// One stored completed append: of this session's earlier lives, of its current epoch, counted.
+fn check_stored_append(record: &CompletedAppendRecord, fence: &Fence, counters: &AppendCounters) -> Result<()> {
+    validate_operation_id(&record.operation_id)?;
+    let recorded = &record.metadata.fence;
+    let fits = recorded.session_id == fence.session_id
+        && recorded.incarnation < fence.incarnation
+        && recorded.epoch == fence.epoch
+        && recorded.turn_id <= fence.turn_id
+        && recorded.response_seq <= fence.response_seq
+        && record.result.seq >= 1
+        && record.result.seq <= counters.seq
+        && record.result.turn_id == recorded.turn_id
+        && record.result.is_final == record.metadata.is_final
+        && !record.result.replayed;
+    if !fits {
+        return Err(invalid_continuation(format!(
+            "its append {:?} does not fit its fence {fence}",
+            record.operation_id
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
